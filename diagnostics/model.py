@@ -1,0 +1,108 @@
+"""The analysis inputs every rule and renderer reads: trace facts and run data.
+
+``TraceFacts`` is built once per trace by ``diagnostics.facts.compute_facts`` from the event
+table; ``RunData`` once per run folder through ``diagnostics.runs.RunFolder``. Each frame's
+columns are listed beside it, with units in the names. Fields may be added; none renamed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import polars as pl
+
+from diagnostics.runs import RunFolder, RunManifest, RunStatus
+
+
+@dataclass(frozen=True)
+class TraceFacts:
+    device: Literal["cuda", "cpu"]
+    # step:int, start_us, end_us, dur_us (end extended to the end of the GPU work it launched)
+    steps: pl.DataFrame
+    # True when the trace had no ProfilerStep#N and the whole span stands in for one step
+    steps_inferred: bool
+    # step, kernel_us, memcpy_us, memset_us, runtime_us, dataloader_us, cpu_exec_us,
+    # other_us, total_us: torch-tb-profiler's categories and priority; parts add up to total
+    breakdown: pl.DataFrame
+    # device, busy_us, span_us, utilization_pct: union of kernel/memcpy/memset over streams
+    gpu: pl.DataFrame
+    # device, stream, start_us, end_us, dur_us, idle_kind (host_wait|kernel_wait|other),
+    # host_activity (dataloader|sync|pageable_copy|cpu_ops|none): what the host did meanwhile
+    idle_gaps: pl.DataFrame
+    # name, calls, host_us, device_us (device time linked through correlation ids)
+    operators: pl.DataFrame
+    # name, calls, device_us, mean_us, tensor_core:bool, fp16:bool (half-precision kernel)
+    kernels: pl.DataFrame
+    # direction (HtoD|DtoH|DtoD|HtoH|PtoP|Memset), src_memory, dst_memory (Pageable|Pinned|
+    # Device|...), count, bytes, dur_us, bandwidth_gb_s
+    copies: pl.DataFrame
+    # name, count, total_us; plus blocked_us_per_step (float) in sync_per_step
+    syncs: pl.DataFrame
+    sync_per_step: pl.DataFrame  # step, sync_us, sync_count
+    # name, count, kernel_us_mean, launch_us_mean, launch_delay_us_mean, short_count
+    launches: pl.DataFrame
+    # ts_us, device (-1 for CPU), allocated_bytes, reserved_bytes
+    memory: pl.DataFrame
+    device_properties: tuple[dict[str, Any], ...] = ()
+    distributed: dict[str, Any] | None = None
+    pytorch_version: str | None = None
+    rank: int = 0
+    # per-rank summary when several ranks were loaded: rank, steps, step_time_ms_mean,
+    # step_time_ms_p50, gpu_utilization_pct
+    ranks: pl.DataFrame | None = None
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def device_memory_bytes(self) -> int | None:
+        totals = [
+            p.get("totalGlobalMem") for p in self.device_properties if p.get("totalGlobalMem")
+        ]
+        return int(totals[0]) if totals else None
+
+    @property
+    def compute_capability(self) -> tuple[int, int] | None:
+        for props in self.device_properties:
+            if "computeMajor" in props:
+                return int(props["computeMajor"]), int(props.get("computeMinor", 0))
+        return None
+
+
+@dataclass(frozen=True)
+class RunData:
+    folder: RunFolder
+    manifest: RunManifest
+    status: RunStatus
+    steps: pl.DataFrame  # diagnostics.runs.STEP_SCHEMA
+    samples: pl.DataFrame  # diagnostics.runs.SAMPLE_SCHEMA
+    memory_lines: pl.DataFrame | None  # diagnostics.runs.MEMORY_LINE_SCHEMA
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.manifest.config
+
+    @property
+    def environment(self) -> dict[str, Any]:
+        return self.manifest.environment
+
+    @classmethod
+    def read(cls, folder: RunFolder) -> RunData:
+        return cls(
+            folder=folder,
+            manifest=folder.manifest(),
+            status=folder.status(),
+            steps=folder.steps(),
+            samples=folder.samples(),
+            memory_lines=folder.memory_lines(),
+        )
+
+
+@dataclass(frozen=True)
+class AnalysisInputs:
+    """What the rules see. Either part may be absent: a bare trace has no run, a run
+    recorded with instruments off has no trace."""
+
+    trace: TraceFacts | None = None
+    run: RunData | None = None
+    events: pl.DataFrame | None = None  # the event table, for rules that need raw names
+    extra: dict[str, Any] = field(default_factory=dict)

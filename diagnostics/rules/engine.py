@@ -1,0 +1,26 @@
+"""Runs every registered rule over AnalysisInputs; a rule that breaks never hides the rest."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from diagnostics.model import AnalysisInputs
+from diagnostics.rules.base import Finding, RulesOutcome, Skipped
+from diagnostics.rules.registry import RULES
+
+
+def run_rules(inputs: AnalysisInputs, thresholds: Any = None) -> RulesOutcome:
+    findings: list[Finding] = []
+    skipped: list[Skipped] = []
+    errors: list[Skipped] = []
+    for rule in RULES:
+        reason = rule.skip_reason(inputs)
+        if reason is not None:
+            skipped.append(Skipped(rule.id, reason))
+            continue
+        try:
+            findings.extend(rule.check(inputs, thresholds))
+        except Exception as exc:  # a broken rule is reported, the others still run
+            errors.append(Skipped(rule.id, f"{type(exc).__name__}: {exc}"))
+    findings.sort(key=lambda f: (f.severity.rank, -(f.estimated_saving_pct or 0.0)))
+    return RulesOutcome(tuple(findings), tuple(skipped), tuple(errors))

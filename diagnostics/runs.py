@@ -1,0 +1,563 @@
+"""The run folder: the one typed module that writes and reads a profiled run.
+
+The trainer writes through :class:`RunWriter`; the analyser, the app and the reports read
+through :class:`RunFolder`. Nothing else parses run files by hand.
+
+Layout (``RUN_FOLDER_VERSION`` 1)::
+
+    runs/<run_id>/
+      run.json            manifest: version, run_id, created_at, config, environment,
+                          parent_run_id, applied_patch, notes
+      status.json         status, reason, heartbeat, pid, started_at, ended_at, step, total_steps
+      steps.jsonl         one StepRecord a line, appended and flushed while running
+      samples.jsonl       one SystemSample a line (one per GPU per tick; gpu_index null on CPU)
+      steps.parquet       written by finalise(); preferred by the reader when present
+      samples.parquet
+      trace/              torch.profiler traces, tensorboard_trace_handler layout (*.pt.trace.json.gz)
+      checkpoints/        step_00000100.pt ...
+      memory_lines.jsonl  line-level memory (memory_profiler), one line record a row
+      log.txt             the trainer's log
+
+Every timestamp called ``wall_time`` is Unix seconds from ``time.time()`` in the trainer
+process, so step records and system samples join on one clock.
+
+Crash safety: the line files are appended with a flush per record (and an fsync at most
+once a second), status.json is replaced atomically, so a run killed with SIGKILL loses at
+most the last second of records and a torn last line is skipped by the reader.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import polars as pl
+
+RUN_FOLDER_VERSION = 1
+
+# A running trainer refreshes its heartbeat at least this often...
+HEARTBEAT_INTERVAL_S = 2.0
+# ...so a "running" status whose heartbeat is older than this is reported as dead.
+HEARTBEAT_STALE_AFTER_S = 15.0
+
+RunState = Literal["running", "completed", "failed", "cancelled", "preempted", "dead"]
+FINAL_STATES: frozenset[str] = frozenset({"completed", "failed", "cancelled", "preempted"})
+
+MANIFEST_FILE = "run.json"
+STATUS_FILE = "status.json"
+STEPS_LINES = "steps.jsonl"
+SAMPLES_LINES = "samples.jsonl"
+STEPS_PARQUET = "steps.parquet"
+SAMPLES_PARQUET = "samples.parquet"
+MEMORY_LINES_FILE = "memory_lines.jsonl"
+LOG_FILE = "log.txt"
+TRACE_DIR = "trace"
+CHECKPOINT_DIR = "checkpoints"
+
+# Column -> dtype for each record kind. Records may carry fewer fields (None is written
+# as null); the reader always returns every column below, in this order.
+STEP_SCHEMA: dict[str, pl.DataType] = {
+    "step": pl.Int64,  # global optimiser step, 1-based
+    "epoch": pl.Int64,
+    "phase": pl.String,  # "pretrain" (masked LM) or "finetune"
+    "wall_time": pl.Float64,  # Unix seconds at the end of the step
+    "step_time_ms": pl.Float64,  # end-to-end: data wait + copy + compute + optimiser
+    "data_wait_ms": pl.Float64,  # blocked in next(dataloader_iter)
+    "h2d_ms": pl.Float64,  # host-to-device copy of the batch
+    "compute_ms": pl.Float64,  # forward + backward
+    "optimizer_ms": pl.Float64,  # clip + optimiser step + zero_grad
+    "loss": pl.Float64,
+    "grad_norm": pl.Float64,  # total L2 norm before clipping
+    "lr": pl.Float64,
+    "amp_scale": pl.Float64,  # GradScaler scale; null without a scaler
+    "batch_size": pl.Int64,
+    "samples_per_s": pl.Float64,
+    "rss_bytes": pl.Int64,  # trainer process resident set size
+    "cuda_allocated_bytes": pl.Int64,
+    "cuda_reserved_bytes": pl.Int64,
+    "cuda_peak_bytes": pl.Int64,
+    "profiled": pl.Boolean,  # inside the profiler's active window
+}
+
+SAMPLE_SCHEMA: dict[str, pl.DataType] = {
+    "wall_time": pl.Float64,
+    "cpu_percent": pl.Float64,  # whole host, all cores (100 = one core busy... x cores)
+    "trainer_rss_bytes": pl.Int64,
+    "workers_rss_bytes": pl.Int64,  # sum over live DataLoader worker processes (USS-free RSS)
+    "worker_count": pl.Int64,
+    "gpu_index": pl.Int64,  # null when NVML is unavailable
+    "gpu_util_pct": pl.Float64,
+    "gpu_mem_used_bytes": pl.Int64,
+    "gpu_mem_total_bytes": pl.Int64,
+    "gpu_power_w": pl.Float64,
+    "gpu_sm_clock_mhz": pl.Float64,
+    "gpu_temp_c": pl.Float64,
+}
+
+MEMORY_LINE_SCHEMA: dict[str, pl.DataType] = {
+    "function": pl.String,  # qualified name of the profiled function
+    "filename": pl.String,
+    "line": pl.Int64,
+    "mem_usage_mib": pl.Float64,  # memory_profiler's process memory after the line
+    "increment_mib": pl.Float64,  # summed over every call of the function
+    "occurrences": pl.Int64,
+    "source": pl.String,
+}
+
+
+class RunFolderError(Exception):
+    """A run folder is missing, unreadable or of an unknown version."""
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    status: RunState
+    reason: str | None = None
+    heartbeat: float | None = None
+    pid: int | None = None
+    host: str | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    step: int = 0
+    total_steps: int | None = None
+
+    @property
+    def is_final(self) -> bool:
+        return self.status in FINAL_STATES
+
+    @property
+    def is_active(self) -> bool:
+        return self.status == "running"
+
+
+@dataclass(frozen=True)
+class RunManifest:
+    version: int
+    run_id: str
+    created_at: float
+    config: dict[str, Any]
+    environment: dict[str, Any]
+    parent_run_id: str | None = None
+    applied_patch: dict[str, Any] | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def scenario(self) -> str | None:
+        return self.config.get("scenario")
+
+
+def _atomic_write_json(path: Path, payload: Mapping[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str))
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RunFolderError(f"{path}: missing") from None
+    except (OSError, ValueError) as exc:
+        raise RunFolderError(f"{path}: unreadable ({exc})") from None
+
+
+def _read_lines(path: Path) -> list[dict[str, Any]]:
+    """Records of a .jsonl file; a torn or corrupt line (a killed writer) is skipped."""
+    if not path.exists():
+        return []
+    records = []
+    with path.open("rb") as handle:
+        for raw in handle:
+            try:
+                record = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                records.append(record)
+    return records
+
+
+def _frame(records: list[dict[str, Any]], schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    columns = {name: [rec.get(name) for rec in records] for name in schema}
+    return pl.DataFrame(columns, schema=schema, strict=False)
+
+
+def _conform(frame: pl.DataFrame, schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    """Every schema column, in order, with its dtype (older files may lack new columns)."""
+    return frame.select(
+        [
+            pl.col(name).cast(dtype, strict=False)
+            if name in frame.columns
+            else pl.lit(None, dtype=dtype).alias(name)
+            for name, dtype in schema.items()
+        ]
+    )
+
+
+class RunFolder:
+    """Read-only, typed access to one run folder. Cheap to construct; reads lazily."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunFolder({str(self.path)!r})"
+
+    @property
+    def run_id(self) -> str:
+        return self.path.name
+
+    @staticmethod
+    def is_run_folder(path: str | os.PathLike[str]) -> bool:
+        return (Path(path) / MANIFEST_FILE).is_file()
+
+    def manifest(self) -> RunManifest:
+        raw = _read_json(self.path / MANIFEST_FILE)
+        version = raw.get("version")
+        if version != RUN_FOLDER_VERSION:
+            raise RunFolderError(
+                f"{self.path / MANIFEST_FILE}: run folder version {version!r} is not "
+                f"supported (this reader knows {RUN_FOLDER_VERSION})"
+            )
+        return RunManifest(
+            version=version,
+            run_id=raw.get("run_id", self.run_id),
+            created_at=float(raw.get("created_at", 0.0)),
+            config=dict(raw.get("config") or {}),
+            environment=dict(raw.get("environment") or {}),
+            parent_run_id=raw.get("parent_run_id"),
+            applied_patch=raw.get("applied_patch"),
+            notes=tuple(raw.get("notes") or ()),
+        )
+
+    def status(self, now: float | None = None) -> RunStatus:
+        """The run's status; a 'running' run whose heartbeat stopped is reported 'dead'."""
+        path = self.path / STATUS_FILE
+        if not path.exists():
+            raise RunFolderError(f"{path}: missing")
+        raw = _read_json(path)
+        known = {f for f in RunStatus.__dataclass_fields__}
+        status = RunStatus(**{k: v for k, v in raw.items() if k in known})
+        if status.status == "running":
+            now = time.time() if now is None else now
+            heartbeat = status.heartbeat or status.started_at or 0.0
+            if now - heartbeat > HEARTBEAT_STALE_AFTER_S:
+                silent_s = now - heartbeat
+                return RunStatus(
+                    **{
+                        **asdict(status),
+                        "status": "dead",
+                        "reason": f"no heartbeat for {silent_s:.0f} s (process gone?)",
+                    }
+                )
+        return status
+
+    def steps(self) -> pl.DataFrame:
+        """Per-step records, sorted by step (the last record wins for a repeated step)."""
+        return self._records(STEPS_PARQUET, STEPS_LINES, STEP_SCHEMA, key="step")
+
+    def samples(self) -> pl.DataFrame:
+        return self._records(SAMPLES_PARQUET, SAMPLES_LINES, SAMPLE_SCHEMA, key=None)
+
+    def memory_lines(self) -> pl.DataFrame | None:
+        path = self.path / MEMORY_LINES_FILE
+        if not path.exists():
+            return None
+        return _frame(_read_lines(path), MEMORY_LINE_SCHEMA)
+
+    def _records(
+        self, parquet: str, lines: str, schema: dict[str, pl.DataType], key: str | None
+    ) -> pl.DataFrame:
+        parquet_path = self.path / parquet
+        if parquet_path.exists():
+            try:
+                frame = _conform(pl.read_parquet(parquet_path), schema)
+            except Exception as exc:  # a parquet cut short by a crash: fall back to lines
+                if not (self.path / lines).exists():
+                    raise RunFolderError(f"{parquet_path}: unreadable ({exc})") from None
+                frame = _frame(_read_lines(self.path / lines), schema)
+        else:
+            frame = _frame(_read_lines(self.path / lines), schema)
+        if key is not None and frame.height:
+            frame = frame.unique(subset=key, keep="last", maintain_order=True).sort(key)
+        return frame
+
+    @property
+    def trace_dir(self) -> Path:
+        return self.path / TRACE_DIR
+
+    def trace_files(self) -> list[Path]:
+        if not self.trace_dir.is_dir():
+            return []
+        return sorted(
+            p
+            for p in self.trace_dir.iterdir()
+            if p.is_file() and (p.name.endswith(".json") or p.name.endswith(".json.gz"))
+        )
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.path / CHECKPOINT_DIR
+
+    def checkpoints(self) -> list[Path]:
+        if not self.checkpoint_dir.is_dir():
+            return []
+        return sorted(self.checkpoint_dir.glob("step_*.pt"))
+
+    @property
+    def log_path(self) -> Path:
+        return self.path / LOG_FILE
+
+    def log_tail(self, max_bytes: int = 20_000) -> str:
+        try:
+            with self.log_path.open("rb") as handle:
+                handle.seek(0, os.SEEK_END)
+                size = handle.tell()
+                handle.seek(max(0, size - max_bytes))
+                return handle.read().decode("utf-8", errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def mtime_key(self) -> float:
+        """Latest modification time of the files a reader uses: a cache key."""
+        latest = 0.0
+        for name in (STATUS_FILE, STEPS_LINES, SAMPLES_LINES, STEPS_PARQUET, SAMPLES_PARQUET):
+            with contextlib.suppress(FileNotFoundError):
+                latest = max(latest, (self.path / name).stat().st_mtime)
+        for trace in self.trace_files():
+            latest = max(latest, trace.stat().st_mtime)
+        return latest
+
+
+@dataclass(frozen=True)
+class RunListing:
+    path: Path
+    run_id: str
+    created_at: float
+    scenario: str | None
+    status: RunStatus
+    parent_run_id: str | None = None
+    error: str | None = None
+
+
+def list_runs(runs_dir: str | os.PathLike[str]) -> list[RunListing]:
+    """Every run folder under runs_dir, newest first. Unreadable ones are listed with error."""
+    root = Path(runs_dir)
+    if not root.is_dir():
+        return []
+    listings = []
+    for child in root.iterdir():
+        if not RunFolder.is_run_folder(child):
+            continue
+        run = RunFolder(child)
+        try:
+            manifest = run.manifest()
+            listings.append(
+                RunListing(
+                    path=child,
+                    run_id=manifest.run_id,
+                    created_at=manifest.created_at,
+                    scenario=manifest.scenario,
+                    status=run.status(),
+                    parent_run_id=manifest.parent_run_id,
+                )
+            )
+        except RunFolderError as exc:
+            listings.append(
+                RunListing(
+                    path=child,
+                    run_id=child.name,
+                    created_at=child.stat().st_mtime,
+                    scenario=None,
+                    status=RunStatus(status="failed", reason=str(exc)),
+                    error=str(exc),
+                )
+            )
+    return sorted(listings, key=lambda r: r.created_at, reverse=True)
+
+
+def new_run_id(scenario: str | None, now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now))
+    suffix = f"{int((now % 1) * 1000):03d}{os.getpid() % 1000:03d}"
+    return f"{stamp}-{scenario or 'run'}-{suffix}"
+
+
+class _LineAppender:
+    """Appends JSON lines with a flush per record and an fsync at most once a second."""
+
+    def __init__(self, path: Path, fsync_interval_s: float = 1.0):
+        self._handle = path.open("a", encoding="utf-8")
+        self._fsync_interval_s = fsync_interval_s
+        self._last_fsync = time.monotonic()
+
+    def append(self, record: Mapping[str, Any]) -> None:
+        self._handle.write(json.dumps(record, default=_json_default) + "\n")
+        self._handle.flush()
+        now = time.monotonic()
+        if now - self._last_fsync >= self._fsync_interval_s:
+            os.fsync(self._handle.fileno())
+            self._last_fsync = now
+
+    def close(self) -> None:
+        if not self._handle.closed:
+            self._handle.flush()
+            os.fsync(self._handle.fileno())
+            self._handle.close()
+
+
+def _json_default(value: Any) -> Any:
+    # numpy scalars and the like: anything with item() becomes a plain number
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)
+
+
+@dataclass
+class RunWriter:
+    """Writes one run folder. Create with :meth:`create` or reopen with :meth:`reopen`."""
+
+    path: Path
+    _steps: _LineAppender | None = field(default=None, repr=False)
+    _samples: _LineAppender | None = field(default=None, repr=False)
+    _status: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def create(
+        cls,
+        runs_dir: str | os.PathLike[str],
+        config: Mapping[str, Any],
+        environment: Mapping[str, Any],
+        *,
+        run_id: str | None = None,
+        parent_run_id: str | None = None,
+        applied_patch: Mapping[str, Any] | None = None,
+        notes: Iterable[str] = (),
+        total_steps: int | None = None,
+    ) -> RunWriter:
+        run_id = run_id or new_run_id(config.get("scenario"))
+        path = Path(runs_dir) / run_id
+        path.mkdir(parents=True, exist_ok=False)
+        (path / TRACE_DIR).mkdir()
+        (path / CHECKPOINT_DIR).mkdir()
+        _atomic_write_json(
+            path / MANIFEST_FILE,
+            {
+                "version": RUN_FOLDER_VERSION,
+                "run_id": run_id,
+                "created_at": time.time(),
+                "config": dict(config),
+                "environment": dict(environment),
+                "parent_run_id": parent_run_id,
+                "applied_patch": dict(applied_patch) if applied_patch else None,
+                "notes": list(notes),
+            },
+        )
+        writer = cls(path=path)
+        now = time.time()
+        writer._status = {
+            "status": "running",
+            "reason": None,
+            "heartbeat": now,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started_at": now,
+            "ended_at": None,
+            "step": 0,
+            "total_steps": total_steps,
+        }
+        writer._write_status()
+        writer._open_appenders()
+        return writer
+
+    @classmethod
+    def reopen(cls, path: str | os.PathLike[str]) -> RunWriter:
+        """Reopens an existing run (resume): status back to running, appends continue."""
+        run = RunFolder(path)
+        run.manifest()  # validates the version
+        writer = cls(path=Path(path))
+        previous = asdict(run.status())
+        now = time.time()
+        writer._status = {
+            **previous,
+            "status": "running",
+            "reason": None,
+            "heartbeat": now,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "ended_at": None,
+        }
+        # finalised parquet is stale once appends resume: the lines stay the source of truth
+        for name in (STEPS_PARQUET, SAMPLES_PARQUET):
+            (writer.path / name).unlink(missing_ok=True)
+        writer._write_status()
+        writer._open_appenders()
+        return writer
+
+    def _open_appenders(self) -> None:
+        self._steps = _LineAppender(self.path / STEPS_LINES)
+        self._samples = _LineAppender(self.path / SAMPLES_LINES)
+
+    def _write_status(self) -> None:
+        _atomic_write_json(self.path / STATUS_FILE, self._status)
+
+    def update_manifest(self, **fields: Any) -> None:
+        """Adds or replaces manifest fields (e.g. notes found while running)."""
+        raw = _read_json(self.path / MANIFEST_FILE)
+        raw.update(fields)
+        _atomic_write_json(self.path / MANIFEST_FILE, raw)
+
+    def add_note(self, note: str) -> None:
+        raw = _read_json(self.path / MANIFEST_FILE)
+        notes = list(raw.get("notes") or [])
+        if note not in notes:
+            notes.append(note)
+        raw["notes"] = notes
+        _atomic_write_json(self.path / MANIFEST_FILE, raw)
+
+    def append_step(self, record: Mapping[str, Any]) -> None:
+        assert self._steps is not None, "writer is closed"
+        self._steps.append(record)
+        step = record.get("step")
+        if step is not None:
+            self._status["step"] = int(step)
+
+    def append_sample(self, record: Mapping[str, Any]) -> None:
+        assert self._samples is not None, "writer is closed"
+        self._samples.append(record)
+
+    def heartbeat(self) -> None:
+        self._status["heartbeat"] = time.time()
+        self._write_status()
+
+    def set_status(self, status: RunState, reason: str | None = None) -> None:
+        now = time.time()
+        self._status.update(status=status, reason=reason, heartbeat=now)
+        if status in FINAL_STATES:
+            self._status["ended_at"] = now
+        self._write_status()
+
+    def finalise(self, status: RunState, reason: str | None = None) -> None:
+        """Closes the line files, writes the parquet copies, then the final status."""
+        for appender in (self._steps, self._samples):
+            if appender is not None:
+                appender.close()
+        run = RunFolder(self.path)
+        for name, frame in ((STEPS_PARQUET, run.steps()), (SAMPLES_PARQUET, run.samples())):
+            tmp = self.path / f".{name}.tmp"
+            frame.write_parquet(tmp)
+            os.replace(tmp, self.path / name)
+        self.set_status(status, reason)
+
+    def write_memory_lines(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        appender = _LineAppender(self.path / MEMORY_LINES_FILE)
+        for row in rows:
+            appender.append(row)
+        appender.close()

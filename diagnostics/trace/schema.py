@@ -1,0 +1,95 @@
+"""The event table: the one contract between the trace loader and everything downstream.
+
+Every trace (any Kineto version, one file or one per rank) becomes one polars DataFrame
+with exactly the columns of ``EVENT_SCHEMA``, in that order. Times are microseconds as
+floats (Kineto writes integers or, in newer versions, floats with ns resolution).
+Categories are normalised to the modern lower-case Kineto names in ``Category`` so that
+``Operator`` (PyTorch 1.9) and ``cpu_op`` (2.x) are the same thing downstream.
+
+Flow events (ph s/f/t) and metadata events (ph M) are not rows of this table: the loader
+keeps them aside in ``LoadedTrace``.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+import polars as pl
+
+
+class Category(StrEnum):
+    CPU_OP = "cpu_op"
+    CUDA_RUNTIME = "cuda_runtime"
+    CUDA_DRIVER = "cuda_driver"
+    KERNEL = "kernel"
+    GPU_MEMCPY = "gpu_memcpy"
+    GPU_MEMSET = "gpu_memset"
+    USER_ANNOTATION = "user_annotation"
+    GPU_USER_ANNOTATION = "gpu_user_annotation"
+    PYTHON_FUNCTION = "python_function"
+    CPU_INSTANT = "cpu_instant_event"
+    MEMORY = "memory"  # "[memory]" instant events with allocation totals
+    TRACE = "trace"  # e.g. "PyTorch Profiler (0)" span
+    OVERHEAD = "overhead"
+    OTHER = "other"
+
+
+# Lower-cased raw category -> normalised category. Anything absent maps to OTHER.
+CATEGORY_ALIASES: dict[str, Category] = {
+    "operator": Category.CPU_OP,
+    "cpu_op": Category.CPU_OP,
+    "runtime": Category.CUDA_RUNTIME,
+    "cuda_runtime": Category.CUDA_RUNTIME,
+    "cuda_driver": Category.CUDA_DRIVER,
+    "driver": Category.CUDA_DRIVER,
+    "kernel": Category.KERNEL,
+    "memcpy": Category.GPU_MEMCPY,
+    "gpu_memcpy": Category.GPU_MEMCPY,
+    "memset": Category.GPU_MEMSET,
+    "gpu_memset": Category.GPU_MEMSET,
+    "user_annotation": Category.USER_ANNOTATION,
+    "gpu_user_annotation": Category.GPU_USER_ANNOTATION,
+    "python_function": Category.PYTHON_FUNCTION,
+    "python": Category.PYTHON_FUNCTION,
+    "cpu_instant_event": Category.CPU_INSTANT,
+    "[memory]": Category.MEMORY,
+    "memory": Category.MEMORY,
+    "trace": Category.TRACE,
+    "overhead": Category.OVERHEAD,
+}
+
+GPU_CATEGORIES: frozenset[str] = frozenset(
+    {Category.KERNEL, Category.GPU_MEMCPY, Category.GPU_MEMSET}
+)
+
+EVENT_SCHEMA: dict[str, pl.DataType] = {
+    "rank": pl.Int32,  # distributed rank of the file the event came from (0 when unknown)
+    "name": pl.String,
+    "cat": pl.String,  # a Category value
+    "ph": pl.String,  # "X" complete, "i"/"I" instant, ...
+    "ts": pl.Float64,  # start, µs
+    "dur": pl.Float64,  # duration, µs; null for instants
+    "pid": pl.Int64,  # process id; GPU events carry the device index here in Kineto
+    "tid": pl.Int64,  # thread id; GPU events carry the stream here in Kineto
+    "device": pl.Int64,  # GPU index for GPU events (args.device), else null
+    "stream": pl.Int64,  # CUDA stream for GPU events (args.stream), else null
+    "correlation": pl.Int64,  # links a runtime call to the GPU activity it launched
+    "external_id": pl.Int64,  # args["External id"]
+    "bytes": pl.Int64,  # copy/memset size, or allocation size for [memory]
+    "total_allocated": pl.Int64,  # [memory]: "Total Allocated" after the event, bytes
+    "total_reserved": pl.Int64,  # [memory]: "Total Reserved", bytes
+    "memory_device_type": pl.Int64,  # [memory]: 0 CPU, 1 CUDA
+    "memory_device_id": pl.Int64,  # [memory]: "Device Id"
+}
+
+EVENT_COLUMNS: tuple[str, ...] = tuple(EVENT_SCHEMA)
+
+
+def empty_event_table() -> pl.DataFrame:
+    return pl.DataFrame(schema=EVENT_SCHEMA)
+
+
+def normalise_category(raw: str | None) -> Category:
+    if not raw:
+        return Category.OTHER
+    return CATEGORY_ALIASES.get(raw.strip().lower(), Category.OTHER)

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Creates .venv in the project root and installs the pinned dependencies.
+# Idempotent: a stamp holding the requirements' checksum skips pip when nothing changed.
+# Usage: scripts/setup.sh [runtime|dev]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+profile="${1:-runtime}"
+reqs=requirements.txt
+[ "$profile" = dev ] && reqs=requirements-dev.txt
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+stamp=".venv/.installed-$profile"
+want="$(cat requirements.txt requirements-dev.txt | sha256sum | cut -d' ' -f1)"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "setup: installing $reqs into .venv" >&2
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check -r "$reqs"
+  echo "$want" >"$stamp"
+fi
+
+if [ "$profile" = dev ] && [ ! -x /usr/bin/chromium ]; then
+  # The browser tests drive Debian's Chromium; Playwright never downloads a browser here.
+  echo "setup: installing Debian's chromium for the browser tests" >&2
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  fi
+fi
