@@ -1,0 +1,612 @@
+"""Plotly figures for the app and the reports, built from the documented frame columns.
+
+Every figure has a title and axis titles with units, and takes polars frames with the
+columns of ``diagnostics.runs.STEP_SCHEMA`` / ``SAMPLE_SCHEMA`` or of the ``TraceFacts``
+frames. Nothing here imports streamlit or fetches anything from the network: the app passes
+the figures to ``st.plotly_chart``, the HTML report inlines plotly's JavaScript once.
+
+Every string that comes from a trace or a run (op and kernel names, series names, titles
+in a finding's evidence) goes through :func:`safe_text` before it reaches plotly: plotly
+renders a subset of HTML in labels, so markup is escaped and shown literally. Plotly turns
+the entities back into characters with ``textContent``, so nothing in a name can run.
+
+Evidence-chart convention (for rule authors)
+--------------------------------------------
+A rule that wants a chart beside its finding puts a ``"chart"`` entry in
+``Finding.evidence``; :func:`finding_figure` draws it (and returns ``None`` without one)::
+
+    evidence["chart"] = {
+        "kind": "line",                  # "line" | "bar" (required)
+        "title": "Data wait per step",   # figure title (required)
+        "x": [1, 2, 3],                  # shared x values: numbers or strings (required)
+        "y": {                           # one series per entry, each as long as x (required)
+            "data wait (ms)": [40.0, 41.5, 39.8],
+            "compute (ms)": [12.0, 12.1, 11.9],
+        },
+        "x_title": "step",               # axis titles with units (required)
+        "y_title": "time (ms)",
+        # optional:
+        "stacked": True,                 # bar: stack the series (default False: grouped)
+        "horizontal": False,             # bar: horizontal bars, x holds the labels
+        "log_y": False,                  # logarithmic value axis
+        "markers": {"x": [2], "label": "spike"},   # points to mark on the first series
+        "hlines": [{"y": 10.0, "label": "threshold"}],  # horizontal reference lines
+    }
+
+Values must be JSON-serialisable (plain lists of float/int/str/None; ``None`` is a gap).
+A malformed chart (unknown kind, missing keys, lengths that disagree) gives ``None``
+rather than an error, so a rule's chart can never break a page or a report.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import plotly.graph_objects as go
+import polars as pl
+from plotly.subplots import make_subplots
+
+MIB = 1024 * 1024
+# Charts with more points than this are thinned by an even stride: a 100k-step run would
+# otherwise put megabytes of JSON into each report figure without showing more detail.
+MAX_POINTS = 5000
+# Labels longer than this are shortened on the axis; the full (escaped) text stays in the hover.
+MAX_LABEL_CHARS = 60
+
+STEP_PARTS: tuple[tuple[str, str, str], ...] = (
+    ("data_wait_ms", "data wait", "#d62728"),
+    ("h2d_ms", "host→device copy", "#9467bd"),
+    ("compute_ms", "forward + backward", "#1f77b4"),
+    ("optimizer_ms", "optimizer", "#2ca02c"),
+)
+BREAKDOWN_PARTS: tuple[tuple[str, str, str], ...] = (
+    ("kernel_us", "kernel", "#1f77b4"),
+    ("memcpy_us", "memcpy", "#9467bd"),
+    ("memset_us", "memset", "#8c564b"),
+    ("runtime_us", "CUDA runtime", "#ff7f0e"),
+    ("dataloader_us", "DataLoader", "#d62728"),
+    ("cpu_exec_us", "CPU exec", "#2ca02c"),
+    ("other_us", "other", "#7f7f7f"),
+)
+CHART_KINDS = frozenset({"line", "bar"})
+
+
+def safe_text(value: object, max_chars: int | None = None) -> str:
+    """Escape a string from a trace or run for a plotly label, optionally shortened."""
+    text = str(value)
+    if max_chars is not None and len(text) > max_chars:
+        text = text[: max_chars - 1] + "…"
+    return html.escape(text, quote=True)
+
+
+def _layout(fig: go.Figure, title: str, x_title: str, y_title: str, height: int = 380) -> None:
+    fig.update_layout(
+        title={"text": title, "x": 0.01, "xanchor": "left"},
+        template="plotly_white",
+        height=height,
+        margin={"l": 60, "r": 20, "t": 70, "b": 50},
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 0.0},
+        hovermode="x unified",
+        font={"size": 12},
+    )
+    fig.update_xaxes(title_text=x_title)
+    fig.update_yaxes(title_text=y_title)
+
+
+def _empty(title: str, message: str, x_title: str = "", y_title: str = "") -> go.Figure:
+    fig = go.Figure()
+    _layout(fig, title, x_title, y_title, height=260)
+    fig.add_annotation(
+        text=message, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5, font={"size": 14}
+    )
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return fig
+
+
+def _thin(frame: pl.DataFrame, max_points: int = MAX_POINTS) -> pl.DataFrame:
+    if frame.height <= max_points:
+        return frame
+    stride = math.ceil(frame.height / max_points)
+    return frame.gather_every(stride)
+
+
+def _has(frame: pl.DataFrame | None, column: str) -> bool:
+    return frame is not None and column in frame.columns and frame[column].null_count() < len(frame)
+
+
+def _values(frame: pl.DataFrame, column: str, scale: float = 1.0) -> list[float | None]:
+    series = frame[column].cast(pl.Float64)
+    if scale != 1.0:
+        series = series / scale
+    return series.to_list()
+
+
+def _step_axis(steps: pl.DataFrame) -> pl.DataFrame:
+    return steps.filter(pl.col("step").is_not_null()).sort("step")
+
+
+def step_time_figure(steps: pl.DataFrame) -> go.Figure:
+    """Per-step time stacked as data wait, host→device copy, compute and optimizer (ms).
+
+    The remainder of ``step_time_ms`` that none of the parts covers (logging, checkpoints,
+    synchronisation) is drawn as "other" when it is positive, so the bars add up to the
+    measured step time.
+    """
+    title = "Step time breakdown"
+    if steps is None or steps.height == 0 or "step" not in steps.columns:
+        return _empty(title, "No step records", "step", "time (ms)")
+    frame = _thin(_step_axis(steps))
+    x = frame["step"].to_list()
+    fig = go.Figure()
+    parts_sum = pl.Series([0.0] * frame.height)
+    for column, label, colour in STEP_PARTS:
+        if not _has(frame, column):
+            continue
+        values = frame[column].cast(pl.Float64).fill_null(0.0)
+        parts_sum = parts_sum + values
+        fig.add_trace(
+            go.Bar(
+                x=x,
+                y=values.to_list(),
+                name=label,
+                marker_color=colour,
+                hovertemplate="%{y:.1f} ms",
+            )
+        )
+    if _has(frame, "step_time_ms"):
+        other = (frame["step_time_ms"].cast(pl.Float64).fill_null(0.0) - parts_sum).clip(
+            lower_bound=0.0
+        )
+        if float(other.sum()) > 0.0:
+            fig.add_trace(
+                go.Bar(
+                    x=x,
+                    y=other.to_list(),
+                    name="other",
+                    marker_color="#7f7f7f",
+                    hovertemplate="%{y:.1f} ms",
+                )
+            )
+    if not fig.data:
+        return _empty(title, "No step timings recorded", "step", "time (ms)")
+    _layout(fig, title, "step", "time per step (ms)")
+    fig.update_layout(barmode="stack", bargap=0.05)
+    return fig
+
+
+def loss_gradnorm_figure(steps: pl.DataFrame, spike_steps: Iterable[int] = ()) -> go.Figure:
+    """Loss (top) and gradient norm before clipping (bottom) per step, spikes marked."""
+    title = "Loss and gradient norm"
+    if steps is None or steps.height == 0 or "step" not in steps.columns:
+        return _empty(title, "No step records", "step", "")
+    frame = _thin(_step_axis(steps))
+    spikes = sorted({int(s) for s in spike_steps})
+    fig = make_subplots(
+        rows=2,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.08,
+        subplot_titles=("loss", "gradient norm (L2, before clipping)"),
+    )
+    for row, column, colour in ((1, "loss", "#1f77b4"), (2, "grad_norm", "#ff7f0e")):
+        if not _has(frame, column):
+            continue
+        fig.add_trace(
+            go.Scatter(
+                x=frame["step"].to_list(),
+                y=_values(frame, column),
+                mode="lines",
+                name=column.replace("_", " "),
+                line={"color": colour, "width": 1.5},
+            ),
+            row=row,
+            col=1,
+        )
+        if spikes:
+            # Spikes come from the full frame, not the thinned one, so none is lost.
+            marked = steps.filter(pl.col("step").is_in(spikes)).sort("step")
+            if marked.height and _has(marked, column):
+                fig.add_trace(
+                    go.Scatter(
+                        x=marked["step"].to_list(),
+                        y=_values(marked, column),
+                        mode="markers",
+                        name=f"spike ({column.replace('_', ' ')})",
+                        marker={"color": "#d62728", "size": 10, "symbol": "x"},
+                    ),
+                    row=row,
+                    col=1,
+                )
+    if not fig.data:
+        return _empty(title, "No loss or gradient norm recorded", "step", "")
+    _layout(fig, title, "", "", height=480)
+    fig.update_xaxes(title_text="step", row=2, col=1)
+    fig.update_yaxes(title_text="loss (nats)", row=1, col=1)
+    fig.update_yaxes(title_text="grad norm", row=2, col=1)
+    return fig
+
+
+def memory_figure(
+    steps: pl.DataFrame,
+    samples: pl.DataFrame | None = None,
+    slope_bytes_per_step: float | None = None,
+    *,
+    slope_column: str = "rss_bytes",
+) -> go.Figure:
+    """Trainer RSS and CUDA allocated memory per step (MiB), with an optional fitted line.
+
+    Samples, when given, add the DataLoader workers' RSS, matched to the step that had
+    ended last at each sample's wall time. ``slope_bytes_per_step`` (a rule's fitted growth)
+    draws a dashed line through the mean of ``slope_column`` with that slope.
+    """
+    title = "Memory per step"
+    if steps is None or steps.height == 0 or "step" not in steps.columns:
+        return _empty(title, "No step records", "step", "memory (MiB)")
+    ordered = _step_axis(steps)
+    frame = _thin(ordered)
+    x = frame["step"].to_list()
+    fig = go.Figure()
+    for column, label, colour in (
+        ("rss_bytes", "trainer RSS", "#1f77b4"),
+        ("cuda_allocated_bytes", "CUDA allocated", "#ff7f0e"),
+        ("cuda_reserved_bytes", "CUDA reserved", "#ffbb78"),
+    ):
+        if _has(frame, column):
+            fig.add_trace(
+                go.Scatter(
+                    x=x,
+                    y=_values(frame, column, MIB),
+                    mode="lines",
+                    name=label,
+                    line={"color": colour},
+                    hovertemplate="%{y:.1f} MiB",
+                )
+            )
+    if (
+        samples is not None
+        and samples.height
+        and _has(samples, "workers_rss_bytes")
+        and _has(ordered, "wall_time")
+    ):
+        per_tick = (
+            samples.select("wall_time", "workers_rss_bytes")
+            .filter(pl.col("wall_time").is_not_null())
+            .unique("wall_time")
+            .sort("wall_time")
+        )
+        joined = per_tick.join_asof(
+            ordered.select("wall_time", "step").filter(pl.col("wall_time").is_not_null()),
+            on="wall_time",
+            strategy="backward",
+        ).filter(pl.col("step").is_not_null())
+        joined = _thin(joined.group_by("step").agg(pl.col("workers_rss_bytes").max()).sort("step"))
+        if joined.height and _has(joined, "workers_rss_bytes"):
+            fig.add_trace(
+                go.Scatter(
+                    x=joined["step"].to_list(),
+                    y=_values(joined, "workers_rss_bytes", MIB),
+                    mode="lines",
+                    name="DataLoader workers RSS",
+                    line={"color": "#2ca02c"},
+                    hovertemplate="%{y:.1f} MiB",
+                )
+            )
+    if slope_bytes_per_step is not None and _has(ordered, slope_column):
+        fit = ordered.select("step", slope_column).drop_nulls()
+        steps_f = fit["step"].cast(pl.Float64)
+        values = fit[slope_column].cast(pl.Float64)
+        # Least-squares intercept for a fixed slope: the line passes through the means.
+        intercept = float(values.mean()) - slope_bytes_per_step * float(steps_f.mean())
+        first, last = float(steps_f.min()), float(steps_f.max())
+        fig.add_trace(
+            go.Scatter(
+                x=[first, last],
+                y=[
+                    (intercept + slope_bytes_per_step * first) / MIB,
+                    (intercept + slope_bytes_per_step * last) / MIB,
+                ],
+                mode="lines",
+                name=f"fitted growth {slope_bytes_per_step / 1024:+,.1f} KiB/step",
+                line={"color": "#d62728", "dash": "dash", "width": 2},
+                hovertemplate="%{y:.1f} MiB",
+            )
+        )
+    if not fig.data:
+        return _empty(title, "No memory recorded", "step", "memory (MiB)")
+    _layout(fig, title, "step", "memory (MiB)")
+    return fig
+
+
+def system_figure(samples: pl.DataFrame) -> go.Figure:
+    """GPU utilisation per GPU (top) and host CPU (bottom) over time since the first sample."""
+    title = "GPU and CPU utilisation"
+    if samples is None or samples.height == 0 or not _has(samples, "wall_time"):
+        return _empty(title, "No system samples", "time (s)", "utilisation (%)")
+    frame = samples.filter(pl.col("wall_time").is_not_null()).sort("wall_time")
+    start = float(frame["wall_time"].min())
+    frame = frame.with_columns(elapsed_s=pl.col("wall_time") - start)
+    has_gpu = _has(frame, "gpu_util_pct") and _has(frame, "gpu_index")
+    fig = make_subplots(
+        rows=2,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.1,
+        subplot_titles=("GPU utilisation", "host CPU"),
+    )
+    if has_gpu:
+        gpu_rows = frame.filter(pl.col("gpu_index").is_not_null())
+        for (index,), part in gpu_rows.group_by(["gpu_index"], maintain_order=True):
+            part = _thin(part)
+            fig.add_trace(
+                go.Scatter(
+                    x=part["elapsed_s"].to_list(),
+                    y=_values(part, "gpu_util_pct"),
+                    mode="lines",
+                    name=f"GPU {int(index)} util",
+                    hovertemplate="%{y:.0f} %",
+                ),
+                row=1,
+                col=1,
+            )
+    else:
+        fig.add_annotation(
+            text="no GPU samples (CPU run or NVML unavailable)",
+            showarrow=False,
+            xref="x domain",
+            yref="y domain",
+            x=0.5,
+            y=0.5,
+            row=1,
+            col=1,
+        )
+    if _has(frame, "cpu_percent"):
+        # One sample row per GPU per tick repeats the host CPU figure; keep one a tick.
+        cpu = _thin(frame.unique("wall_time", keep="first", maintain_order=True))
+        fig.add_trace(
+            go.Scatter(
+                x=cpu["elapsed_s"].to_list(),
+                y=_values(cpu, "cpu_percent"),
+                mode="lines",
+                name="host CPU",
+                line={"color": "#2ca02c"},
+                hovertemplate="%{y:.0f} %",
+            ),
+            row=2,
+            col=1,
+        )
+    _layout(fig, title, "", "", height=460)
+    fig.update_xaxes(title_text="time since first sample (s)", row=2, col=1)
+    fig.update_yaxes(title_text="GPU util (%)", range=[0, 105], row=1, col=1)
+    fig.update_yaxes(title_text="CPU (% of one core)", rangemode="tozero", row=2, col=1)
+    return fig
+
+
+def breakdown_figure(breakdown: pl.DataFrame) -> go.Figure:
+    """The trace's per-step time breakdown (TensorBoard profiler categories), in ms."""
+    title = "Trace breakdown per profiler step"
+    if breakdown is None or breakdown.height == 0 or "step" not in breakdown.columns:
+        return _empty(title, "No profiler steps in the trace", "profiler step", "time (ms)")
+    frame = _thin(breakdown.sort("step"))
+    x = [str(s) for s in frame["step"].to_list()]
+    fig = go.Figure()
+    for column, label, colour in BREAKDOWN_PARTS:
+        if _has(frame, column):
+            fig.add_trace(
+                go.Bar(
+                    x=x,
+                    y=_values(frame.with_columns(pl.col(column).fill_null(0)), column, 1000.0),
+                    name=label,
+                    marker_color=colour,
+                    hovertemplate="%{y:.2f} ms",
+                )
+            )
+    if not fig.data:
+        return _empty(title, "No breakdown columns", "profiler step", "time (ms)")
+    _layout(fig, title, "profiler step", "time (ms)")
+    fig.update_layout(barmode="stack", bargap=0.15)
+    fig.update_xaxes(type="category")
+    return fig
+
+
+def _value_title(value_col: str) -> tuple[str, float]:
+    """Axis title and divisor for a value column named with its unit."""
+    base = value_col.rsplit("_", 1)[0].replace("_", " ")
+    if value_col.endswith("_us"):
+        return f"{base} (ms)", 1000.0
+    if value_col.endswith("_ms"):
+        return f"{base} (ms)", 1.0
+    if value_col.endswith("_bytes"):
+        return f"{base} (MiB)", float(MIB)
+    if value_col.endswith("_pct"):
+        return f"{base} (%)", 1.0
+    return value_col.replace("_", " "), 1.0
+
+
+def top_figure(
+    frame: pl.DataFrame,
+    value_col: str,
+    label_col: str = "name",
+    n: int = 15,
+    *,
+    title: str | None = None,
+) -> go.Figure:
+    """The ``n`` rows with the largest ``value_col`` as horizontal bars, largest on top.
+
+    Units follow the column name: ``*_us`` is shown in ms, ``*_bytes`` in MiB.
+    """
+    axis_title, divisor = _value_title(value_col)
+    title = title or f"Top {n} by {axis_title}"
+    if (
+        frame is None
+        or frame.height == 0
+        or value_col not in frame.columns
+        or label_col not in frame.columns
+    ):
+        return _empty(title, "Nothing to rank", axis_title, "")
+    top = (
+        frame.select(label_col, value_col)
+        .drop_nulls(value_col)
+        .sort(value_col, descending=True)
+        .head(n)
+        .reverse()
+    )
+    full = [safe_text(label) for label in top[label_col].to_list()]
+    # Two names that shorten to the same text would merge into one bar; a rank prefix keeps
+    # them apart.
+    shown = [
+        f"{len(full) - i}. {safe_text(label, MAX_LABEL_CHARS)}"
+        for i, label in enumerate(top[label_col].to_list())
+    ]
+    fig = go.Figure(
+        go.Bar(
+            x=[v / divisor for v in top[value_col].cast(pl.Float64).to_list()],
+            y=shown,
+            orientation="h",
+            customdata=full,
+            hovertemplate="%{customdata}<br>%{x:,.2f}<extra></extra>",
+            marker_color="#1f77b4",
+        )
+    )
+    _layout(fig, title, axis_title, "", height=max(300, 60 + 26 * top.height))
+    fig.update_layout(hovermode="closest", margin={"l": 20})
+    fig.update_yaxes(automargin=True, type="category")
+    return fig
+
+
+def _is_number_list(values: Any, length: int) -> bool:
+    return (
+        isinstance(values, list | tuple)
+        and len(values) == length
+        and all(
+            v is None or (isinstance(v, int | float) and not isinstance(v, bool)) for v in values
+        )
+    )
+
+
+def finding_figure(finding: Any) -> go.Figure | None:
+    """The chart in ``finding.evidence["chart"]`` (see the module docstring), or ``None``."""
+    evidence = getattr(finding, "evidence", None)
+    if isinstance(finding, Mapping):
+        evidence = finding.get("evidence")
+    if not isinstance(evidence, Mapping):
+        return None
+    chart = evidence.get("chart")
+    if not isinstance(chart, Mapping) or chart.get("kind") not in CHART_KINDS:
+        return None
+    x = chart.get("x")
+    series = chart.get("y")
+    if not isinstance(x, list | tuple) or not x or not isinstance(series, Mapping) or not series:
+        return None
+    if not all(isinstance(v, int | float | str) and not isinstance(v, bool) for v in x):
+        return None
+    if not all(_is_number_list(values, len(x)) for values in series.values()):
+        return None
+    x_values = [safe_text(v) if isinstance(v, str) else v for v in x]
+    horizontal = bool(chart.get("horizontal")) and chart["kind"] == "bar"
+    fig = go.Figure()
+    for name, values in series.items():
+        label = safe_text(name, MAX_LABEL_CHARS)
+        if chart["kind"] == "line":
+            fig.add_trace(go.Scatter(x=x_values, y=list(values), mode="lines", name=label))
+        elif horizontal:
+            fig.add_trace(go.Bar(x=list(values), y=x_values, orientation="h", name=label))
+        else:
+            fig.add_trace(go.Bar(x=x_values, y=list(values), name=label))
+    markers = chart.get("markers")
+    if isinstance(markers, Mapping) and isinstance(markers.get("x"), list | tuple):
+        first = list(series.values())[0]
+        lookup = dict(zip(x, first, strict=True))
+        marked = [v for v in markers["x"] if isinstance(v, int | float | str) and v in lookup]
+        if marked:
+            fig.add_trace(
+                go.Scatter(
+                    x=[safe_text(v) if isinstance(v, str) else v for v in marked],
+                    y=[lookup[v] for v in marked],
+                    mode="markers",
+                    name=safe_text(markers.get("label", "marked"), MAX_LABEL_CHARS),
+                    marker={"color": "#d62728", "size": 10, "symbol": "x"},
+                )
+            )
+    hlines = chart.get("hlines")
+    if isinstance(hlines, list | tuple):
+        for line in hlines:
+            if isinstance(line, Mapping) and isinstance(line.get("y"), int | float):
+                fig.add_hline(
+                    y=float(line["y"]),
+                    line_dash="dot",
+                    line_color="#7f7f7f",
+                    annotation_text=safe_text(line.get("label", ""), MAX_LABEL_CHARS),
+                )
+    x_title = safe_text(chart.get("x_title", ""))
+    y_title = safe_text(chart.get("y_title", ""))
+    if horizontal:
+        x_title, y_title = y_title, x_title
+    _layout(fig, safe_text(chart.get("title", "Evidence")), x_title, y_title, height=340)
+    if chart["kind"] == "bar":
+        fig.update_layout(barmode="stack" if chart.get("stacked") else "group")
+    if chart.get("log_y"):
+        if horizontal:
+            fig.update_xaxes(type="log")
+        else:
+            fig.update_yaxes(type="log")
+    if horizontal:
+        fig.update_yaxes(automargin=True, type="category")
+        fig.update_layout(hovermode="closest")
+    return fig
+
+
+def compare_steps_figure(
+    steps_a: pl.DataFrame, steps_b: pl.DataFrame, label_a: str, label_b: str
+) -> go.Figure:
+    """Step time (solid) and data wait (dotted) per step for two runs, overlaid."""
+    title = "Step time: side by side"
+    fig = go.Figure()
+    for steps, label, colour in ((steps_a, label_a, "#1f77b4"), (steps_b, label_b, "#ff7f0e")):
+        if steps is None or steps.height == 0 or "step" not in steps.columns:
+            continue
+        frame = _thin(_step_axis(steps))
+        name = safe_text(label, MAX_LABEL_CHARS)
+        if _has(frame, "step_time_ms"):
+            fig.add_trace(
+                go.Scatter(
+                    x=frame["step"].to_list(),
+                    y=_values(frame, "step_time_ms"),
+                    mode="lines",
+                    name=f"{name}: step time",
+                    line={"color": colour},
+                    hovertemplate="%{y:.1f} ms",
+                )
+            )
+        if _has(frame, "data_wait_ms"):
+            fig.add_trace(
+                go.Scatter(
+                    x=frame["step"].to_list(),
+                    y=_values(frame, "data_wait_ms"),
+                    mode="lines",
+                    name=f"{name}: data wait",
+                    line={"color": colour, "dash": "dot"},
+                    hovertemplate="%{y:.1f} ms",
+                )
+            )
+    if not fig.data:
+        return _empty(title, "No step records in either run", "step", "time (ms)")
+    _layout(fig, title, "step", "time per step (ms)")
+    return fig
+
+
+def figure_titles(fig: go.Figure) -> tuple[str, str, str]:
+    """(title, x axis title, y axis title) of a figure, for tests and accessibility text."""
+    layout = fig.layout
+    return (
+        layout.title.text or "",
+        layout.xaxis.title.text or "",
+        layout.yaxis.title.text or "",
+    )
+
+
+def series_names(fig: go.Figure) -> Sequence[str]:
+    return [trace.name for trace in fig.data if trace.name]
