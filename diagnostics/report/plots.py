@@ -10,32 +10,35 @@ in a finding's evidence) goes through :func:`safe_text` before it reaches plotly
 renders a subset of HTML in labels, so markup is escaped and shown literally. Plotly turns
 the entities back into characters with ``textContent``, so nothing in a name can run.
 
-Evidence-chart convention (for rule authors)
---------------------------------------------
+Evidence-chart convention (shared with ``diagnostics/rules/evidence.py``'s ``chart()``)
+-------------------------------------------------------------------------------------
 A rule that wants a chart beside its finding puts a ``"chart"`` entry in
 ``Finding.evidence``; :func:`finding_figure` draws it (and returns ``None`` without one)::
 
     evidence["chart"] = {
         "kind": "line",                  # "line" | "bar" (required)
         "title": "Data wait per step",   # figure title (required)
+        "x_label": "step",               # axis titles with units (required)
+        "y_label": "time (ms)",
         "x": [1, 2, 3],                  # shared x values: numbers or strings (required)
-        "y": {                           # one series per entry, each as long as x (required)
+        "series": {                      # one series per entry, each as long as x (required)
             "data wait (ms)": [40.0, 41.5, 39.8],
             "compute (ms)": [12.0, 12.1, 11.9],
         },
-        "x_title": "step",               # axis titles with units (required)
-        "y_title": "time (ms)",
-        # optional:
+        "highlight_x": [2],              # x values the finding is about, marked on the
+                                         # first series (spike steps, outlier steps)
+        # optional, for the renderer only:
         "stacked": True,                 # bar: stack the series (default False: grouped)
         "horizontal": False,             # bar: horizontal bars, x holds the labels
         "log_y": False,                  # logarithmic value axis
-        "markers": {"x": [2], "label": "spike"},   # points to mark on the first series
         "hlines": [{"y": 10.0, "label": "threshold"}],  # horizontal reference lines
     }
 
 Values must be JSON-serialisable (plain lists of float/int/str/None; ``None`` is a gap).
-A malformed chart (unknown kind, missing keys, lengths that disagree) gives ``None``
-rather than an error, so a rule's chart can never break a page or a report.
+``x_title``/``y_title``/``y`` and ``markers: {"x": [...], "label": ...}`` are accepted as
+aliases of ``x_label``/``y_label``/``series``/``highlight_x``. A malformed chart (unknown
+kind, missing keys, lengths that disagree) gives ``None`` rather than an error, so a rule's
+chart can never break a page or a report.
 """
 
 from __future__ import annotations
@@ -498,7 +501,7 @@ def finding_figure(finding: Any) -> go.Figure | None:
     if not isinstance(chart, Mapping) or chart.get("kind") not in CHART_KINDS:
         return None
     x = chart.get("x")
-    series = chart.get("y")
+    series = chart.get("series", chart.get("y"))
     if not isinstance(x, list | tuple) or not x or not isinstance(series, Mapping) or not series:
         return None
     if not all(isinstance(v, int | float | str) and not isinstance(v, bool) for v in x):
@@ -517,17 +520,22 @@ def finding_figure(finding: Any) -> go.Figure | None:
         else:
             fig.add_trace(go.Bar(x=x_values, y=list(values), name=label))
     markers = chart.get("markers")
-    if isinstance(markers, Mapping) and isinstance(markers.get("x"), list | tuple):
+    highlight = chart.get("highlight_x")
+    marker_label = "highlighted"
+    if not isinstance(highlight, list | tuple) and isinstance(markers, Mapping):
+        highlight = markers.get("x")
+        marker_label = str(markers.get("label", marker_label))
+    if isinstance(highlight, list | tuple) and highlight:
         first = list(series.values())[0]
         lookup = dict(zip(x, first, strict=True))
-        marked = [v for v in markers["x"] if isinstance(v, int | float | str) and v in lookup]
+        marked = [v for v in highlight if isinstance(v, int | float | str) and v in lookup]
         if marked:
             fig.add_trace(
                 go.Scatter(
                     x=[safe_text(v) if isinstance(v, str) else v for v in marked],
                     y=[lookup[v] for v in marked],
                     mode="markers",
-                    name=safe_text(markers.get("label", "marked"), MAX_LABEL_CHARS),
+                    name=safe_text(marker_label, MAX_LABEL_CHARS),
                     marker={"color": "#d62728", "size": 10, "symbol": "x"},
                 )
             )
@@ -541,8 +549,8 @@ def finding_figure(finding: Any) -> go.Figure | None:
                     line_color="#7f7f7f",
                     annotation_text=safe_text(line.get("label", ""), MAX_LABEL_CHARS),
                 )
-    x_title = safe_text(chart.get("x_title", ""))
-    y_title = safe_text(chart.get("y_title", ""))
+    x_title = safe_text(chart.get("x_label", chart.get("x_title", "")))
+    y_title = safe_text(chart.get("y_label", chart.get("y_title", "")))
     if horizontal:
         x_title, y_title = y_title, x_title
     _layout(fig, safe_text(chart.get("title", "Evidence")), x_title, y_title, height=340)

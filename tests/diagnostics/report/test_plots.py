@@ -173,20 +173,22 @@ def _finding(evidence):
 
 
 def test_finding_figure_follows_the_chart_convention():
+    # The shape diagnostics/rules/evidence.py's chart() writes.
     chart = {
         "kind": "line",
         "title": "Data wait per step",
+        "x_label": "step",
+        "y_label": "time (ms)",
         "x": [1, 2, 3],
-        "y": {"data wait (ms)": [40.0, 41.5, 39.8], HOSTILE: [1, 2, 3]},
-        "x_title": "step",
-        "y_title": "time (ms)",
-        "markers": {"x": [2], "label": "spike"},
+        "series": {"data wait (ms)": [40.0, 41.5, None], HOSTILE: [1, 2, 3]},
+        "highlight_x": [2],
         "hlines": [{"y": 10.0, "label": "threshold"}],
     }
     fig = plots.finding_figure(_finding({"chart": chart}))
     assert plots.figure_titles(fig) == ("Data wait per step", "step", "time (ms)")
-    assert list(_trace(fig, "data wait (ms)").y) == [40.0, 41.5, 39.8]
-    assert list(_trace(fig, "spike").y) == [41.5]
+    assert list(_trace(fig, "data wait (ms)").y) == [40.0, 41.5, None]
+    assert list(_trace(fig, "highlighted").x) == [2]
+    assert list(_trace(fig, "highlighted").y) == [41.5]
     assert "<script>" not in fig.to_json()
     assert len(fig.layout.shapes) == 1 and fig.layout.shapes[0].y0 == 10.0
     # The same chart from a finding's dict (as in the JSON result) draws the same way.
@@ -194,14 +196,29 @@ def test_finding_figure_follows_the_chart_convention():
     assert plots.series_names(as_dict) == plots.series_names(fig)
 
 
+def test_finding_figure_accepts_the_alias_keys():
+    chart = {
+        "kind": "line",
+        "title": "Grad norm",
+        "x_title": "step",
+        "y_title": "grad norm",
+        "x": [1, 2, 3],
+        "y": {"grad norm": [1.0, 90.0, 1.0]},
+        "markers": {"x": [2], "label": "spike"},
+    }
+    fig = plots.finding_figure(_finding({"chart": chart}))
+    assert plots.figure_titles(fig) == ("Grad norm", "step", "grad norm")
+    assert list(_trace(fig, "spike").y) == [90.0]
+
+
 def test_finding_figure_horizontal_stacked_bars():
     chart = {
         "kind": "bar",
         "title": "Copies",
         "x": ["Pageable", "Pinned"],
-        "y": {"HtoD (ms)": [8.0, 1.0], "DtoH (ms)": [2.0, 0.5]},
-        "x_title": "memory kind",
-        "y_title": "time (ms)",
+        "series": {"HtoD (ms)": [8.0, 1.0], "DtoH (ms)": [2.0, 0.5]},
+        "x_label": "memory kind",
+        "y_label": "time (ms)",
         "stacked": True,
         "horizontal": True,
     }
