@@ -12,7 +12,9 @@ keeps them aside in ``LoadedTrace``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 import polars as pl
 
@@ -28,6 +30,7 @@ class Category(StrEnum):
     GPU_USER_ANNOTATION = "gpu_user_annotation"
     PYTHON_FUNCTION = "python_function"
     CPU_INSTANT = "cpu_instant_event"
+    CUDA_SYNC = "cuda_sync"  # GPU-side "Stream Sync"/"Event Sync" records (Kineto 2.1+)
     MEMORY = "memory"  # "[memory]" instant events with allocation totals
     TRACE = "trace"  # e.g. "PyTorch Profiler (0)" span
     OVERHEAD = "overhead"
@@ -52,6 +55,7 @@ CATEGORY_ALIASES: dict[str, Category] = {
     "python_function": Category.PYTHON_FUNCTION,
     "python": Category.PYTHON_FUNCTION,
     "cpu_instant_event": Category.CPU_INSTANT,
+    "cuda_sync": Category.CUDA_SYNC,
     "[memory]": Category.MEMORY,
     "memory": Category.MEMORY,
     "trace": Category.TRACE,
@@ -93,3 +97,64 @@ def normalise_category(raw: str | None) -> Category:
     if not raw:
         return Category.OTHER
     return CATEGORY_ALIASES.get(raw.strip().lower(), Category.OTHER)
+
+
+# Flow events (ph s/f/t: "ac2g", "async", "fwdbwd", ...) kept aside by the loader.
+FLOW_SCHEMA: dict[str, pl.DataType] = {
+    "rank": pl.Int32,
+    "ph": pl.String,  # "s" start, "f" finish, "t" step
+    "cat": pl.String,  # raw flow category, lower-cased ("ac2g", "async", "fwdbwd", ...)
+    "name": pl.String,
+    "id": pl.Int64,  # flow id; for ac2g/async flows the correlation id
+    "ts": pl.Float64,  # µs
+    "pid": pl.Int64,
+    "tid": pl.Int64,
+}
+
+
+def empty_flow_table() -> pl.DataFrame:
+    return pl.DataFrame(schema=FLOW_SCHEMA)
+
+
+@dataclass(frozen=True)
+class TraceMetadata:
+    """What a trace file says about itself, beside its events (one per rank).
+
+    ``device_properties`` is Kineto's ``deviceProperties`` list (name, totalGlobalMem,
+    computeMajor/Minor, numSms, ...); ``distributed_info`` its ``distributedInfo`` (rank,
+    world_size, backend). ``base_time_ns`` is ``baseTimeNanoseconds`` where Kineto wrote it
+    (ts values are then relative to it); ``process_names``/``thread_names`` come from the
+    ``M`` metadata events (pid -> name, (pid, tid) -> name).
+    """
+
+    path: str  # the file (or the first of several files) the trace came from
+    rank: int = 0
+    rank_source: str = "default"  # "distributedInfo" | "file name" | "file order" | "default"
+    files: tuple[str, ...] = ()
+    device_properties: tuple[dict[str, Any], ...] = ()
+    distributed_info: dict[str, Any] | None = None
+    pytorch_version: str | None = None
+    schema_version: int | None = None
+    base_time_ns: int | None = None
+    display_time_unit: str | None = None
+    process_names: dict[int, str] = field(default_factory=dict)
+    thread_names: dict[tuple[int, int], str] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # other small top-level keys
+    event_count: int = 0  # rows of the event table
+    flow_count: int = 0
+    skipped_events: int = 0  # malformed events dropped (see warnings for why)
+    warnings: tuple[str, ...] = ()  # user-facing: defects that changed the result
+    notes: tuple[str, ...] = ()  # informational: how something was interpreted
+
+
+@dataclass(frozen=True)
+class LoadedTrace:
+    """One rank's trace: its event table (EVENT_SCHEMA), metadata and flows (FLOW_SCHEMA)."""
+
+    events: pl.DataFrame
+    metadata: TraceMetadata
+    flows: pl.DataFrame
+
+    @property
+    def rank(self) -> int:
+        return self.metadata.rank
