@@ -1,0 +1,133 @@
+"""Interval algebra on polars frames: union, coverage and overlap without Python loops.
+
+Every trace fact is some question about time ranges ("how much of this step was covered by
+kernels?", "what did the host do while the GPU was idle?"). Two primitives answer them all:
+
+- ``merge_intervals``: the union of possibly overlapping ranges as disjoint ranges. Sort by
+  start; a range opens a new group when it starts after the running maximum of all earlier
+  ends (a cumulative max), so touching ranges merge, as torch-tb-profiler's merge_ranges does.
+- ``covered_between``: for query ranges [a, b], how much of the union lies inside them. With
+  the union sorted and C(t) the covered length before time t (a cumulative sum of the merged
+  lengths, found for t by an as-of join on the range starts), the overlap is C(b) - C(a).
+
+Frames carry ``start_us`` and ``end_us`` (floats, µs) plus optional key columns (``by``), e.g.
+a device, so one call handles every device at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import polars as pl
+
+START = "start_us"
+END = "end_us"
+
+
+def empty_intervals(by: Sequence[str] = (), by_dtypes: Sequence[pl.DataType] = ()) -> pl.DataFrame:
+    schema: dict[str, pl.DataType] = dict(zip(by, by_dtypes, strict=True))
+    schema.update({START: pl.Float64, END: pl.Float64})
+    return pl.DataFrame(schema=schema)
+
+
+def merge_intervals(frame: pl.DataFrame, by: Sequence[str] = ()) -> pl.DataFrame:
+    """Union of the ranges in ``frame`` (per ``by`` key): disjoint, sorted by (by, start)."""
+    by = list(by)
+    columns = [*by, START, END]
+    ranges = frame.select(columns).filter(pl.col(END) >= pl.col(START)).sort([*by, START])
+    if ranges.height == 0:
+        return ranges
+    running_end = pl.col(END).cum_max()
+    previous_end = running_end.shift(1)
+    if by:
+        previous_end = previous_end.over(by)
+    opens_group = (pl.col(START) > previous_end).fill_null(True)
+    group = opens_group.cum_sum()
+    if by:
+        group = group.over(by)
+    return (
+        ranges.with_columns(_group=group)
+        .group_by([*by, "_group"], maintain_order=True)
+        .agg(pl.col(START).min(), pl.col(END).max())
+        .drop("_group")
+    )
+
+
+def union_of(frames: Sequence[pl.DataFrame], by: Sequence[str] = ()) -> pl.DataFrame:
+    """Union of several interval frames (already merged or not)."""
+    columns = [*by, START, END]
+    parts = [f.select(columns) for f in frames if f.height]
+    if not parts:
+        return frames[0].select(columns).clear() if frames else empty_intervals()
+    return merge_intervals(pl.concat(parts, how="vertical_relaxed"), by)
+
+
+def _coverage_before(
+    merged: pl.DataFrame, points: pl.DataFrame, time_col: str, out: str, by: Sequence[str]
+) -> pl.DataFrame:
+    """Adds ``out`` = length of the union ``merged`` lying before ``time_col`` of each row."""
+    by = list(by)
+    table = merged.sort([*by, START]).with_columns(
+        _len=pl.col(END) - pl.col(START),
+    )
+    cum_before = pl.col("_len").cum_sum() - pl.col("_len")
+    if by:
+        cum_before = cum_before.over(by)
+    table = table.with_columns(_cum_before=cum_before).rename({START: "_m_start", END: "_m_end"})
+    joined = (
+        points.with_row_index("_pt")
+        .sort(time_col)
+        .join_asof(
+            table.sort("_m_start"),
+            left_on=time_col,
+            right_on="_m_start",
+            by=by or None,
+            strategy="backward",
+            check_sortedness=False,
+        )
+    )
+    covered = (
+        pl.col("_cum_before")
+        + pl.min_horizontal(pl.col(time_col), pl.col("_m_end"))
+        - pl.col("_m_start")
+    ).fill_null(0.0)
+    return (
+        joined.with_columns(covered.alias(out))
+        .sort("_pt")
+        .drop(["_pt", "_m_start", "_m_end", "_len", "_cum_before"])
+    )
+
+
+def covered_between(
+    merged: pl.DataFrame,
+    queries: pl.DataFrame,
+    out: str,
+    *,
+    start_col: str = START,
+    end_col: str = END,
+    by: Sequence[str] = (),
+) -> pl.DataFrame:
+    """Adds column ``out``: µs of the union ``merged`` inside each query's [start, end].
+
+    ``merged`` must be disjoint (the output of ``merge_intervals``); queries may overlap.
+    """
+    if merged.height == 0 or queries.height == 0:
+        return queries.with_columns(pl.lit(0.0).alias(out))
+    with_end = _coverage_before(merged, queries, end_col, "_cov_end", by)
+    with_both = _coverage_before(merged, with_end, start_col, "_cov_start", by)
+    return with_both.with_columns(
+        (pl.col("_cov_end") - pl.col("_cov_start")).clip(lower_bound=0.0).alias(out)
+    ).drop(["_cov_end", "_cov_start"])
+
+
+def total_length(merged: pl.DataFrame) -> float:
+    if merged.height == 0:
+        return 0.0
+    return float(merged.select((pl.col(END) - pl.col(START)).sum()).item())
+
+
+def clip_to(frame: pl.DataFrame, lower: float, upper: float) -> pl.DataFrame:
+    """Ranges clipped to [lower, upper]; ranges outside it are dropped."""
+    return frame.with_columns(
+        pl.col(START).clip(lower_bound=lower), pl.col(END).clip(upper_bound=upper)
+    ).filter(pl.col(END) > pl.col(START))

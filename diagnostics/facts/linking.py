@@ -1,0 +1,235 @@
+"""Kernel ↔ runtime call ↔ operator links, built once per trace and shared by the facts.
+
+GPU work links to the host call that launched it by ``args.correlation`` (an equi-join).
+The runtime call links to the operator it ran in by time: the *innermost* ``cpu_op`` on the
+same thread that contains it. ``External id`` is not used: on modern traces a runtime call's
+External id is its own correlation, not its operator's id (why torch-tb-profiler reports
+zero device time per operator on them).
+
+Finding the innermost enclosing operator without a per-event loop: operators on one thread
+nest properly, so a sweep over their starts (+1) and ends (-1), sorted by time with ends
+first, gives each operator its depth (the number of operators open right after it starts).
+At any instant t the number of open operators c(t) is the sweep's running sum at t, and the
+innermost open operator is the latest-starting operator of depth c(t) that started at or
+before t (any later operator of that depth would have closed the earlier one's slot). Two
+as-of joins do it: one for c(t), one for the operator. A link is kept only if the operator
+really contains the call, so malformed nesting cannot produce a wrong link, only a missing one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from diagnostics.facts import selectors as sel
+
+
+@dataclass(frozen=True)
+class TraceIndex:
+    # one row per GPU event: gpu_id, name, cat, device, stream, start_us, end_us, dur_us,
+    # correlation, bytes, and the launching call (rt_id, rt_name, rt_start_us, rt_end_us,
+    # rt_dur_us, rt_pid, rt_tid, op_id; nulls when unlinked)
+    gpu: pl.DataFrame
+    # one row per runtime/driver call: rt_id, name, pid, tid, start_us, end_us, dur_us,
+    # correlation, op_id (innermost enclosing cpu_op, null when none)
+    runtime: pl.DataFrame
+    # one row per operator (cpu_op except ProfilerStep): op_id, name, pid, tid, start_us,
+    # end_us, dur_us, depth (1 = outermost; 0 for zero-length ops), parent_id
+    ops: pl.DataFrame
+
+
+def gpu_events(events: pl.DataFrame) -> pl.DataFrame:
+    return (
+        events.filter(sel.GPU_CATS & sel.DURATION & pl.col("dur").is_not_null())
+        .select(
+            "name",
+            "cat",
+            sel.GPU_DEVICE,
+            pl.coalesce(pl.col("stream"), pl.col("tid")).alias("stream"),
+            pl.col("ts").alias("start_us"),
+            sel.END_US,
+            pl.col("dur").alias("dur_us"),
+            "correlation",
+            "bytes",
+        )
+        .with_row_index("gpu_id")
+    )
+
+
+def runtime_calls(events: pl.DataFrame) -> pl.DataFrame:
+    return (
+        events.filter(sel.RUNTIME & sel.DURATION & pl.col("dur").is_not_null())
+        .select(
+            "name",
+            "cat",
+            "pid",
+            "tid",
+            pl.col("ts").alias("start_us"),
+            sel.END_US,
+            pl.col("dur").alias("dur_us"),
+            "correlation",
+        )
+        .with_row_index("rt_id")
+    )
+
+
+def operator_tree(events: pl.DataFrame) -> pl.DataFrame:
+    """Operators with their nesting depth and parent (see the module docstring)."""
+    ops = (
+        events.filter(
+            sel.CPU_OP
+            & sel.DURATION
+            & pl.col("dur").is_not_null()
+            & ~pl.col("name").str.starts_with(sel.STEP_PREFIX)
+        )
+        .select(
+            "name",
+            "pid",
+            "tid",
+            pl.col("ts").alias("start_us"),
+            sel.END_US,
+            pl.col("dur").alias("dur_us"),
+        )
+        .with_row_index("op_id")
+    )
+    if ops.height == 0:
+        return ops.with_columns(depth=pl.lit(0, pl.Int64), parent_id=pl.lit(None, pl.UInt32))
+    sweep = _sweep(ops)
+    depth = sweep.filter(pl.col("_kind") == 1).select("op_id", pl.col("_open").alias("depth"))
+    ops = ops.join(depth, on="op_id", how="left").with_columns(pl.col("depth").fill_null(0))
+    # The parent of an operator at depth d is the innermost operator open at its start
+    # among depth d - 1: the latest such one that started no later than it.
+    candidates = ops.filter(pl.col("depth") > 0).select(
+        "pid",
+        "tid",
+        pl.col("depth").alias("_d"),
+        pl.col("start_us").alias("_p_start"),
+        pl.col("end_us").alias("_p_end"),
+        pl.col("op_id").alias("parent_id"),
+    )
+    children = ops.filter(pl.col("depth") > 1).select(
+        "op_id", "pid", "tid", "start_us", "end_us", (pl.col("depth") - 1).alias("_d")
+    )
+    parents = (
+        children.sort("start_us")
+        .join_asof(
+            candidates.sort("_p_start"),
+            left_on="start_us",
+            right_on="_p_start",
+            by=["pid", "tid", "_d"],
+            strategy="backward",
+            check_sortedness=False,
+        )
+        .filter(pl.col("_p_end") >= pl.col("end_us"))
+        .select("op_id", "parent_id")
+    )
+    return ops.join(parents, on="op_id", how="left")
+
+
+def _sweep(ops: pl.DataFrame) -> pl.DataFrame:
+    """Start (+1) and end (-1) rows of the non-zero-length operators, with the running count
+    of open operators per thread. At equal times ends come first (adjacent operators are
+    siblings); among starts the longer opens first, among ends the later-started closes
+    first, so identical ranges nest in file order."""
+    spans = ops.filter(pl.col("end_us") > pl.col("start_us"))
+    starts = spans.select(
+        "op_id",
+        "pid",
+        "tid",
+        pl.col("start_us").alias("_t"),
+        pl.lit(1, pl.Int8).alias("_kind"),
+        (-pl.col("end_us")).alias("_k2"),
+        pl.col("op_id").cast(pl.Int64).alias("_k3"),
+    )
+    ends = spans.select(
+        "op_id",
+        "pid",
+        "tid",
+        pl.col("end_us").alias("_t"),
+        pl.lit(0, pl.Int8).alias("_kind"),
+        (-pl.col("start_us")).alias("_k2"),
+        (-pl.col("op_id").cast(pl.Int64)).alias("_k3"),
+    )
+    return (
+        pl.concat([starts, ends])
+        .sort(["pid", "tid", "_t", "_kind", "_k2", "_k3"])
+        .with_columns(
+            _open=pl.when(pl.col("_kind") == 1)
+            .then(1)
+            .otherwise(-1)
+            .cum_sum()
+            .over(["pid", "tid"])
+            .cast(pl.Int64)
+        )
+    )
+
+
+def innermost_operator(
+    calls: pl.DataFrame, ops: pl.DataFrame, *, id_col: str = "rt_id"
+) -> pl.DataFrame:
+    """``id_col`` -> op_id of the innermost operator on the same thread containing the call
+    (calls: id_col, pid, tid, start_us, end_us). Calls outside every operator get null."""
+    if calls.height == 0 or ops.height == 0:
+        return calls.select(id_col).with_columns(op_id=pl.lit(None, pl.UInt32))
+    sweep = _sweep(ops).select("pid", "tid", "_t", "_open")
+    open_at = (
+        calls.select(id_col, "pid", "tid", "start_us", "end_us")
+        .sort("start_us")
+        .join_asof(
+            sweep.sort("_t"),
+            left_on="start_us",
+            right_on="_t",
+            by=["pid", "tid"],
+            strategy="backward",
+            check_sortedness=False,
+        )
+        .filter(pl.col("_open") > 0)
+    )
+    candidates = ops.filter(pl.col("depth") > 0).select(
+        "pid",
+        "tid",
+        pl.col("depth").alias("_open"),
+        pl.col("start_us").alias("_o_start"),
+        pl.col("end_us").alias("_o_end"),
+        "op_id",
+    )
+    linked = (
+        open_at.sort("start_us")
+        .join_asof(
+            candidates.sort("_o_start"),
+            left_on="start_us",
+            right_on="_o_start",
+            by=["pid", "tid", "_open"],
+            strategy="backward",
+            check_sortedness=False,
+        )
+        .filter(pl.col("_o_end") >= pl.col("end_us"))
+        .select(id_col, "op_id")
+    )
+    return calls.select(id_col).join(linked, on=id_col, how="left")
+
+
+def build_index(events: pl.DataFrame) -> TraceIndex:
+    ops = operator_tree(events)
+    runtime = runtime_calls(events)
+    runtime = runtime.join(innermost_operator(runtime, ops), on="rt_id", how="left")
+    # One launching call per correlation id; a runtime call wins over a driver call.
+    launchers = (
+        runtime.filter(pl.col("correlation").is_not_null())
+        .sort(["correlation", pl.col("cat") != "cuda_runtime", "rt_id"])
+        .unique(subset="correlation", keep="first", maintain_order=True)
+        .select(
+            "correlation",
+            "rt_id",
+            pl.col("name").alias("rt_name"),
+            pl.col("start_us").alias("rt_start_us"),
+            pl.col("end_us").alias("rt_end_us"),
+            pl.col("dur_us").alias("rt_dur_us"),
+            pl.col("pid").alias("rt_pid"),
+            pl.col("tid").alias("rt_tid"),
+            "op_id",
+        )
+    )
+    gpu = gpu_events(events).join(launchers, on="correlation", how="left")
+    return TraceIndex(gpu=gpu, runtime=runtime, ops=ops)

@@ -1,0 +1,74 @@
+"""Which events are what: polars expressions over the event table, and the defaults of the
+facts (thresholds borrowed from HTA and torch-tb-profiler), in one place."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from diagnostics.trace.schema import GPU_CATEGORIES, Category
+
+# HTA's idle-time breakdown: a gap shorter than this between consecutive GPU events is the
+# launch overhead of the next one ("kernel wait"), hta/analyzers/breakdown_analysis.py.
+KERNEL_WAIT_MAX_US = 30.0
+# HTA's get_cuda_kernel_launch_stats defaults: runtime_cutoff=50, launch_delay_cutoff=100.
+SHORT_LAUNCH_MAX_US = 50.0
+LAUNCH_DELAY_OUTLIER_US = 100.0
+
+STEP_PREFIX = "ProfilerStep#"
+
+# Host calls that block until the device catches up (Nsight's cuda_api_sync list plus the
+# PyTorch ops that read a device scalar back).
+SYNC_RUNTIME_NAMES: frozenset[str] = frozenset(
+    {
+        "cudaStreamSynchronize",
+        "cudaDeviceSynchronize",
+        "cudaEventSynchronize",
+        "cuStreamSynchronize",
+        "cuCtxSynchronize",
+        "cuEventSynchronize",
+    }
+)
+SYNC_OP_NAMES: frozenset[str] = frozenset({"aten::item", "aten::_local_scalar_dense"})
+PAGEABLE_DTOH_COPY = "Memcpy DtoH (Device -> Pageable)"
+
+GPU_CATS = pl.col("cat").is_in(sorted(GPU_CATEGORIES))
+KERNEL = pl.col("cat") == Category.KERNEL.value
+MEMCPY = pl.col("cat") == Category.GPU_MEMCPY.value
+MEMSET = pl.col("cat") == Category.GPU_MEMSET.value
+# Driver calls (cuLaunchKernel from Triton, ...) launch GPU work like runtime calls do.
+RUNTIME = pl.col("cat").is_in([Category.CUDA_RUNTIME.value, Category.CUDA_DRIVER.value])
+CPU_OP = pl.col("cat") == Category.CPU_OP.value
+ANNOTATION = pl.col("cat") == Category.USER_ANNOTATION.value
+DURATION = pl.col("ph") == "X"
+
+# ProfilerStep#N is an Operator in PyTorch 1.9 traces and a user_annotation today.
+STEP = (CPU_OP | ANNOTATION) & pl.col("name").str.starts_with(STEP_PREFIX) & DURATION
+# torch-tb-profiler's DataLoader role (event_parser.py _parse_step): the iterator's __next__
+# range, and DataPipe ranges; an Operator in old traces, a user_annotation in modern ones.
+DATALOADER = (
+    (CPU_OP | ANNOTATION)
+    & DURATION
+    & (
+        (
+            pl.col("name").str.starts_with("enumerate(DataLoader)#")
+            & pl.col("name").str.ends_with(".__next__")
+        )
+        | pl.col("name").str.starts_with("enumerate(DataPipe)#")
+    )
+)
+# Host-side work that is neither a step marker nor the DataLoader: torch-tb-profiler's
+# "CPU Exec" role (Operator, Python and user_annotation events). torch-tb-profiler 0.4.3
+# drops user_annotation events before this point; we keep them.
+HOST_OP = (CPU_OP | ANNOTATION) & DURATION & ~pl.col("name").str.starts_with(STEP_PREFIX)
+HOST_EXEC = HOST_OP & ~DATALOADER
+
+END_US = (pl.col("ts") + pl.col("dur").fill_null(0.0)).alias("end_us")
+# Kineto puts the GPU index in args.device and, for GPU rows, in pid; prefer the former.
+GPU_DEVICE = pl.coalesce(pl.col("device"), pl.col("pid")).alias("device")
+
+
+def intervals(events: pl.DataFrame, predicate: pl.Expr) -> pl.DataFrame:
+    """start_us/end_us of the duration events matching ``predicate``."""
+    return events.filter(predicate & pl.col("dur").is_not_null()).select(
+        pl.col("ts").alias("start_us"), END_US
+    )

@@ -1,0 +1,180 @@
+"""Profiler steps: ``ProfilerStep#N`` host ranges, extended to the GPU work they launched.
+
+Method (torch-tb-profiler 0.4.3, event_parser.py ``_find_device_steps`` and
+``_update_steps_duration``), vectorised:
+
+1. A runtime call belongs to step i when it lies wholly inside the step's host range.
+   The GPU events it launched (same correlation id) are that step's device work.
+2. When any step launched GPU work, steps move to the device clock: the first step starts no
+   earlier than the end of GPU work launched before it (outside every step) that finished
+   before step 0's first device event; each step ends at max(host end, end of its device
+   work) and the next starts at max(its host start, that end). Because every end is at least
+   its start, end_i = running max of max(host end, device end) (seeded with that first
+   start) and start_i = max(host start_i, end_{i-1}): a cumulative max, no loop.
+3. Trailing steps that launched nothing are dropped, and so is the last one if it launched
+   fewer than 80% of its predecessor's GPU events (the profiler cut it short).
+
+No ``ProfilerStep#`` at all: the host span (operators and annotations, else every event)
+stands in as one step 0, with ``steps_inferred`` set and a warning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from diagnostics.facts import selectors as sel
+from diagnostics.facts.linking import TraceIndex, build_index
+
+STEPS_SCHEMA: dict[str, pl.DataType] = {
+    "step": pl.Int64,
+    "start_us": pl.Float64,
+    "end_us": pl.Float64,
+    "dur_us": pl.Float64,
+    "host_start_us": pl.Float64,
+    "host_end_us": pl.Float64,
+    "gpu_events": pl.UInt32,  # GPU events launched by runtime calls inside the host range
+}
+
+
+@dataclass(frozen=True)
+class Steps:
+    # step, start_us, end_us, dur_us, host_start_us, host_end_us, gpu_events
+    frame: pl.DataFrame
+    inferred: bool
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def span(self) -> tuple[float, float] | None:
+        if self.frame.height == 0:
+            return None
+        return float(self.frame["start_us"].min()), float(self.frame["end_us"].max())
+
+
+def host_steps(events: pl.DataFrame) -> pl.DataFrame:
+    """step, host_start_us, host_end_us of every ProfilerStep#N, in time order."""
+    return (
+        events.filter(sel.STEP & pl.col("dur").is_not_null())
+        .select(
+            pl.col("name")
+            .str.strip_prefix(sel.STEP_PREFIX)
+            .str.extract(r"^(\d+)")
+            .cast(pl.Int64)
+            .alias("step"),
+            pl.col("ts").alias("host_start_us"),
+            sel.END_US.alias("host_end_us"),
+        )
+        .sort("host_start_us")
+    )
+
+
+def _inferred_step(events: pl.DataFrame) -> pl.DataFrame:
+    host = events.filter(sel.HOST_OP | pl.col("cat").eq("python_function"))
+    source = host if host.height else events.filter(pl.col("ts").is_not_null())
+    if source.height == 0:
+        return pl.DataFrame(
+            schema={"step": pl.Int64, "host_start_us": pl.Float64, "host_end_us": pl.Float64}
+        )
+    return source.select(
+        pl.lit(0, pl.Int64).alias("step"),
+        pl.col("ts").min().alias("host_start_us"),
+        sel.END_US.max().alias("host_end_us"),
+    )
+
+
+def find_steps(events: pl.DataFrame, index: TraceIndex | None = None) -> Steps:
+    index = index or build_index(events)
+    warnings: list[str] = []
+    host = host_steps(events)
+    inferred = host.height == 0
+    if inferred:
+        host = _inferred_step(events)
+        if host.height:
+            warnings.append(
+                "no ProfilerStep#N ranges in the trace: the whole profiled span is treated as "
+                "one step (record with torch.profiler.schedule and call prof.step())"
+            )
+    if host.height == 0:
+        return Steps(pl.DataFrame(schema=STEPS_SCHEMA), inferred, tuple(warnings))
+
+    host = host.with_row_index("_i")
+    launched = index.gpu.filter(pl.col("rt_start_us").is_not_null())
+    # A call belongs to the step whose host range starts last at or before it, if the call
+    # also ends inside that range (calls straddling a boundary belong to no step).
+    in_step = (
+        launched.sort("rt_start_us")
+        .join_asof(
+            host.select("_i", "host_start_us", "host_end_us").sort("host_start_us"),
+            left_on="rt_start_us",
+            right_on="host_start_us",
+            strategy="backward",
+        )
+        .filter(pl.col("_i").is_not_null() & (pl.col("rt_end_us") <= pl.col("host_end_us")))
+    )
+    per_step = in_step.group_by("_i").agg(
+        pl.col("start_us").min().alias("_dev_start"),
+        pl.col("end_us").max().alias("_dev_end"),
+        pl.len().alias("gpu_events"),
+    )
+    host = (
+        host.join(per_step, on="_i", how="left")
+        .sort("_i")
+        .with_columns(pl.col("gpu_events").fill_null(0).cast(pl.UInt32))
+    )
+
+    if in_step.height == 0:
+        frame = host.select(
+            "step",
+            pl.col("host_start_us").alias("start_us"),
+            pl.col("host_end_us").alias("end_us"),
+            (pl.col("host_end_us") - pl.col("host_start_us")).alias("dur_us"),
+            "host_start_us",
+            "host_end_us",
+            "gpu_events",
+        )
+        return Steps(frame, inferred, tuple(warnings))
+
+    first_start = float(host["host_start_us"][0])
+    first_dev_start = host["_dev_start"][0]
+    if first_dev_start is not None:
+        # GPU work launched outside every step that finished before step 0's device work
+        # (e.g. the previous, unprofiled iteration's tail) pushes step 0's start later.
+        matched = in_step["gpu_id"]
+        earlier = index.gpu.filter(
+            ~pl.col("gpu_id").is_in(matched.implode()) & (pl.col("end_us") < first_dev_start)
+        )
+        if earlier.height:
+            first_start = max(first_start, float(earlier["end_us"].max()))
+
+    reach = pl.max_horizontal(pl.col("host_end_us"), pl.col("_dev_end").fill_null(float("-inf")))
+    host = host.with_columns(
+        end_us=pl.max_horizontal(reach.cum_max(), pl.lit(first_start)),
+    ).with_columns(
+        start_us=pl.max_horizontal(
+            pl.col("host_start_us"), pl.col("end_us").shift(1).fill_null(first_start)
+        )
+    )
+    # Steps whose GPU work the profiler may not have captured are dropped.
+    counts = host["gpu_events"].to_list()
+    last = max((i for i, n in enumerate(counts) if n > 0), default=-1)
+    keep = last + 1
+    if last > 0 and counts[last - 1] * 0.8 > counts[last]:
+        keep = last
+    if len(counts) > 1 and 0 <= keep < len(counts):
+        dropped = len(counts) - keep
+        warnings.append(
+            f"dropped the last {dropped} profiler step(s): they launched no or too few GPU "
+            "events, so the profiler likely cut their GPU work short (as torch-tb-profiler does)"
+        )
+        host = host.head(keep)
+    frame = host.select(
+        "step",
+        "start_us",
+        "end_us",
+        (pl.col("end_us") - pl.col("start_us")).alias("dur_us"),
+        "host_start_us",
+        "host_end_us",
+        "gpu_events",
+    )
+    return Steps(frame, inferred, tuple(warnings))
