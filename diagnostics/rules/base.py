@@ -2,8 +2,10 @@
 
 A rule module defines one subclass of ``Rule`` with a stable ``id``, a ``title``, a
 docstring headed *What it finds* / *Why it matters* / *How to fix*, the ``needs`` it has
-(``trace``, ``run_steps``, ``run_samples``, ``run_config``, ``gpu``), and ``examples``:
-small inputs that must fire and must not fire, run by the test suite automatically.
+(``trace``, ``run_steps``, ``run_samples``, ``run_config``, ``gpu``), the
+``threshold_names`` it reads from :class:`diagnostics.thresholds.Thresholds`, and
+``examples``: small inputs that must fire and must not fire, run by the test suite
+automatically.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from enum import StrEnum
 from typing import Any, ClassVar
 
 from diagnostics.model import AnalysisInputs
+from diagnostics.thresholds import Thresholds
 
 
 class Severity(StrEnum):
@@ -75,12 +78,14 @@ class Rule:
     severity: ClassVar[Severity]
     needs: ClassVar[frozenset[str]] = frozenset()
     examples: ClassVar[Sequence[Example]] = ()
+    # names of the diagnostics.thresholds.Thresholds fields the rule reads (for the docs)
+    threshold_names: ClassVar[tuple[str, ...]] = ()
 
     def skip_reason(self, inputs: AnalysisInputs) -> str | None:
         """Why this rule cannot judge these inputs, or None when it can."""
         return None
 
-    def check(self, inputs: AnalysisInputs, thresholds: Any) -> list[Finding]:
+    def check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:
         raise NotImplementedError
 
 

@@ -7,9 +7,16 @@ from typing import Any
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules.base import Finding, RulesOutcome, Skipped
 from diagnostics.rules.registry import RULES
+from diagnostics.thresholds import load_thresholds
 
 
 def run_rules(inputs: AnalysisInputs, thresholds: Any = None) -> RulesOutcome:
+    """Findings (most severe first, then by estimated saving), skips and rule errors.
+
+    ``thresholds`` is a :class:`Thresholds`, a mapping of overrides, a .toml/.json path, or
+    None for the defaults; a bad config raises ThresholdsError before any rule runs.
+    """
+    resolved = load_thresholds(thresholds)
     findings: list[Finding] = []
     skipped: list[Skipped] = []
     errors: list[Skipped] = []
@@ -19,7 +26,7 @@ def run_rules(inputs: AnalysisInputs, thresholds: Any = None) -> RulesOutcome:
             skipped.append(Skipped(rule.id, reason))
             continue
         try:
-            findings.extend(rule.check(inputs, thresholds))
+            findings.extend(rule.check(inputs, resolved))
         except Exception as exc:  # a broken rule is reported, the others still run
             errors.append(Skipped(rule.id, f"{type(exc).__name__}: {exc}"))
     findings.sort(key=lambda f: (f.severity.rank, -(f.estimated_saving_pct or 0.0)))

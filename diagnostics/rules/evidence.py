@@ -1,0 +1,130 @@
+"""Helpers the rules share to read their inputs and to shape evidence.
+
+Every finding's ``evidence`` holds its numbers plus, under ``"chart"``, enough data to draw
+its chart without the inputs::
+
+    {"kind": "line" | "bar", "title": str, "x_label": str, "y_label": str,
+     "x": [...], "series": {"name": [...], ...}, "highlight_x": [...]}
+
+``highlight_x`` marks the x values the finding is about (spike steps, outlier steps).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import polars as pl
+
+from diagnostics.model import AnalysisInputs, RunData, TraceFacts
+from diagnostics.rules.stats import downsample
+
+
+def chart(
+    kind: Literal["line", "bar"],
+    title: str,
+    x_label: str,
+    y_label: str,
+    x: Sequence[Any],
+    series: dict[str, Sequence[Any]],
+    highlight_x: Sequence[Any] = (),
+    max_points: int = 500,
+) -> dict[str, Any]:
+    return {
+        "kind": kind,
+        "title": title,
+        "x_label": x_label,
+        "y_label": y_label,
+        "x": [_plain(v) for v in downsample(list(x), max_points)],
+        "series": {
+            name: [_plain(v) for v in downsample(list(values), max_points)]
+            for name, values in series.items()
+        },
+        "highlight_x": [_plain(v) for v in highlight_x],
+    }
+
+
+def _plain(value: Any) -> Any:
+    """JSON-safe scalars: numpy numbers become Python ones, NaN/inf become None."""
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def r(value: float | None, digits: int = 2) -> float | None:
+    """Rounded for evidence; None and non-finite stay None."""
+    if value is None or not math.isfinite(value):
+        return None
+    return round(float(value), digits)
+
+
+def run_device(run: RunData) -> Literal["cuda", "cpu"] | None:
+    """The device a run trained on: environment first, then config, then CUDA memory records."""
+    for raw in (run.environment.get("device"), run.config.get("device")):
+        if isinstance(raw, str) and raw != "auto":
+            return "cuda" if raw.startswith("cuda") else "cpu"
+    if has_steps(run, "cuda_allocated_bytes"):
+        return "cuda"
+    if run.steps.height:
+        return "cpu"
+    return None
+
+
+def config_value(run: RunData | None, key: str, default: Any = None) -> Any:
+    """A config value by its dotted key (flat "data.num_workers" or nested data -> num_workers)."""
+    if run is None:
+        return default
+    config = run.config
+    if key in config:
+        return config[key]
+    node: Any = config
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def has_steps(run: RunData | None, *columns: str) -> bool:
+    """The run has step records with at least one non-null value in each column."""
+    if run is None or run.steps.height == 0:
+        return False
+    return all(
+        c in run.steps.columns and run.steps[c].null_count() < run.steps.height for c in columns
+    )
+
+
+def cuda_trace(inputs: AnalysisInputs) -> TraceFacts | None:
+    trace = inputs.trace
+    return trace if trace is not None and trace.device == "cuda" else None
+
+
+def gpu_skip_reason(inputs: AnalysisInputs, what: str) -> str | None:
+    """None when a CUDA trace or a CUDA run is present, else why a GPU rule cannot judge."""
+    if cuda_trace(inputs) is not None:
+        return None
+    if inputs.run is not None and run_device(inputs.run) == "cuda":
+        return None
+    if inputs.trace is None and inputs.run is None:
+        return "no trace and no run records to read"
+    if inputs.run is not None and run_device(inputs.run) == "cpu":
+        return f"the run trained on CPU: {what} needs a CUDA device"
+    return f"the trace has no GPU activity: {what} needs a CUDA trace"
+
+
+def numeric(frame: pl.DataFrame, column: str) -> list[float]:
+    """A column as floats with nulls as NaN (for the numpy statistics)."""
+    return [float("nan") if v is None else float(v) for v in frame[column].to_list()]
+
+
+def cpu_count(inputs: AnalysisInputs) -> int | None:
+    if inputs.run is not None:
+        for key in ("cpu_count_usable", "usable_cpus", "cpu_count"):
+            value = inputs.run.environment.get(key)
+            if isinstance(value, int) and value > 0:
+                return value
+    value = inputs.extra.get("cpu_count")
+    return value if isinstance(value, int) and value > 0 else None

@@ -1,0 +1,109 @@
+"""Robust statistics the rules share: Theil-Sen slopes, rolling robust z-scores, outliers.
+
+Robust because the inputs are short, noisy series from shared machines: one slow step or
+one allocator jump must not decide a finding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+# MAD x 1.4826 estimates the standard deviation of normally distributed data.
+MAD_TO_SIGMA = 1.4826
+# Theil-Sen is O(n^2) in pairs; above this many points an even subsample keeps it cheap
+# (2000 points -> 2 M pairs) without changing the median slope materially.
+THEIL_SEN_MAX_POINTS = 2000
+# Fewer past values than this give no meaningful median/MAD.
+MIN_HISTORY = 5
+
+
+def theil_sen_slope(x: Sequence[float], y: Sequence[float]) -> float:
+    """Median of the pairwise slopes (Theil 1950, Sen 1968): tolerates ~29% outliers."""
+    xs = np.asarray(x, dtype=float)
+    ys = np.asarray(y, dtype=float)
+    keep = np.isfinite(xs) & np.isfinite(ys)
+    xs, ys = xs[keep], ys[keep]
+    if xs.size < 2:
+        return 0.0
+    if xs.size > THEIL_SEN_MAX_POINTS:
+        idx = np.linspace(0, xs.size - 1, THEIL_SEN_MAX_POINTS).astype(int)
+        xs, ys = xs[idx], ys[idx]
+    i, j = np.triu_indices(xs.size, k=1)
+    dx = xs[j] - xs[i]
+    valid = dx != 0
+    if not valid.any():
+        return 0.0
+    return float(np.median((ys[j] - ys[i])[valid] / dx[valid]))
+
+
+def rolling_robust_z(values: Sequence[float], window: int, warmup: int) -> np.ndarray:
+    """z of each value against the median and MAD of the ``window`` values before it.
+
+    Only past values form the reference (as ZClip's moving statistics do), so a spike does
+    not inflate its own yardstick. Steps before ``warmup``, or with fewer than
+    ``MIN_HISTORY`` finite values before them, get NaN. A zero MAD (a flat history) falls back to 1e-12 so any
+    departure counts, and the ratio test in the caller keeps that from over-firing.
+    """
+    arr = np.asarray(values, dtype=float)
+    z = np.full(arr.size, np.nan)
+    for idx in range(max(warmup, 1), arr.size):
+        if not np.isfinite(arr[idx]):
+            continue
+        history = arr[max(0, idx - window) : idx]
+        history = history[np.isfinite(history)]
+        if history.size < MIN_HISTORY:
+            continue
+        median = np.median(history)
+        mad = np.median(np.abs(history - median)) * MAD_TO_SIGMA
+        z[idx] = (arr[idx] - median) / max(mad, 1e-12)
+    return z
+
+
+def rolling_median_before(values: Sequence[float], window: int) -> np.ndarray:
+    """Median of the ``window`` finite values before each position (NaN when none)."""
+    arr = np.asarray(values, dtype=float)
+    out = np.full(arr.size, np.nan)
+    for idx in range(1, arr.size):
+        history = arr[max(0, idx - window) : idx]
+        history = history[np.isfinite(history)]
+        if history.size:
+            out[idx] = np.median(history)
+    return out
+
+
+def increasing_share(values: Sequence[float]) -> float:
+    """Share of the changes between consecutive values that are increases (flat ignored)."""
+    arr = np.asarray(values, dtype=float)
+    arr = arr[np.isfinite(arr)]
+    diffs = np.diff(arr)
+    changed = diffs[diffs != 0]
+    if changed.size == 0:
+        return 0.0
+    return float((changed > 0).sum() / changed.size)
+
+
+def mean_sigma_outliers(values: Sequence[float], sigma: float) -> np.ndarray:
+    """Indices of values above mean + sigma x standard deviation (SageMaker StepOutlier)."""
+    arr = np.asarray(values, dtype=float)
+    finite = arr[np.isfinite(arr)]
+    if finite.size < 3:
+        return np.array([], dtype=int)
+    limit = finite.mean() + sigma * finite.std()
+    return np.flatnonzero(np.isfinite(arr) & (arr > limit))
+
+
+def median(values: Sequence[float]) -> float:
+    arr = np.asarray(values, dtype=float)
+    arr = arr[np.isfinite(arr)]
+    return float(np.median(arr)) if arr.size else float("nan")
+
+
+def downsample(values: Sequence[float | int | None], max_points: int = 500) -> list:
+    """An even subsample for chart data in evidence (findings stay small in JSON)."""
+    items = list(values)
+    if len(items) <= max_points:
+        return items
+    idx = np.linspace(0, len(items) - 1, max_points).astype(int)
+    return [items[i] for i in idx]

@@ -1,0 +1,296 @@
+"""too-few-workers: the step waits for the DataLoader.
+
+What it finds
+    Steps that spend more than a threshold share of their time blocked in
+    ``next(dataloader_iter)``: from the per-step ``data_wait_ms`` records of a run (all steps
+    after the first, whose wait includes starting the workers), or from the DataLoader
+    ranges (``enumerate(DataLoader)#...__next__``) inside a trace's profiler steps.
+
+Why it matters
+    While the training process waits for a batch, the accelerator and the optimiser do
+    nothing. Loading in worker processes overlaps it with compute; with ``num_workers=0``
+    every sample is read and tokenised in the training loop itself.
+
+How to fix
+    Raise ``num_workers``. The recommended count comes from the evidence: the time to load
+    one batch (with ``w`` workers a loader-bound step takes ``load / w``; with none, the wait
+    *is* the load) over the compute time of a step, so that the workers together produce a
+    batch per step. It is capped by the cores left after the training process, counting
+    only the CPU part of a worker's time when the storage latency is known from the config
+    (a worker sleeping on I/O does not occupy a core), and never above SageMaker's 200% of
+    cores. Keep workers alive between epochs with ``persistent_workers=True``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import polars as pl
+
+from diagnostics.model import AnalysisInputs
+from diagnostics.rules import examples as ex
+from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
+from diagnostics.rules.evidence import chart, config_value, cpu_count, has_steps, numeric, r
+from diagnostics.rules.stats import median
+from diagnostics.thresholds import Thresholds
+
+# SageMaker Debugger's Dataloader rule wants workers between 70% and 200% of the cores.
+MAX_WORKERS_PER_CORE = 2.0
+# A trace's DataLoader range names the iterator class, which tells whether workers run.
+SINGLE_PROCESS_ITER = "_SingleProcessDataLoaderIter"
+MULTI_PROCESS_ITER = "_MultiProcessingDataLoaderIter"
+
+FIX_CODE = """\
+# before: every batch is loaded inside the training loop
+loader = DataLoader(dataset, batch_size=32, num_workers=0)
+
+# after: {workers} worker processes load batches while the model trains
+loader = DataLoader(
+    dataset, batch_size=32, num_workers={workers},
+    persistent_workers=True,  # keep workers between epochs
+    prefetch_factor=2,        # batches each worker keeps ready
+)
+"""
+
+
+def recommend_workers(
+    *,
+    load_ms: float,
+    compute_ms: float,
+    cores: int | None,
+    reserved_cores: int,
+    io_ms: float = 0.0,
+) -> tuple[int, int | None, bool]:
+    """(recommended workers, core cap or None, capped?) for one batch load and one step.
+
+    ``needed`` makes ``needed`` workers deliver a batch per compute step. Each worker keeps
+    a core busy for the CPU part of its load (``load - io``) only, so the cores spared
+    for the workers can host ``spare x load / cpu_load`` of them.
+    """
+    needed = max(1, math.ceil(load_ms / max(compute_ms, 1e-6)))
+    if cores is None:
+        return needed, None, False
+    spare = max(1, cores - reserved_cores)
+    cpu_ms = max(load_ms - io_ms, 0.0)
+    by_duty_cycle = math.inf if cpu_ms <= 0 else spare * load_ms / cpu_ms
+    cap = max(1, int(min(by_duty_cycle, MAX_WORKERS_PER_CORE * cores)))
+    return min(needed, cap), cap, needed > cap
+
+
+def _current_workers_from_events(inputs: AnalysisInputs) -> int | None:
+    """0 when the trace's DataLoader ranges come from the single-process iterator."""
+    events = inputs.events
+    if events is None or "name" not in events.columns or events.height == 0:
+        return None
+    names = events.filter(pl.col("name").str.contains("DataLoader", literal=True))["name"]
+    if names.is_empty():
+        return None
+    if names.str.contains(SINGLE_PROCESS_ITER, literal=True).any():
+        return 0
+    return None
+
+
+class TooFewWorkers(Rule):
+    id = "too-few-workers"
+    title = "The training step waits for the DataLoader"
+    severity = Severity.HIGH
+    needs = frozenset({"run_steps", "trace", "run_config"})
+    threshold_names = (
+        "dataloader_share_min_pct",
+        "dataloader_wait_min_ms",
+        "cores_reserved_for_main",
+    )
+
+    def skip_reason(self, inputs: AnalysisInputs) -> str | None:
+        if has_steps(inputs.run, "data_wait_ms", "step_time_ms"):
+            return None
+        trace = inputs.trace
+        if (
+            trace is not None
+            and trace.breakdown.height
+            and "dataloader_us" in trace.breakdown.columns
+        ):
+            return None
+        return "no DataLoader timing: needs run step records with data_wait_ms or trace steps"
+
+    def check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:
+        if has_steps(inputs.run, "data_wait_ms", "step_time_ms"):
+            measured = self._from_run(inputs)
+        else:
+            measured = self._from_trace(inputs)
+        if measured is None:
+            return []
+        share_pct = measured["wait_share_pct"]
+        if share_pct < thresholds.dataloader_share_min_pct:
+            return []
+        if measured["wait_ms_median"] < thresholds.dataloader_wait_min_ms:
+            return []
+        return [self._finding(inputs, measured, thresholds)]
+
+    def _from_run(self, inputs: AnalysisInputs) -> dict[str, Any] | None:
+        assert inputs.run is not None
+        steps = inputs.run.steps.filter(
+            pl.col("data_wait_ms").is_not_null() & pl.col("step_time_ms").is_not_null()
+        )
+        # the first step's wait includes forking the workers and their first batch
+        steady = steps.slice(1) if steps.height > 2 else steps
+        if steady.height == 0:
+            return None
+        wait = numeric(steady, "data_wait_ms")
+        total = numeric(steady, "step_time_ms")
+        compute = [t - w for t, w in zip(total, wait, strict=True)]
+        return {
+            "source": "run step records (data_wait_ms / step_time_ms)",
+            "wait_share_pct": 100.0 * sum(wait) / max(sum(total), 1e-9),
+            "wait_ms_median": median(wait),
+            "step_ms_median": median(total),
+            "compute_ms_median": median(compute),
+            "steps": steady["step"].to_list(),
+            "wait_ms": wait,
+            "other_ms": compute,
+            "num_workers": config_value(inputs.run, "data.num_workers"),
+        }
+
+    def _from_trace(self, inputs: AnalysisInputs) -> dict[str, Any] | None:
+        trace = inputs.trace
+        assert trace is not None
+        frame = trace.breakdown
+        if frame.height == 0:
+            return None
+        wait_ms = [v / 1000 for v in numeric(frame, "dataloader_us")]
+        total_ms = [v / 1000 for v in numeric(frame, "total_us")]
+        compute = [t - w for t, w in zip(total_ms, wait_ms, strict=True)]
+        workers = config_value(inputs.run, "data.num_workers")
+        if workers is None:
+            workers = _current_workers_from_events(inputs)
+        return {
+            "source": "trace DataLoader ranges inside profiler steps",
+            "wait_share_pct": 100.0 * sum(wait_ms) / max(sum(total_ms), 1e-9),
+            "wait_ms_median": median(wait_ms),
+            "step_ms_median": median(total_ms),
+            "compute_ms_median": median(compute),
+            "steps": frame["step"].to_list(),
+            "wait_ms": wait_ms,
+            "other_ms": compute,
+            "num_workers": workers,
+        }
+
+    def _finding(
+        self, inputs: AnalysisInputs, m: dict[str, Any], thresholds: Thresholds
+    ) -> Finding:
+        workers = m["num_workers"]
+        wait, compute = m["wait_ms_median"], max(m["compute_ms_median"], 1e-6)
+        # one batch's load time: with w workers a loader-bound step lasts load / w
+        load = wait if not workers else workers * (wait + compute)
+        batch = config_value(inputs.run, "train.batch_size")
+        latency = config_value(inputs.run, "data.sample_latency_ms")
+        io_ms = 0.0
+        if isinstance(batch, int) and isinstance(latency, int | float):
+            io_ms = min(load, float(latency) * batch)
+        cores = cpu_count(inputs)
+        recommended, cap, capped = recommend_workers(
+            load_ms=load,
+            compute_ms=compute,
+            cores=cores,
+            reserved_cores=thresholds.cores_reserved_for_main,
+            io_ms=io_ms,
+        )
+        if workers:
+            recommended = max(recommended, int(workers) + 1)
+        step_now = wait + compute
+        step_after = max(compute, load / recommended)
+        saving_pct = max(0.0, 100.0 * (step_now - step_after) / step_now)
+        share = m["wait_share_pct"]
+        severity = (
+            Severity.HIGH if share >= 4 * thresholds.dataloader_share_min_pct else Severity.MEDIUM
+        )
+        worker_text = "unknown" if workers is None else str(workers)
+        cap_text = (
+            (
+                f"capped at {cap} by {cores} CPU cores"
+                if capped
+                else f"{cores} CPU cores allow {cap}"
+            )
+            if cores is not None
+            else "CPU count unknown: do not exceed the cores you can spare"
+        )
+        evidence = {
+            "source": m["source"],
+            "data_wait_share_pct": r(share, 1),
+            "data_wait_ms_median": r(wait),
+            "compute_ms_median": r(compute),
+            "step_time_ms_median": r(m["step_ms_median"]),
+            "load_ms_per_batch_estimate": r(load),
+            "io_ms_per_batch_from_config": r(io_ms) if io_ms else None,
+            "num_workers": workers,
+            "cpu_count": cores,
+            "worker_cap": cap,
+            "recommended_num_workers": recommended,
+            "threshold_pct": thresholds.dataloader_share_min_pct,
+            "steps": [m["steps"][0], m["steps"][-1]],
+            "chart": chart(
+                "bar",
+                "DataLoader wait per step",
+                "step",
+                "time (ms)",
+                m["steps"],
+                {"data wait (ms)": m["wait_ms"], "rest of step (ms)": m["other_ms"]},
+            ),
+        }
+        return Finding(
+            rule=self.id,
+            severity=severity,
+            title=f"{share:.0f}% of step time is spent waiting for the DataLoader",
+            evidence=evidence,
+            recommendation=(
+                f"The step waits {wait:.1f} ms (median) for each batch while compute takes "
+                f"{compute:.1f} ms; num_workers is {worker_text}. Loading one batch takes "
+                f"about {load:.1f} ms, so {recommended} worker(s) would deliver a batch per "
+                f"step ({cap_text}). Set num_workers={recommended} with persistent_workers=True."
+            ),
+            fix=Fix(
+                code=FIX_CODE.format(workers=recommended),
+                config_patch={"data.num_workers": recommended},
+            ),
+            estimated_saving_pct=r(saving_pct, 1),
+        )
+
+    examples: ClassVar = (
+        Example(
+            "run: 40 ms of an 50 ms step waits on a single-process loader",
+            True,
+            lambda: ex.inputs(
+                run=ex.run(
+                    ex.series(20, step_time_ms=50.0, data_wait_ms=40.0),
+                    config={"data.num_workers": 0, "train.batch_size": 32},
+                    environment=ex.CPU_ENV,
+                )
+            ),
+        ),
+        Example(
+            "run: 0.2 ms of a 50 ms step waits: workers keep up",
+            False,
+            lambda: ex.inputs(
+                run=ex.run(
+                    ex.series(20, step_time_ms=50.0, data_wait_ms=0.2),
+                    config={"data.num_workers": 4},
+                    environment=ex.CPU_ENV,
+                )
+            ),
+        ),
+        Example(
+            "trace: DataLoader ranges take 30% of each profiler step",
+            True,
+            lambda: ex.inputs(
+                trace=ex.trace(breakdown=ex.breakdown_rows(5, kernel=7000.0, dataloader=3000.0))
+            ),
+        ),
+        Example(
+            "trace: DataLoader ranges take 1% of each step",
+            False,
+            lambda: ex.inputs(
+                trace=ex.trace(breakdown=ex.breakdown_rows(5, kernel=9900.0, dataloader=100.0))
+            ),
+        ),
+    )

@@ -1,0 +1,402 @@
+"""unstable-gradients: gradient spikes, non-finite values, divergence or broken loss scaling.
+
+What it finds
+    Any of, with the offending steps:
+
+    - gradient-norm spikes: after a warm-up, a step whose norm has a robust z-score (against
+      the median and MAD of the preceding window of steps) above the threshold *and* is a
+      multiple of that median (ZClip's test, made robust to the outliers it looks for);
+    - a non-finite loss or gradient norm (a non-finite norm on a step GradScaler skipped is
+      its normal overflow handling and counts under scaling instead);
+    - loss divergence: the median loss of the last window well above the best earlier one;
+    - GradScaler skipping many steps after warm-up, or its scale collapsing;
+    - fp16 autocast without a GradScaler: a CUDA run configured so, or a trace with fp16
+      kernels but none of the ops GradScaler runs (``_amp_foreach_non_finite_check_and_unscale_``,
+      ``_amp_update_scale_``).
+
+    Each training phase (masked-LM pretraining, fine-tuning) is judged on its own.
+
+Why it matters
+    A spike moves the weights far in one step; a NaN poisons them for good; fp16 gradients
+    underflow to zero without loss scaling. Each wastes the steps that follow.
+
+How to fix
+    Clip the gradient norm (``clip_grad_norm_(params, 1.0)``), lower the learning rate (or
+    warm it up), and with fp16 use ``torch.amp.GradScaler`` (or bf16, which needs none).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import numpy as np
+import polars as pl
+
+from diagnostics.model import AnalysisInputs, TraceFacts
+from diagnostics.rules import examples as ex
+from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
+from diagnostics.rules.evidence import chart, config_value, has_steps, numeric, r, run_device
+from diagnostics.rules.stats import rolling_median_before, rolling_robust_z
+from diagnostics.thresholds import Thresholds
+
+UNSCALE_OPS = ("_amp_foreach_non_finite_check_and_unscale_", "_amp_update_scale")
+# Lowering the learning rate by 10x is the usual first move after instability (and what the
+# reference trainer's fix-and-verify check applies).
+LR_FACTOR = 0.1
+# signals whose "steps" list the offending steps (the others give a range)
+POINT_SIGNALS = frozenset({"non_finite", "grad_spikes", "scaler_skipped_steps"})
+CLIP_NORM = 1.0
+
+FIX_CODE = """\
+# before
+loss.backward()
+optimizer.step()
+
+# after: clip the norm, lower the LR; with fp16, scale the loss
+scaler = torch.amp.GradScaler("cuda")            # fp16 only (bf16 needs none)
+with torch.autocast("cuda", dtype=torch.float16):
+    loss = model(**batch).loss
+scaler.scale(loss).backward()
+scaler.unscale_(optimizer)
+torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+scaler.step(optimizer)
+scaler.update()
+# and build the optimiser with a lower learning rate, e.g. lr=lr * 0.1
+"""
+
+
+def _phases(steps: pl.DataFrame) -> list[tuple[str, pl.DataFrame]]:
+    if "phase" not in steps.columns or steps["phase"].null_count() == steps.height:
+        return [("all", steps)]
+    return [
+        (str(name), steps.filter(pl.col("phase") == name))
+        for name in steps["phase"].unique(maintain_order=True).to_list()
+    ]
+
+
+def _divergence(loss: np.ndarray, window: int, ratio: float) -> tuple[float, float] | None:
+    """(best earlier windowed median, last windowed median) when the last is ratio x worse."""
+    finite = loss[np.isfinite(loss)]
+    if finite.size < 2 * window:
+        return None
+    medians = np.array([np.median(finite[i - window : i]) for i in range(window, finite.size + 1)])
+    last = float(medians[-1])
+    best = float(medians[:-window].min()) if medians.size > window else float(medians[0])
+    if best > 0 and last > ratio * best:
+        return best, last
+    return None
+
+
+def fp16_without_scaler_in_trace(trace: TraceFacts | None) -> dict[str, Any] | None:
+    """fp16 (not bf16) kernels ran but no GradScaler op did: evidence, else None."""
+    if trace is None or trace.device != "cuda" or trace.kernels.height == 0:
+        return None
+    kernels = trace.kernels
+    fp16 = kernels.filter(
+        pl.col("fp16").fill_null(False) & ~pl.col("name").str.to_lowercase().str.contains("bf16")
+    )
+    if fp16.height == 0:
+        return None
+    op_names = trace.operators["name"].to_list() + kernels["name"].to_list()
+    if any(marker in name for name in op_names for marker in UNSCALE_OPS):
+        return None
+    return {
+        "fp16_kernels": fp16.height,
+        "fp16_kernel_us": r(float(fp16["device_us"].sum()), 0),
+        "top_fp16_kernels": fp16.sort("device_us", descending=True)["name"].head(5).to_list(),
+        "unscale_ops_found": 0,
+    }
+
+
+class UnstableGradients(Rule):
+    id = "unstable-gradients"
+    title = "Training is numerically unstable"
+    severity = Severity.HIGH
+    needs = frozenset({"run_steps", "run_config", "trace"})
+    threshold_names = (
+        "grad_spike_z",
+        "grad_warmup_steps",
+        "grad_window_steps",
+        "grad_spike_min_ratio",
+        "loss_divergence_ratio",
+        "loss_window_steps",
+        "scaler_skip_share_max_pct",
+        "scaler_scale_min",
+    )
+
+    def skip_reason(self, inputs: AnalysisInputs) -> str | None:
+        if has_steps(inputs.run, "loss") or has_steps(inputs.run, "grad_norm"):
+            return None
+        if inputs.trace is not None and inputs.trace.device == "cuda":
+            return None
+        return (
+            "no loss or gradient-norm records (a bare trace has none) and no CUDA trace to "
+            "check for fp16 without loss scaling"
+        )
+
+    def check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:
+        signals: list[str] = []
+        evidence: dict[str, Any] = {}
+        offending: set[int] = set()
+        run = inputs.run
+        fp16_unscaled = False
+        if run is not None and run.steps.height:
+            for phase, steps in _phases(run.steps):
+                found = self._phase_signals(steps, thresholds)
+                for key, value in found.items():
+                    if value:
+                        evidence.setdefault(key, {})[phase] = value
+                        signals.append(key)
+                        if key in POINT_SIGNALS:
+                            offending.update(int(s) for s in value["steps"])
+            amp = config_value(run, "train.amp")
+            scaler = config_value(run, "train.grad_scaler")
+            if amp == "fp16" and scaler is False and run_device(run) == "cuda":
+                evidence["fp16_without_grad_scaler"] = {
+                    "train.amp": amp,
+                    "train.grad_scaler": False,
+                }
+                signals.append("fp16_without_grad_scaler")
+                fp16_unscaled = True
+        from_trace = fp16_without_scaler_in_trace(inputs.trace)
+        if from_trace is not None and not fp16_unscaled:
+            evidence["fp16_without_grad_scaler"] = {"trace": from_trace}
+            signals.append("fp16_without_grad_scaler")
+            fp16_unscaled = True
+        if not signals:
+            return []
+        kinds = sorted(set(signals))
+        severe = {"non_finite", "divergence", "scale_collapse"} & set(kinds)
+        evidence["signals"] = kinds
+        evidence["steps"] = sorted(offending)[:200] or _step_range(inputs)
+        if run is not None and has_steps(run, "grad_norm"):
+            evidence["chart"] = chart(
+                "line",
+                "Gradient norm and loss per step",
+                "step",
+                "value",
+                run.steps["step"].to_list(),
+                {"grad norm": numeric(run.steps, "grad_norm"), "loss": numeric(run.steps, "loss")},
+                highlight_x=sorted(offending)[:200],
+            )
+        patch = self._patch(inputs, kinds, fp16_unscaled)
+        return [
+            Finding(
+                rule=self.id,
+                severity=Severity.HIGH if severe or fp16_unscaled else Severity.MEDIUM,
+                title="Unstable training: " + ", ".join(k.replace("_", " ") for k in kinds),
+                evidence=evidence,
+                recommendation=self._recommendation(kinds, offending, patch),
+                fix=Fix(code=FIX_CODE, config_patch=patch),
+                estimated_saving_pct=None,
+            )
+        ]
+
+    def _phase_signals(self, steps: pl.DataFrame, t: Thresholds) -> dict[str, Any]:
+        step_ids = np.asarray(steps["step"].to_list())
+        loss = np.asarray(numeric(steps, "loss"))
+        grad = np.asarray(numeric(steps, "grad_norm"))
+        scale = np.asarray(numeric(steps, "amp_scale"))
+        has_scale = bool(np.isfinite(scale).any())
+        # a step whose scale then halved was skipped by GradScaler (its inf/NaN is expected)
+        skipped = np.zeros(step_ids.size, dtype=bool)
+        if has_scale:
+            skipped[:-1] = np.isfinite(scale[1:]) & (scale[1:] < scale[:-1])
+        bad_loss = np.array(
+            [v is not None and not math.isfinite(v) for v in steps["loss"].to_list()]
+        )
+        bad_grad = (
+            np.array([v is not None and not math.isfinite(v) for v in steps["grad_norm"].to_list()])
+            & ~skipped
+        )
+        out: dict[str, Any] = {}
+        nonfinite = step_ids[bad_loss | bad_grad]
+        if nonfinite.size:
+            out["non_finite"] = {
+                "count": int(nonfinite.size),
+                "first_step": int(nonfinite[0]),
+                "steps": nonfinite[:50].tolist(),
+            }
+        z = rolling_robust_z(grad, t.grad_window_steps, t.grad_warmup_steps)
+        base = rolling_median_before(grad, t.grad_window_steps)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            spikes = (z > t.grad_spike_z) & (grad > t.grad_spike_min_ratio * base) & ~skipped
+        if spikes.any():
+            idx = np.flatnonzero(spikes)
+            out["grad_spikes"] = {
+                "count": int(idx.size),
+                "steps": step_ids[idx][:50].tolist(),
+                "max_z": r(float(np.nanmax(z[idx])), 1),
+                "max_ratio_to_median": r(float(np.nanmax(grad[idx] / base[idx])), 1),
+                "median_grad_norm": r(float(np.nanmedian(grad[np.isfinite(grad)])), 3),
+                "warmup_steps": t.grad_warmup_steps,
+                "window_steps": t.grad_window_steps,
+            }
+        div = _divergence(loss, t.loss_window_steps, t.loss_divergence_ratio)
+        if div is not None:
+            out["divergence"] = {
+                "best_windowed_loss": r(div[0], 4),
+                "last_windowed_loss": r(div[1], 4),
+                "ratio": r(div[1] / div[0], 2),
+                "steps": [int(step_ids[-t.loss_window_steps]), int(step_ids[-1])],
+            }
+        if has_scale:
+            after = slice(min(t.grad_warmup_steps, step_ids.size), None)
+            considered = int(skipped[after].size)
+            n_skipped = int(skipped[after].sum())
+            share = 100.0 * n_skipped / considered if considered else 0.0
+            if considered and share > t.scaler_skip_share_max_pct:
+                out["scaler_skipped_steps"] = {
+                    "count": n_skipped,
+                    "share_pct": r(share, 1),
+                    "steps": step_ids[after][skipped[after]][:50].tolist(),
+                }
+            finite_scale = scale[np.isfinite(scale)]
+            if finite_scale.size and float(finite_scale[-1]) < t.scaler_scale_min:
+                out["scale_collapse"] = {
+                    "first_scale": float(finite_scale[0]),
+                    "last_scale": float(finite_scale[-1]),
+                    "steps": [int(step_ids[0]), int(step_ids[-1])],
+                }
+        return out
+
+    @staticmethod
+    def _patch(inputs: AnalysisInputs, kinds: list[str], fp16_unscaled: bool) -> dict[str, Any]:
+        patch: dict[str, Any] = {}
+        numeric_trouble = set(kinds) - {"fp16_without_grad_scaler"}
+        if numeric_trouble:
+            patch["train.grad_clip"] = CLIP_NORM
+            lr = config_value(inputs.run, "train.lr")
+            if isinstance(lr, int | float) and lr > 0:
+                patch["train.lr"] = float(f"{lr * LR_FACTOR:.3g}")
+        if fp16_unscaled:
+            patch["train.grad_scaler"] = True
+        return patch
+
+    @staticmethod
+    def _recommendation(kinds: list[str], offending: set[int], patch: dict[str, Any]) -> str:
+        parts = []
+        if offending:
+            first = min(offending)
+            parts.append(f"Trouble starts at step {first} ({len(offending)} step(s) affected).")
+        if "fp16_without_grad_scaler" in kinds:
+            parts.append("fp16 autocast runs without a GradScaler: small gradients underflow.")
+        if set(kinds) - {"fp16_without_grad_scaler"}:
+            lr = patch.get("train.lr")
+            parts.append(
+                f"Clip the gradient norm to {CLIP_NORM}"
+                + (
+                    f" and lower the learning rate to {lr}"
+                    if lr
+                    else " and lower the learning rate"
+                )
+                + "."
+            )
+        if "train.grad_scaler" in patch:
+            parts.append("Use torch.amp.GradScaler with fp16 (or switch to bf16).")
+        return " ".join(parts)
+
+    examples: ClassVar = (
+        Example(
+            "run: grad norm ~1 with spikes of 20 at steps 40 and 55",
+            True,
+            lambda: ex.inputs(
+                run=ex.run(
+                    ex.series(
+                        60,
+                        loss=lambda s: 2.0 - s * 0.01,
+                        grad_norm=lambda s: 20.0 if s in (40, 55) else 1.0 + 0.05 * (s % 5),
+                    ),
+                    config={"train.lr": 1e-3},
+                    environment=ex.CPU_ENV,
+                )
+            ),
+        ),
+        Example(
+            "run: loss turns NaN at step 30",
+            True,
+            lambda: ex.inputs(
+                run=ex.run(
+                    ex.series(
+                        35,
+                        loss=lambda s: float("nan") if s >= 30 else 2.0,
+                        grad_norm=lambda s: float("nan") if s >= 30 else 1.0,
+                    ),
+                    environment=ex.CPU_ENV,
+                )
+            ),
+        ),
+        Example(
+            "run: smooth, decreasing loss and noisy but bounded grad norms",
+            False,
+            lambda: ex.inputs(
+                run=ex.run(
+                    ex.series(
+                        80,
+                        loss=lambda s: 2.0 / (1 + 0.02 * s),
+                        grad_norm=lambda s: 1.0 + 0.3 * ((s * 7919) % 11) / 11,
+                    ),
+                    environment=ex.CPU_ENV,
+                )
+            ),
+        ),
+        Example(
+            "trace: fp16 GEMM kernels but no GradScaler ops",
+            True,
+            lambda: ex.inputs(
+                trace=ex.trace(
+                    kernels=[
+                        {
+                            "name": "ampere_fp16_s16816gemm_fp16_128x128",
+                            "calls": 10,
+                            "device_us": 5000.0,
+                            "mean_us": 500.0,
+                            "tensor_core": True,
+                            "fp16": True,
+                        }
+                    ],
+                    operators=[
+                        {"name": "aten::mm", "calls": 10, "host_us": 100.0, "device_us": 5000.0}
+                    ],
+                )
+            ),
+        ),
+        Example(
+            "trace: fp16 kernels with GradScaler's unscale op",
+            False,
+            lambda: ex.inputs(
+                trace=ex.trace(
+                    kernels=[
+                        {
+                            "name": "ampere_fp16_s16816gemm_fp16_128x128",
+                            "calls": 10,
+                            "device_us": 5000.0,
+                            "mean_us": 500.0,
+                            "tensor_core": True,
+                            "fp16": True,
+                        }
+                    ],
+                    operators=[
+                        {
+                            "name": "aten::_amp_foreach_non_finite_check_and_unscale_",
+                            "calls": 5,
+                            "host_us": 50.0,
+                            "device_us": 20.0,
+                        }
+                    ],
+                )
+            ),
+        ),
+    )
+
+
+def _step_range(inputs: AnalysisInputs) -> list[int]:
+    """First and last step judged, for findings without particular offending steps."""
+    for frame in (
+        inputs.run.steps if inputs.run is not None else None,
+        inputs.trace.steps if inputs.trace is not None else None,
+    ):
+        if frame is not None and frame.height:
+            return [int(frame["step"].min()), int(frame["step"].max())]
+    return []

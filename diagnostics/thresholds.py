@@ -1,0 +1,303 @@
+"""Every threshold the rules use, with its default and where that default comes from.
+
+One frozen dataclass, :class:`Thresholds`. Each field carries ``metadata`` with ``doc`` (what
+it means, with its unit) and ``source`` (the tool, paper or measurement the default is taken
+from; "ours" says we chose it and why). The rule reference (``docs/RULES.md``) prints them.
+
+Override any of them from one config: a mapping, or a TOML or JSON file whose top level (or
+a ``[thresholds]`` table) maps field names to values::
+
+    # thresholds.toml
+    [thresholds]
+    dataloader_share_min_pct = 10.0
+    grad_spike_z = 3.0
+
+    load_thresholds("thresholds.toml")  ->  Thresholds(dataloader_share_min_pct=10.0, ...)
+
+Unknown names and values of the wrong type are refused with one line naming the file and the
+field, so a typo never silently keeps a default.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+
+def _t(default: float | int, doc: str, source: str) -> Any:
+    return field(default=default, metadata={"doc": doc, "source": source})
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    # -- low-gpu-utilization --------------------------------------------------------------
+    gpu_util_low_pct: float = _t(
+        50.0,
+        "GPU busy share of the profiled steps (trace) below which the GPU counts as under-used, %",
+        "torch-tb-profiler recommends a larger batch below 50% (tb_plugin profiler/data.py, "
+        "_analyze_gpu_metrics)",
+    )
+    gpu_util_p95_low_pct: float = _t(
+        70.0,
+        "p95 of NVML utilisation samples (run) below which the GPU counts as under-used, %",
+        "SageMaker Debugger LowGPUUtilization: p95 below 70% (profiler_rules/rules.py)",
+    )
+    gpu_util_min_samples: int = _t(
+        10,
+        "NVML samples needed before a run's utilisation is judged",
+        "ours: 1 s at the sampler's 10 Hz; SageMaker evaluates windows of samples, not one",
+    )
+    # -- too-few-workers ------------------------------------------------------------------
+    dataloader_share_min_pct: float = _t(
+        5.0,
+        "time blocked on the DataLoader, as a share of step time, above which workers are "
+        "recommended, %",
+        "torch-tb-profiler recommends num_workers above 5% DataLoader time "
+        "(tb_plugin profiler/data.py)",
+    )
+    dataloader_wait_min_ms: float = _t(
+        1.0,
+        "median per-step DataLoader wait below which no worker advice is given, ms",
+        "ours: below 1 ms a worker process's IPC per batch costs about as much as it hides",
+    )
+    cores_reserved_for_main: int = _t(
+        1,
+        "CPU cores left to the training process when sizing num_workers",
+        "Lightning suggests max(1, cpus // devices - 1) workers "
+        "(trainer/connectors/data_connector.py)",
+    )
+    # -- missing-pin-memory ---------------------------------------------------------------
+    pageable_h2d_min_bytes: int = _t(
+        1_048_576,
+        "total pageable host-to-device bytes below which pinning is not worth advising, bytes",
+        "ours: Nsight's cuda_memcpy_async lists every pageable copy; below 1 MiB per trace "
+        "they are scalars and shapes whose staging cost is negligible",
+    )
+    # -- unstable-gradients ---------------------------------------------------------------
+    grad_spike_z: float = _t(
+        2.5,
+        "robust z-score of a step's gradient norm above which it is a spike",
+        "ZClip (arXiv 2504.02507): spike when z > 2.5",
+    )
+    grad_warmup_steps: int = _t(
+        25,
+        "steps at the start ignored by the spike test (norms settle during warm-up)",
+        "ZClip: 25 warm-up steps",
+    )
+    grad_window_steps: int = _t(
+        32,
+        "rolling window of previous steps for the median and MAD of the gradient norm",
+        "ZClip's EMA with alpha = 0.97 weighs about 1 / (1 - 0.97) = 33 past steps",
+    )
+    grad_spike_min_ratio: float = _t(
+        2.0,
+        "a spike must also be this many times the rolling median gradient norm",
+        "ours: keeps heavy-tailed but harmless noise (z > 2.5 from a tiny MAD) from counting",
+    )
+    loss_divergence_ratio: float = _t(
+        2.0,
+        "median loss of the last window over the best earlier windowed median above which "
+        "the loss is diverging",
+        "ours: Lightning's EarlyStopping has a divergence_threshold but no default; doubling "
+        "the best loss is unambiguous",
+    )
+    loss_window_steps: int = _t(
+        10,
+        "window of steps for the loss medians in the divergence test",
+        "ours: short enough for 50-step runs, long enough to smooth batch noise",
+    )
+    scaler_skip_share_max_pct: float = _t(
+        5.0,
+        "share of post-warm-up steps GradScaler skipped (its scale halved) above which "
+        "fp16 training is unstable, %",
+        "ours: GradScaler halves on each inf/NaN step and regrows every 2000 clean steps "
+        "(torch.amp docs), so more than 1 in 20 is far beyond calibration",
+    )
+    scaler_scale_min: float = _t(
+        1.0,
+        "GradScaler scale below which the scale has collapsed",
+        "ours: the scale starts at 2^16 (torch.amp docs); below 1 the loss is scaled down, "
+        "so gradients overflow even unscaled",
+    )
+    # -- memory-leak ----------------------------------------------------------------------
+    leak_warmup_share: float = _t(
+        0.2,
+        "share of the steps at the start excluded from the growth fit (allocator and caches "
+        "warming up)",
+        "ours: the first fifth covers optimiser state creation and the profiler's warm-up",
+    )
+    leak_min_increasing_share: float = _t(
+        0.7,
+        "share of memory changes after warm-up that must be increases",
+        "ours: a leak grows almost every time memory changes; noise is about half up, half down",
+    )
+    leak_min_growth_pct: float = _t(
+        5.0,
+        "growth after warm-up (fitted slope x steps) relative to the post-warm-up baseline, %",
+        "SageMaker Debugger GPUMemoryIncrease: moving average rising more than 5 points",
+    )
+    leak_min_steps: int = _t(
+        10,
+        "steps after warm-up needed to judge growth",
+        "ours: Theil-Sen needs a handful of points; 10 tolerates 29% outliers reliably",
+    )
+    # -- memory-near-capacity -------------------------------------------------------------
+    memory_capacity_high_pct: float = _t(
+        90.0,
+        "peak allocated (or used) memory as a share of the device's memory above which it is "
+        "near capacity, %",
+        "torch-tb-profiler: peak allocated above 90% of device memory (tb_plugin data.py)",
+    )
+    # -- host-device-sync -----------------------------------------------------------------
+    sync_share_min_pct: float = _t(
+        5.0,
+        "time blocked in host-device synchronisation as a share of step time, %",
+        "ours, same bar as DataLoader time: Nsight's cuda_api_sync lists every sync call",
+    )
+    # -- launch-bound-kernels -------------------------------------------------------------
+    short_kernel_share_min_pct: float = _t(
+        50.0,
+        "share of kernel launches that are short (GPU time below their launch time) above "
+        "which the step is launch-bound, %",
+        "HTA get_cuda_kernel_launch_stats: a short kernel runs shorter than its launch; we "
+        "flag when they are the majority",
+    )
+    launch_delay_outlier_us: float = _t(
+        100.0,
+        "mean launch delay (runtime call start to kernel start) above which launches queue, µs",
+        "HTA: launch-delay outliers above 100 µs",
+    )
+    # -- tensor-cores-unused --------------------------------------------------------------
+    tensor_core_min_capability: int = _t(
+        7,
+        "compute capability major version from which the GPU has Tensor Cores",
+        "NVIDIA Volta (7.0) introduced Tensor Cores; torch-tb-profiler checks the same",
+    )
+    tensor_core_eligible_min_pct: float = _t(
+        10.0,
+        "GPU time of Tensor-Core-eligible ops (matmul, conv, linear) as a share of kernel "
+        "time above which AMP is worth it, %",
+        "ours: torch-tb-profiler advises AMP whenever eligible ops run without Tensor Cores; "
+        "below 10% of kernel time the saving is small",
+    )
+    tensor_core_used_max_pct: float = _t(
+        5.0,
+        "share of kernel time on Tensor Cores below which they count as unused, %",
+        "ours: a few library kernels use Tensor Cores even in fp32 (TF32); 5% is incidental",
+    )
+    # -- step-time-outliers ---------------------------------------------------------------
+    step_outlier_sigma: float = _t(
+        3.0,
+        "a step slower than mean + this many standard deviations is an outlier",
+        "SageMaker Debugger StepOutlier: mean + 3 sigma (profiler_rules/rules.py)",
+    )
+    step_outlier_min_excess_pct: float = _t(
+        2.0,
+        "time the outliers lose (above the median step) as a share of all step time below "
+        "which they are not reported, %",
+        "ours: an occasional slow step that costs under 2% is not worth a finding",
+    )
+    # -- batch-too-small ------------------------------------------------------------------
+    batch_memory_low_pct: float = _t(
+        50.0,
+        "peak memory as a share of the device below which a larger batch fits, %",
+        "ours: doubling the batch roughly doubles activations, so it fits below half",
+    )
+    # -- unused-embedding-rows ------------------------------------------------------------
+    embedding_unused_min_pct: float = _t(
+        20.0,
+        "share of vocabulary rows the data never uses above which pruning is advised, %",
+        "ours: the seed pipeline's vocabulary pruning paid off from about a fifth unused",
+    )
+    # -- rank-stragglers ------------------------------------------------------------------
+    straggler_slowdown_pct: float = _t(
+        10.0,
+        "a rank whose mean step time exceeds the ranks' median by this much is a straggler, %",
+        "ours: in synchronous data parallel every rank waits for the slowest; 10% is the "
+        "usual noise band of step times on shared clusters",
+    )
+
+    @classmethod
+    def field_docs(cls) -> list[tuple[str, Any, str, str]]:
+        """(name, default, doc, source) for every threshold, in declaration order."""
+        rows = []
+        for f in fields(cls):
+            default = f.default if f.default is not MISSING else None
+            rows.append((f.name, default, f.metadata["doc"], f.metadata["source"]))
+        return rows
+
+
+class ThresholdsError(ValueError):
+    """A thresholds config that cannot be used; the message is one line for the user."""
+
+
+def _coerce(name: str, value: Any, default: Any, origin: str) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ThresholdsError(f"{origin}: threshold {name!r} must be a number, got {value!r}")
+    if isinstance(default, int) and not isinstance(default, bool):
+        if isinstance(value, float) and not value.is_integer():
+            raise ThresholdsError(f"{origin}: threshold {name!r} must be an integer, got {value}")
+        value = int(value)
+    else:
+        value = float(value)
+    if value < 0:
+        raise ThresholdsError(f"{origin}: threshold {name!r} must not be negative, got {value}")
+    return value
+
+
+def thresholds_from_mapping(
+    values: Mapping[str, Any], *, origin: str = "thresholds", base: Thresholds | None = None
+) -> Thresholds:
+    """Thresholds with ``values`` overriding the defaults (or ``base``)."""
+    base = base or Thresholds()
+    if "thresholds" in values and isinstance(values["thresholds"], Mapping):
+        values = values["thresholds"]
+    known = {f.name: f.default for f in fields(Thresholds)}
+    changes = {}
+    for name, value in values.items():
+        if name not in known:
+            raise ThresholdsError(
+                f"{origin}: unknown threshold {name!r}; known: {', '.join(sorted(known))}"
+            )
+        changes[name] = _coerce(name, value, known[name], origin)
+    return replace(base, **changes)
+
+
+def load_thresholds(
+    source: Thresholds | Mapping[str, Any] | str | os.PathLike[str] | None = None,
+) -> Thresholds:
+    """Defaults, or the defaults overridden by a mapping or a .toml / .json file."""
+    if source is None:
+        return Thresholds()
+    if isinstance(source, Thresholds):
+        return source
+    if isinstance(source, Mapping):
+        return thresholds_from_mapping(source)
+    path = Path(source)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ThresholdsError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    try:
+        if path.suffix.lower() == ".toml":
+            values = tomllib.loads(raw.decode("utf-8"))
+        elif path.suffix.lower() == ".json":
+            values = json.loads(raw)
+        else:
+            raise ThresholdsError(f"{path}: thresholds config must be a .toml or .json file")
+    except (ValueError, UnicodeDecodeError) as exc:
+        if isinstance(exc, ThresholdsError):
+            raise
+        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ThresholdsError(f"{path}: not valid {path.suffix[1:]} ({first_line})") from None
+    if not isinstance(values, Mapping):
+        raise ThresholdsError(f"{path}: top level must be a table of threshold names")
+    return thresholds_from_mapping(values, origin=str(path))
+
+
+DEFAULT_THRESHOLDS = Thresholds()
