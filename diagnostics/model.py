@@ -52,6 +52,9 @@ class TraceFacts:
     # step_time_ms_p50, gpu_utilization_pct
     ranks: pl.DataFrame | None = None
     warnings: tuple[str, ...] = ()
+    # device (-1 host), peak_allocated_bytes, peak_reserved_bytes, device_total_bytes,
+    # peak_allocated_pct (of deviceProperties totalGlobalMem)
+    memory_peak: pl.DataFrame | None = None
 
     @property
     def device_memory_bytes(self) -> int | None:
