@@ -1,0 +1,128 @@
+"""The Launch page's parts: form widgets from the trainer's field info, and the live panel.
+
+The live panel is a fragment that re-reads the run folder every 1.5 s; only it reruns,
+not the page, so the form keeps what the user typed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import streamlit as st
+
+from app_ui import render
+from diagnostics import views
+from diagnostics.report import plots
+from diagnostics.runs import RunFolder, RunFolderError
+from trainer import launch
+
+REFRESH_S = 1.5
+# Live charts show the most recent steps only: enough to see the pattern, cheap to redraw.
+LIVE_WINDOW_STEPS = 400
+
+
+def field_widget(form_field: views.FormField, info: Any, preset_value: Any, scenario: str) -> Any:
+    """One form widget, starting at the scenario's value; keyed by scenario so that
+    switching scenario resets the form to that preset."""
+    key = f"launch-{scenario}-{form_field.key}"
+    value = views.form_value(form_field, preset_value)
+    help_text = form_field.help or info.help
+    help_text = f"{help_text}. Allowed: {info.allowed}." if info.allowed else help_text
+    if form_field.widget == "bool":
+        return st.checkbox(form_field.label, value=bool(value), key=key, help=help_text)
+    if form_field.widget == "choice":
+        choices = list(info.choices or ())
+        return st.selectbox(
+            form_field.label, choices, index=choices.index(value), key=key, help=help_text
+        )
+    if form_field.widget == "int":
+        return st.number_input(form_field.label, value=int(value), step=1, key=key, help=help_text)
+    return st.number_input(
+        form_field.label, value=float(value), step=None, format="%g", key=key, help=help_text
+    )
+
+
+def watched_run(runs_dir: Path) -> RunFolder | None:
+    """The run this page follows: the URL's, else this session's last launch, else the
+    run currently using the device (so a reload or a second tab finds it again)."""
+    for run_id in (st.query_params.get("run"), st.session_state.get("watched_run_id")):
+        if run_id:
+            path = views.safe_run_path(runs_dir, run_id)
+            if path is not None:
+                return RunFolder(path)
+    active = launch.active_runs(runs_dir)
+    return RunFolder(active[0].path) if active else None
+
+
+def panel(runs_dir: Path, run: RunFolder) -> None:
+    """Progress, rate, ETA, cancel and live charts; refreshes itself while the run is live."""
+    try:
+        running = run.status().is_active
+    except RunFolderError:
+        running = False
+    st.fragment(run_every=REFRESH_S if running else None)(_panel_body)(runs_dir, run)
+
+
+def _panel_body(runs_dir: Path, run: RunFolder) -> None:
+    try:
+        status = run.status()
+        steps = run.steps()
+        samples = run.samples()
+    except RunFolderError as exc:
+        st.error(str(exc), icon="🚫")
+        return
+    progress = views.progress(status, steps)
+    seen_key = f"live-status-{run.run_id}"
+    previous = st.session_state.get(seen_key)
+    st.session_state[seen_key] = status.status
+    if previous == "running" and status.status != "running":
+        # the run just ended: redraw the whole page so the form's Start button comes back
+        st.rerun(scope="app")
+
+    with st.container(border=True):
+        head, action = st.columns([5, 1])
+        head.markdown(f"### {views.status_label(status.status)} · {run.run_id}")
+        if status.is_active:
+            cancel_requested = (run.path / "cancel.request").exists()
+            if action.button(
+                "Cancel run",
+                icon="⏹️",
+                key=f"cancel-{run.run_id}",
+                disabled=cancel_requested,
+                help="Stops cleanly at the end of the current step; the data is kept.",
+                width="stretch",
+            ):
+                launch.cancel_run(run.path)
+                st.toast("Cancel requested: the run stops after its current step.", icon="⏹️")
+            if cancel_requested:
+                st.caption("Cancel requested: stopping after the current step…")
+        else:
+            action.page_link(
+                "pages/3_Run_detail.py",
+                label="Open diagnosis",
+                icon="🔬",
+                query_params={"run": run.run_id},
+            )
+        st.progress(progress.fraction, text=progress.text)
+        if status.status == "completed":
+            st.success("Finished. Open the diagnosis to see the findings.", icon="✅")
+        elif status.status in {"failed", "dead"}:
+            st.error(f"The run {status.status}: {status.reason or 'no reason recorded'}", icon="🚫")
+            tail = run.log_tail(3000)
+            if tail:
+                st.code(tail, language="text")
+        elif status.status in {"cancelled", "preempted"}:
+            st.warning(f"The run was {status.status}; its records so far are kept.", icon="⏹️")
+
+        if steps.height == 0:
+            st.caption("Waiting for the first step (building the model and the data)…")
+            return
+        recent = steps.tail(LIVE_WINDOW_STEPS)
+        left, right = st.columns(2)
+        with left:
+            render.chart(plots.step_time_figure(recent), key=f"live-steps-{run.run_id}")
+            render.chart(plots.memory_figure(recent, samples), key=f"live-memory-{run.run_id}")
+        with right:
+            render.chart(plots.loss_gradnorm_figure(recent), key=f"live-loss-{run.run_id}")
+            render.chart(plots.system_figure(samples), key=f"live-system-{run.run_id}")

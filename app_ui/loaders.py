@@ -1,0 +1,37 @@
+"""Cached loading: every analysis is keyed on its path and the files' modification time.
+
+``st.cache_data`` pickles what it returns, so each session gets its own copy (no shared
+mutable objects between users); entries are bounded by count and age so a long-running
+server does not grow without limit. No widget is created inside a cached function.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import streamlit as st
+
+from diagnostics.runs import RunFolder
+
+CACHE_ENTRIES = 32
+CACHE_TTL_S = 3600
+
+if TYPE_CHECKING:
+    from diagnostics.result import AnalysisResult
+
+
+@st.cache_data(max_entries=CACHE_ENTRIES, ttl=CACHE_TTL_S, show_spinner="Analysing the run…")
+def _analyse_run_cached(run_path: str, mtime_key: float) -> AnalysisResult:
+    del mtime_key  # part of the cache key only: a new record or trace means a new analysis
+    from diagnostics.analyze import analyze
+
+    return analyze(Path(run_path))
+
+
+def analyse_run(run_path: Path) -> AnalysisResult:
+    """The analysis of a run folder, recomputed only when one of its files changed.
+
+    Raises the analyser's InputError (one line for the page) for unreadable inputs.
+    """
+    return _analyse_run_cached(str(run_path), RunFolder(run_path).mtime_key())

@@ -1,0 +1,77 @@
+"""Launch: configure a profiled run of the reference trainer, start it, watch it live.
+
+The trainer runs as its own process (trainer.launch.start_run); this page only reads its
+run folder. The run being watched is in the URL (?run=<id>) and is otherwise found again
+from the runs folder, so reloading or leaving the page loses nothing.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app_ui import live, session
+from diagnostics import views
+from trainer import launch
+
+session.setup_page("Launch", "🚀")
+runs_dir = session.runs_dir()
+st.title("🚀 Launch a profiled run")
+
+watched = live.watched_run(runs_dir)
+if watched is not None:
+    live.panel(runs_dir, watched)
+
+busy = launch.active_runs(runs_dir)
+scenario = st.selectbox(
+    "Scenario",
+    list(launch.SCENARIOS),
+    format_func=lambda name: f"{name} — {launch.SCENARIOS[name]}",
+    help="A preset of the settings below; change any of them before starting.",
+)
+preset = launch.preset_values(scenario)
+fields = {info.key: info for info in launch.config_fields()}
+errors: dict[str, str] = st.session_state["launch_errors"]
+
+with st.form(f"launch-{scenario}"):
+    values: dict[str, object] = {}
+    for section, form_fields in views.LAUNCH_FORM:
+        st.markdown(f"**{section}**")
+        columns = st.columns(len(form_fields))
+        for column, form_field in zip(columns, form_fields, strict=True):
+            with column:
+                values[form_field.key] = live.field_widget(
+                    form_field, fields[form_field.key], preset[form_field.key], scenario
+                )
+                if form_field.key in errors:
+                    st.error(errors[form_field.key], icon="⚠️")
+    if busy:
+        st.warning(
+            f"**{busy[0].run_id}** is using the device (step {busy[0].status.step:,}). "
+            "One run at a time: wait for it to finish or cancel it above.",
+            icon="⏳",
+        )
+    submitted = st.form_submit_button(
+        "Start run", type="primary", icon="▶️", disabled=bool(busy), width="stretch"
+    )
+
+if submitted:
+    overrides = views.form_overrides(values)
+    errors = launch.validate_overrides(overrides, scenario=scenario)
+    st.session_state["launch_errors"] = errors
+    if not errors:
+        try:
+            launched = launch.start_run(scenario=scenario, overrides=overrides, runs_dir=runs_dir)
+        except launch.LaunchError as exc:
+            st.session_state["launch_errors"] = {"": str(exc)}
+        else:
+            st.session_state["watched_run_id"] = launched.run_id
+            st.query_params["run"] = launched.run_id
+    st.rerun()
+if "" in errors:
+    st.error(errors[""], icon="🚫")
+elif errors:
+    st.error(
+        f"{len(errors)} setting{'s' if len(errors) > 1 else ''} need{'' if len(errors) > 1 else 's'} "
+        "fixing: see the messages next to the fields.",
+        icon="⚠️",
+    )

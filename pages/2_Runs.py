@@ -1,0 +1,33 @@
+"""Runs: every run folder, filtered by status and scenario; a row opens the run."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app_ui import render, session
+from diagnostics import views
+from diagnostics.runs import list_runs
+
+session.setup_page("Runs", "🗂️")
+st.title("🗂️ Runs")
+
+listings = list_runs(session.runs_dir())
+if not listings:
+    st.info("No runs yet. Launch one to see it here.", icon="ℹ️")
+    st.page_link("pages/1_Launch.py", label="Launch a run", icon="🚀")
+    st.stop()
+
+status_col, scenario_col = st.columns(2)
+statuses = status_col.multiselect(
+    "Status",
+    sorted({run.status.status for run in listings}),
+    placeholder="All statuses",
+)
+scenarios = scenario_col.multiselect(
+    "Scenario",
+    sorted({run.scenario or "—" for run in listings}),
+    placeholder="All scenarios",
+)
+shown = views.filter_runs(listings, statuses=statuses, scenarios=scenarios)
+st.caption(f"{len(shown)} of {len(listings)} runs · select a row to open it")
+render.runs_table(views.runs_table(shown), key="runs-table")

@@ -1,0 +1,140 @@
+"""Run detail: summary cards, ranked findings with evidence and fixes, charts, reports.
+
+Opened with ?run=<run id>; "Re-run with fix" launches the same config with a finding's
+patch and follows the new run on the Launch page.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app_ui import loaders, render, session
+from diagnostics import views
+from diagnostics.errors import InputError
+from diagnostics.runs import RunFolder, list_runs
+from trainer import launch
+
+session.setup_page("Run detail", "🔬")
+runs_dir = session.runs_dir()
+listings = list_runs(runs_dir)
+
+if not listings:
+    st.title("🔬 Run detail")
+    st.info("No runs yet. Launch one to see its diagnosis here.", icon="ℹ️")
+    st.page_link("pages/1_Launch.py", label="Launch a run", icon="🚀")
+    st.stop()
+
+requested = st.query_params.get("run")
+run = views.find_run(listings, requested)
+if requested and run is None:
+    st.error(f"Run `{requested}` was not found in {runs_dir}.", icon="🚫")
+ids = [r.run_id for r in listings]
+chosen = st.selectbox(
+    "Run",
+    ids,
+    index=ids.index(run.run_id) if run else 0,
+    format_func=lambda run_id: views.run_choice_label(views.find_run(listings, run_id)),
+)
+if chosen != requested:
+    st.query_params["run"] = chosen
+run = views.find_run(listings, chosen)
+folder = RunFolder(run.path)
+manifest = folder.manifest()
+status = folder.status()
+
+st.title(f"🔬 {run.run_id}")
+st.caption(
+    f"Scenario **{run.scenario or '—'}** · {views.status_label(status.status)}"
+    + (f" ({status.reason})" if status.reason else "")
+    + f" · started {views.fmt_when(run.created_at)}"
+    + f" · {views.fmt_seconds(views.run_duration_s(status))}"
+    + f" · {manifest.environment.get('device', 'device unknown')}"
+)
+if manifest.parent_run_id:
+    st.markdown(
+        f"🔁 Re-run of **{manifest.parent_run_id}** with "
+        f"`{views.patch_summary(manifest.applied_patch)}`"
+    )
+    left, right = st.columns(2)
+    left.page_link(
+        "pages/3_Run_detail.py",
+        label="Open the original run",
+        icon="⬅️",
+        query_params={"run": manifest.parent_run_id},
+    )
+    right.page_link(
+        "pages/5_Compare.py",
+        label="Compare with the original",
+        icon="⚖️",
+        query_params={"a": manifest.parent_run_id, "b": run.run_id},
+    )
+for child in views.children_of(listings, run.run_id):
+    st.page_link(
+        "pages/5_Compare.py",
+        label=f"Compare with its re-run {child.run_id} ({child.status.status})",
+        icon="⚖️",
+        query_params={"a": run.run_id, "b": child.run_id},
+    )
+if status.is_active:
+    st.info("This run is still going; the figures below cover the steps so far.", icon="🔵")
+    st.page_link(
+        "pages/1_Launch.py", label="Watch it live", icon="📈", query_params={"run": run.run_id}
+    )
+
+try:
+    result = loaders.analyse_run(run.path)
+except InputError as exc:
+    st.error(str(exc), icon="🚫")
+    st.stop()
+
+render.cards(result)
+
+busy = launch.active_runs(runs_dir)
+st.subheader("Findings")
+pressed = render.findings(
+    result,
+    key_prefix="run",
+    config=manifest.config,
+    can_rerun=bool(manifest.scenario),
+    rerun_disabled_reason=(
+        f"{busy[0].run_id} is using the device; re-run when it has finished." if busy else None
+    ),
+)
+if pressed is not None and pressed.fix.config_patch:
+    try:
+        launched = launch.start_run(
+            scenario=str(manifest.scenario),
+            overrides=views.rerun_overrides(
+                manifest.config,
+                pressed.fix.config_patch,
+                [field.key for field in launch.config_fields()],
+            ),
+            runs_dir=runs_dir,
+            parent_run_id=run.run_id,
+            applied_patch=pressed.fix.config_patch,
+        )
+    except (launch.LaunchError, ValueError) as exc:
+        st.error(f"Could not start the re-run: {exc}", icon="🚫")
+    else:
+        st.session_state["watched_run_id"] = launched.run_id
+        st.switch_page("pages/1_Launch.py", query_params={"run": launched.run_id})
+
+st.subheader("Charts")
+render.run_charts(result, key_prefix="run")
+render.notes(result)
+
+st.subheader("Open the trace in TensorBoard")
+if folder.trace_files():
+    st.code(views.tensorboard_command(run.path), language="bash")
+else:
+    st.caption("This run recorded no profiler trace (instruments off or stopped early).")
+
+st.subheader("Report")
+render.downloads(
+    lambda fmt: render.report_text(result, fmt), base_name=f"{run.run_id}-report", key_prefix="run"
+)
+
+with st.expander("Configuration"):
+    st.dataframe(views.config_table(manifest.config), hide_index=True, width="stretch")
+with st.expander("Trainer log (last lines)"):
+    st.code(folder.log_tail(8000) or "(empty)", language="text")

@@ -1,0 +1,89 @@
+"""Compare: two runs (a run and its re-run with a fix, or any two) side by side.
+
+Opened with ?a=<run id>&b=<run id>; A is read as "before", B as "after".
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app_ui import loaders, render, session
+from diagnostics import views
+from diagnostics.compare import compare
+from diagnostics.errors import InputError
+from diagnostics.report import plots
+from diagnostics.runs import list_runs
+
+session.setup_page("Compare", "⚖️")
+st.title("⚖️ Compare two runs")
+listings = list_runs(session.runs_dir())
+if len(listings) < 2:
+    st.info("Comparing needs two runs. Launch another, or re-run one with a fix.", icon="ℹ️")
+    st.page_link("pages/1_Launch.py", label="Launch a run", icon="🚀")
+    st.stop()
+
+ids = [run.run_id for run in listings]
+default_a, default_b = views.default_pair(listings)
+wanted_a = st.query_params.get("a") if st.query_params.get("a") in ids else default_a
+wanted_b = st.query_params.get("b") if st.query_params.get("b") in ids else default_b
+label = lambda run_id: views.run_choice_label(views.find_run(listings, run_id))  # noqa: E731
+pick_a, pick_b = st.columns(2)
+run_a = pick_a.selectbox("A (before)", ids, index=ids.index(wanted_a), format_func=label)
+run_b = pick_b.selectbox("B (after)", ids, index=ids.index(wanted_b), format_func=label)
+st.query_params.update({"a": run_a, "b": run_b})
+if run_a == run_b:
+    st.warning("Pick two different runs.", icon="⚠️")
+    st.stop()
+
+try:
+    result_a = loaders.analyse_run(views.find_run(listings, run_a).path)
+    result_b = loaders.analyse_run(views.find_run(listings, run_b).path)
+except InputError as exc:
+    st.error(str(exc), icon="🚫")
+    st.stop()
+comparison = compare(result_a, result_b, label_a=run_a, label_b=run_b)
+
+line = views.headline(comparison.rows)
+if line:
+    st.subheader(line)
+columns = st.columns(len(comparison.rows))
+for column, row in zip(columns, comparison.rows, strict=True):
+    card = views.comparison_card(row)
+    column.metric(card.label, card.value, card.delta, delta_color=card.delta_color, border=True)
+st.dataframe(views.comparison_table(comparison.rows, "A", "B"), hide_index=True, width="stretch")
+if comparison.config_changes:
+    st.markdown("**What changed in the config**")
+    st.dataframe(
+        views.config_changes_table(comparison.config_changes),
+        hide_index=True,
+        width="stretch",
+    )
+
+st.subheader("Findings")
+gone, new, kept = st.columns(3)
+with gone:
+    st.markdown(f"**✅ Gone in B ({len(comparison.findings_gone)})**")
+    for finding in comparison.findings_gone:
+        st.markdown(f"- {finding.title}")
+with new:
+    st.markdown(f"**🆕 New in B ({len(comparison.findings_new)})**")
+    for finding in comparison.findings_new:
+        st.markdown(f"- {finding.title}")
+with kept:
+    st.markdown(f"**↔️ In both ({len(comparison.findings_kept)})**")
+    for finding, _ in comparison.findings_kept:
+        st.markdown(f"- {finding.title}")
+
+st.subheader("Step time, overlaid")
+if result_a.run is not None and result_b.run is not None:
+    render.chart(
+        plots.compare_steps_figure(result_a.run.steps, result_b.run.steps, run_a, run_b),
+        key="compare-steps",
+    )
+
+st.subheader("Report")
+render.downloads(
+    lambda fmt: render.comparison_report_text(comparison, fmt),
+    base_name=f"compare-{run_a}-vs-{run_b}",
+    key_prefix="compare",
+)

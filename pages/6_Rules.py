@@ -1,0 +1,63 @@
+"""Rules: what Pipeline Doctor checks, generated from the rules' own code and docstrings."""
+
+from __future__ import annotations
+
+import polars as pl
+import streamlit as st
+
+from app_ui import session
+from diagnostics import views
+from diagnostics.rules.docs import NEEDS_TEXT, SECTIONS, rule_reference
+
+session.setup_page("Rules", "📖")
+st.title("📖 What Pipeline Doctor checks")
+st.markdown(
+    "Every finding comes from one of these rules. This page is generated from the rules "
+    "themselves (`python -m diagnostics rules` prints the same reference)."
+)
+
+docs = rule_reference()
+st.dataframe(
+    pl.DataFrame(
+        {
+            "rule": [d.id for d in docs],
+            "severity": [f"{views.SEVERITY_ICONS.get(d.severity, '')} {d.severity}" for d in docs],
+            "title": [d.title for d in docs],
+            "reads": [", ".join(NEEDS_TEXT.get(n, n) for n in d.needs) for d in docs],
+        }
+    ),
+    hide_index=True,
+    width="stretch",
+)
+
+for doc in docs:
+    st.subheader(f"{views.SEVERITY_ICONS.get(doc.severity, '')} {doc.title}", anchor=doc.id)
+    st.caption(f"`{doc.id}` · severity {doc.severity}")
+    st.markdown(doc.summary)
+    tabs = st.tabs([name for name in SECTIONS if name in doc.sections] + ["Thresholds", "Examples"])
+    for tab, name in zip(tabs, [n for n in SECTIONS if n in doc.sections], strict=False):
+        tab.markdown(doc.sections[name])
+    with tabs[-2]:
+        if doc.thresholds:
+            st.dataframe(
+                pl.DataFrame(
+                    {
+                        "threshold": [t[0] for t in doc.thresholds],
+                        "default": [str(t[1]) for t in doc.thresholds],
+                        "meaning": [t[2] for t in doc.thresholds],
+                        "source": [t[3] for t in doc.thresholds],
+                    }
+                ),
+                hide_index=True,
+                width="stretch",
+            )
+        else:
+            st.caption("No tunable thresholds.")
+    with tabs[-1]:
+        st.markdown(
+            "\n".join(
+                f"- {'🔥 fires' if fires else '🤫 stays quiet'}: {name}"
+                for name, fires in doc.examples
+            )
+            or "No examples."
+        )

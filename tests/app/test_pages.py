@@ -1,0 +1,204 @@
+"""AppTest: every page renders without an exception; the launch form validates its fields.
+
+Pages are run in-process against real run folders written by the real trainer
+(``trained_runs``) and against an empty runs folder.
+"""
+
+from __future__ import annotations
+
+import gzip
+import time
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from diagnostics.runs import RunWriter, list_runs
+from tests.app.conftest import REPO_ROOT
+
+PAGES = (
+    "app.py",
+    "pages/1_Launch.py",
+    "pages/2_Runs.py",
+    "pages/3_Run_detail.py",
+    "pages/4_Upload_trace.py",
+    "pages/5_Compare.py",
+    "pages/6_Rules.py",
+)
+TIMEOUT_S = 120
+
+
+def open_page(page: str, query: dict[str, str] | None = None) -> AppTest:
+    at = AppTest.from_file(str(REPO_ROOT / "app.py"), default_timeout=TIMEOUT_S)
+    for key, value in (query or {}).items():
+        at.query_params[key] = value
+    if page != "app.py":
+        at.switch_page(page)
+    return at.run()
+
+
+def texts(at: AppTest) -> str:
+    """Everything a person reads on the page, as one string."""
+    parts = []
+    for kind in (
+        "title",
+        "subheader",
+        "markdown",
+        "caption",
+        "error",
+        "warning",
+        "info",
+        "success",
+    ):
+        parts.extend(str(element.value) for element in getattr(at, kind))
+    return "\n".join(parts)
+
+
+@pytest.fixture
+def runs_env(monkeypatch, trained_runs):
+    monkeypatch.setenv("PIPELINE_DOCTOR_RUNS_DIR", str(trained_runs.runs_dir))
+    return trained_runs
+
+
+@pytest.fixture
+def empty_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("PIPELINE_DOCTOR_RUNS_DIR", str(tmp_path / "runs"))
+    return tmp_path / "runs"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", PAGES)
+def test_page_renders_with_runs(runs_env, page):
+    at = open_page(page)
+    assert not at.exception, at.exception
+    assert at.title, f"{page} has no title"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_page_renders_with_no_runs(empty_env, page):
+    at = open_page(page)
+    assert not at.exception, at.exception
+    assert at.title, f"{page} has no title"
+
+
+@pytest.mark.slow
+def test_run_detail_shows_cards_findings_and_lineage(runs_env):
+    at = open_page("pages/3_Run_detail.py", {"run": runs_env.slow.name})
+    assert not at.exception
+    labels = [metric.label for metric in at.metric]
+    for card in (
+        "Median step time",
+        "Throughput",
+        "GPU utilisation",
+        "Data-wait share",
+        "Peak memory",
+    ):
+        assert card in labels
+    page_text = texts(at)
+    assert "Too few DataLoader workers" in page_text or "too-few-workers" in page_text
+    assert f"tensorboard --logdir {runs_env.slow / 'trace'}" in [code.value for code in at.code]
+    rerun_buttons = [b for b in at.button if b.label == "Re-run with fix"]
+    assert rerun_buttons, "a finding with a config patch offers a re-run"
+    # the re-run links back to the original and to the comparison
+    child = open_page("pages/3_Run_detail.py", {"run": runs_env.fixed.name})
+    assert f"Re-run of **{runs_env.slow.name}**" in texts(child)
+
+
+def test_run_detail_unknown_run_says_so(runs_env):
+    at = open_page("pages/3_Run_detail.py", {"run": "no-such-run"})
+    assert not at.exception
+    assert any("`no-such-run` was not found" in e.value for e in at.error)
+
+
+@pytest.mark.slow
+def test_runs_filter_by_scenario_and_status(runs_env):
+    at = open_page("pages/2_Runs.py")
+    assert "2 of 2 runs" in texts(at)
+    status_filter = next(m for m in at.multiselect if m.label == "Status")
+    status_filter.set_value(["failed"]).run()
+    assert not at.exception
+    assert "0 of 2 runs" in texts(at)
+
+
+@pytest.mark.slow
+def test_compare_shows_ratios_and_the_gone_finding(runs_env):
+    at = open_page("pages/5_Compare.py", {"a": runs_env.slow.name, "b": runs_env.fixed.name})
+    assert not at.exception
+    page_text = texts(at)
+    assert "the throughput of A" in page_text
+    assert "Gone in B" in page_text
+
+
+# --- launch form validation --------------------------------------------------------------
+
+
+def _field(at: AppTest, label: str):
+    return next(w for w in at.number_input if w.label == label)
+
+
+def test_launch_form_shows_errors_next_to_the_fields_and_starts_nothing(empty_env):
+    at = open_page("pages/1_Launch.py")
+    assert not at.exception
+    _field(at, "Batch size").set_value(0)
+    _field(at, "DataLoader workers").set_value(-1)
+    next(b for b in at.button if b.label == "Start run").click().run()
+    assert not at.exception
+    errors = [e.value for e in at.error]
+    assert any(e.startswith("train.batch_size: 0 is out of range") for e in errors), errors
+    assert any(e.startswith("data.num_workers: -1 is out of range") for e in errors), errors
+    assert any("2 settings need fixing" in e for e in errors), errors
+    assert list_runs(empty_env) == []  # nothing was launched
+
+
+def test_launch_form_refuses_while_a_run_uses_the_device(empty_env):
+    writer = RunWriter.create(
+        empty_env, {"scenario": "healthy"}, {}, run_id="busy-run", total_steps=50
+    )
+    writer.append_step({"step": 3, "wall_time": time.time(), "step_time_ms": 10.0})
+    writer.heartbeat()
+    at = open_page("pages/1_Launch.py")
+    assert not at.exception
+    start = next(b for b in at.button if b.label == "Start run")
+    assert start.disabled
+    assert any("busy-run" in w.value and "using the device" in w.value for w in at.warning)
+    # the busy run is found again from the runs folder and shown live
+    assert any("busy-run" in m.value for m in at.markdown)
+    writer.finalise("cancelled")
+
+
+# --- upload ------------------------------------------------------------------------------
+
+
+def test_upload_bad_file_shows_the_one_line_error(empty_env):
+    at = open_page("pages/4_Upload_trace.py")
+    assert "200 MB per file" in texts(at)
+    at.file_uploader[0].set_value(
+        ("broken.json.gz", gzip.compress(b"{not json"), "application/gzip")
+    )
+    at.run()
+    assert not at.exception
+    assert len(at.error) == 1
+    message = at.error[0].value
+    assert message.startswith("broken.json.gz: ") and "\n" not in message
+
+
+@pytest.mark.slow
+def test_upload_real_trace_shows_findings(empty_env, shared_traces_dir):
+    trace = shared_traces_dir / "kineto_resnet50_num_workers_0.pt.trace.json.gz"
+    at = open_page("pages/4_Upload_trace.py")
+    at.file_uploader[0].set_value((trace.name, trace.read_bytes(), "application/gzip"))
+    at.run()
+    assert not at.exception
+    assert not at.error
+    assert [m.label for m in at.metric][:5] == [
+        "Median step time",
+        "Throughput",
+        "GPU utilisation",
+        "Data-wait share",
+        "Peak memory",
+    ]
+    assert "Findings" in [s.value for s in at.subheader]
+    # nothing is kept unless the user saves it
+    assert not (empty_env / "uploads").exists()
+    next(b for b in at.button if b.label == "Save upload").click().run()
+    saved = list((empty_env / "uploads").glob("*/*"))
+    assert [p.name for p in saved] == [trace.name]

@@ -1,0 +1,296 @@
+"""diagnostics.views: what the pages show, checked without a browser."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from diagnostics import views
+from diagnostics.compare import MetricRow
+from diagnostics.errors import InputError
+from diagnostics.report.metrics import KeyMetrics
+from diagnostics.runs import STEP_SCHEMA, RunFolder, RunStatus, RunWriter, list_runs
+
+# --- numbers for people ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value_ms", "text"),
+    [
+        (0.84, "840 µs"),  # under 1 ms: shown in µs, 0.84 ms * 1000
+        (12.34, "12.3 ms"),
+        (250.0, "250 ms"),
+        (1250.0, "1.2 s"),  # 1.25 s rounds half to even in format(): 1.2
+        (200_000.0, "3 min 20 s"),  # 200 s = 3 * 60 + 20
+        (None, "—"),
+        (float("nan"), "—"),
+    ],
+)
+def test_fmt_ms(value_ms, text):
+    assert views.fmt_ms(value_ms) == text
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (512, "512 B"),
+        (1536, "1.5 KiB"),  # 1536 / 1024
+        (3 * 1024**3 + 512 * 1024**2, "3.5 GiB"),
+        (None, "—"),
+    ],
+)
+def test_fmt_bytes(value, text):
+    assert views.fmt_bytes(value) == text
+
+
+def test_fmt_other_units():
+    assert views.fmt_pct(42.345) == "42.3 %"
+    assert views.fmt_ratio(2.414) == "2.41×"
+    assert views.fmt_rate(1234.5, "samples/s") == "1,234 samples/s"
+    assert views.fmt_rate(12.54, "steps/s") == "12.5 steps/s"
+    assert views.fmt_number(1234567) == "1,234,567"
+    assert views.fmt_seconds(3 * 3600 + 5 * 60) == "3 h 05 min"
+
+
+def test_fmt_when_is_relative_then_absolute():
+    now = 1_800_000_000.0
+    assert views.fmt_when(now - 10, now) == "just now"
+    assert views.fmt_when(now - 300, now) == "5 min ago"  # 300 s / 60
+    assert views.fmt_when(now - 7200, now) == "2 h ago"
+    assert views.fmt_when(now - 3 * 86400, now).endswith("UTC")
+
+
+def test_evidence_rows_use_the_unit_suffix_and_skip_chart_series():
+    evidence = {
+        "data_wait_share_pct": 61.25,
+        "median_data_wait_ms": 41.0,
+        "gpu_idle_us": 2500.0,
+        "num_workers": 0,
+        "peak_bytes": 2 * 1024**2,
+        "pin_memory": False,
+        "chart": {"kind": "line", "x": list(range(100)), "series": {"a": list(range(100))}},
+        "per_step_ms": list(range(50)),  # a long series: left to the chart
+    }
+    rows = dict(views.evidence_rows(evidence))
+    assert rows == {
+        "Data wait share": "61.2 %",  # 61.25 formatted with one decimal (banker's rounding)
+        "Median data wait": "41.0 ms",
+        "GPU idle": "2.5 ms",  # 2500 µs / 1000
+        "Num workers": "0",
+        "Peak": "2 MiB",
+        "Pin memory": "no",
+    }
+
+
+# --- runs --------------------------------------------------------------------------------
+
+
+def _make_run(runs_dir: Path, scenario: str, steps: int, status: str, parent: str | None = None):
+    writer = RunWriter.create(
+        runs_dir,
+        {"scenario": scenario, "train": {"steps": steps, "batch_size": 8}},
+        {"device": "cpu"},
+        run_id=f"run-{scenario}-{status}",
+        parent_run_id=parent,
+        total_steps=steps,
+    )
+    start = time.time() - steps
+    for step in range(1, steps + 1):
+        writer.append_step(
+            {
+                "step": step,
+                "wall_time": start + step,
+                "step_time_ms": 1000.0,
+                "data_wait_ms": 600.0,
+                "batch_size": 8,
+            }
+        )
+    if status == "running":
+        writer.heartbeat()
+    else:
+        writer.finalise(status)
+    return writer.path
+
+
+def test_runs_table_filter_and_links(tmp_path):
+    _make_run(tmp_path, "slow-loader", 4, "completed")
+    _make_run(tmp_path, "healthy", 2, "cancelled", parent="run-slow-loader-completed")
+    listings = list_runs(tmp_path)
+    table = views.runs_table(listings)
+    assert table.height == 2
+    row = table.filter(pl.col("run") == "run-healthy-cancelled").row(0, named=True)
+    assert row["status"] == "⚪ cancelled"
+    assert row["steps"] == "2 / 2"
+    assert row["progress"] == 1.0  # 2 of 2 steps
+    assert row["re-run of"] == "run-slow-loader-completed"
+    assert row["open"] == "Run_detail?run=run-healthy-cancelled"
+
+    only_done = views.filter_runs(listings, statuses=["completed"])
+    assert [r.run_id for r in only_done] == ["run-slow-loader-completed"]
+    only_healthy = views.filter_runs(listings, scenarios=["healthy"])
+    assert [r.run_id for r in only_healthy] == ["run-healthy-cancelled"]
+    assert len(views.filter_runs(listings)) == 2  # nothing chosen: everything
+    assert [r.run_id for r in views.children_of(listings, "run-slow-loader-completed")] == [
+        "run-healthy-cancelled"
+    ]
+    assert views.default_pair(listings) == ("run-slow-loader-completed", "run-healthy-cancelled")
+
+
+def test_safe_run_path_rejects_escapes(tmp_path):
+    path = _make_run(tmp_path, "healthy", 1, "completed")
+    assert views.safe_run_path(tmp_path, path.name) == path
+    for bad in ("..", "../etc", "a/b", "", "nope"):
+        assert views.safe_run_path(tmp_path, bad) is None
+
+
+def test_progress_rate_and_eta(tmp_path):
+    run_dir = _make_run(tmp_path, "healthy", 10, "running")
+    folder = RunFolder(run_dir)
+    # rewrite total: 10 done of 40, one step a second (wall_time steps 1 s apart)
+    status = RunStatus(**{**folder.status().__dict__, "total_steps": 40})
+    progress = views.progress(status, folder.steps())
+    assert progress.step == 10
+    assert progress.fraction == pytest.approx(10 / 40)
+    assert progress.steps_per_s == pytest.approx(1.0)  # 9 intervals over 9 s
+    assert progress.eta_s == pytest.approx(30.0)  # (40 - 10) steps at 1 step/s
+    assert "step 10 of 40" in progress.text and "30 s left" in progress.text
+
+
+def test_progress_before_the_first_step():
+    status = RunStatus(status="running", step=0, total_steps=20, started_at=time.time())
+    empty = pl.DataFrame(schema=STEP_SCHEMA)
+    progress = views.progress(status, empty)
+    assert (progress.step, progress.fraction, progress.steps_per_s, progress.eta_s) == (
+        0,
+        0.0,
+        None,
+        None,
+    )
+
+
+# --- cards and comparison ----------------------------------------------------------------
+
+
+def test_summary_cards_format_key_metrics():
+    metrics = KeyMetrics(
+        device="cpu",
+        steps=10,
+        median_step_time_ms=123.4,
+        mean_step_time_ms=130.0,
+        p95_step_time_ms=150.0,
+        steps_per_s=7.7,
+        samples_per_s=256.0,
+        data_wait_pct=61.0,
+        gpu_utilization_pct=None,
+        peak_memory_bytes=512 * 1024**2,
+        peak_memory_kind="host RSS",
+        source="run",
+    )
+    cards = {card.label: card.value for card in views.summary_cards(metrics)}
+    assert cards == {
+        "Median step time": "123 ms",
+        "Throughput": "256 samples/s",
+        "GPU utilisation": "—",
+        "Data-wait share": "61.0 %",
+        "Peak memory": "512 MiB",
+    }
+
+
+def test_comparison_card_colours_and_ratios():
+    faster = MetricRow("throughput", "throughput", "samples/s", 100.0, 241.0, "higher")
+    card = views.comparison_card(faster)
+    assert (card.value, card.delta, card.delta_color) == (
+        "241 samples/s",
+        "+141 % (2.41×)",  # 241 / 100 = 2.41, (2.41 - 1) * 100 = +141 %
+        "normal",
+    )
+    wait = MetricRow("data_wait_pct", "data-wait share", "%", 60.0, 5.0, "lower")
+    card = views.comparison_card(wait)
+    assert (card.delta, card.delta_color) == ("-55.0 points", "inverse")  # 5 - 60
+    table = views.comparison_table([faster, wait], "A", "B")
+    assert table.get_column("B ÷ A").to_list() == ["2.41×", "0.08×"]  # 5 / 60 = 0.083
+    assert table.get_column("change").to_list() == ["✅ better", "✅ better"]
+    assert views.headline([faster, wait]) == "B has 2.41× the throughput of A (samples/s)."
+
+
+# --- configs and re-runs -----------------------------------------------------------------
+
+
+def test_rerun_overrides_keep_the_config_and_apply_the_patch():
+    config = {
+        "scenario": "slow-loader",
+        "data": {"num_workers": 0, "pin_memory": True},
+        "train": {"steps": 12},
+        "not_a_field": 1,
+    }
+    known = ["data.num_workers", "data.pin_memory", "train.steps"]
+    overrides = views.rerun_overrides(config, {"data.num_workers": 4}, known)
+    assert overrides == {"data.num_workers": 4, "data.pin_memory": True, "train.steps": 12}
+    rows = views.patch_rows({"data.num_workers": 4}, config)
+    assert rows.row(0) == ("data.num_workers", "0", "4")
+    assert views.patch_summary({"train.grad_clip": None, "data.pin_memory": True}) == (
+        "train.grad_clip = none, data.pin_memory = true"
+    )
+
+
+def test_form_overrides_turn_zero_clipping_into_none():
+    assert views.form_overrides({"train.grad_clip": 0.0, "data.num_workers": 2}) == {
+        "train.grad_clip": None,
+        "data.num_workers": 2,
+    }
+    assert views.form_overrides({"train.grad_clip": 0.5}) == {"train.grad_clip": 0.5}
+
+
+# --- uploads -----------------------------------------------------------------------------
+
+
+def test_safe_upload_names():
+    assert views.safe_upload_name("../../etc/passwd") == "passwd"
+    assert views.safe_upload_name("C:\\traces\\rank 0.json.gz") == "rank_0.json.gz"
+    assert views.safe_upload_name("...") == "trace.json"
+    assert views.is_trace_name("x.JSON.GZ") and not views.is_trace_name("x.gz")
+
+
+def test_analyse_uploads_uses_a_temporary_copy_that_is_removed(tmp_path):
+    payload = gzip.compress(json.dumps({"traceEvents": []}).encode())
+    seen: dict[str, object] = {}
+
+    def fake_analyse(paths, display_names):
+        # the analyser sees the bytes, under the user's names
+        seen["paths"] = list(paths)
+        seen["names"] = display_names
+        seen["bytes"] = [p.read_bytes() for p in paths]
+        return "analysed"
+
+    files = [("rank0.json.gz", io.BytesIO(payload)), ("rank0.json.gz", io.BytesIO(payload))]
+    assert views.analyse_uploads(files, fake_analyse, temp_root=tmp_path) == "analysed"
+    assert seen["names"] == ["rank0.json.gz", "rank0.json.gz"]
+    assert seen["bytes"] == [payload, payload]
+    assert [p.name for p in seen["paths"]] == ["rank0.json.gz", "rank0-1.json.gz"]
+    assert list(tmp_path.iterdir()) == []  # the temporary folder is gone
+
+
+def test_analyse_uploads_removes_the_copy_when_the_analyser_fails(tmp_path):
+    def failing(paths, display_names):
+        raise InputError(display_names[0], "not JSON")
+
+    with pytest.raises(InputError, match="bad.json: not JSON"):
+        views.analyse_uploads([("bad.json", io.BytesIO(b"{"))], failing, temp_root=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_analyse_uploads_rejects_other_files_by_name(tmp_path):
+    with pytest.raises(InputError, match=r"notes\.txt: not a trace file"):
+        views.analyse_uploads([("notes.txt", io.BytesIO(b"x"))], lambda *a, **k: None, tmp_path)
+
+
+def test_save_uploads_keeps_files_under_runs_uploads(tmp_path):
+    folder = views.save_uploads([("my trace.json", io.BytesIO(b"{}"))], tmp_path, now=0.5)
+    assert folder == tmp_path / "uploads" / "19700101-000000-500"
+    assert (folder / "my_trace.json").read_bytes() == b"{}"
