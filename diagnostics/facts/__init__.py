@@ -1,0 +1,22 @@
+"""Derived trace facts: pure functions from the event table to small frames.
+
+``compute_facts(events, metadata) -> TraceFacts`` runs them all; each module holds one topic
+(steps, breakdown, gpu, idle, operators, copies, syncs, launches, memory, ranks) and its
+docstring says how it counts.
+"""
+
+from diagnostics.facts.assemble import compute_facts
+from diagnostics.facts.breakdown import breakdown_pct
+from diagnostics.facts.idle import idle_breakdown_pct
+from diagnostics.facts.operators import top
+from diagnostics.facts.ranks import StepTimeSpread, rank_summary, step_time_spread
+
+__all__ = [
+    "StepTimeSpread",
+    "breakdown_pct",
+    "compute_facts",
+    "idle_breakdown_pct",
+    "rank_summary",
+    "step_time_spread",
+    "top",
+]

@@ -1,0 +1,176 @@
+"""GPU idle gaps inside the profiled steps, with their cause and what the host did meanwhile.
+
+Gaps are taken per device on the union of kernel, memcpy and memset ranges over all streams,
+so a gap is time when the device ran nothing at all, and the gaps of a device add up to
+span - busy_us (HTA takes gaps per stream; there a stream can be idle while another runs).
+Each gap is classified as HTA's idle-time breakdown does, from the GPU event that ends it:
+
+- host_wait: the runtime call that launched it started after the gap began, so the GPU
+  waited for the host to enqueue work;
+- kernel_wait: otherwise, a gap under 30 µs (launch overhead between back-to-back work);
+- other: otherwise (queued work waited on something else: a dependency, a sync, ...).
+
+Beyond HTA, ``host_activity`` says what the host was doing during the gap, by time share of
+the host ranges overlapping it, with priority dataloader (the DataLoader's __next__) >
+sync (a synchronising call: cudaStreamSynchronize, aten::item, ...) > pageable_copy (a copy
+call whose GPU copy is to or from pageable memory) > cpu_ops (any other operator); each
+instant counts once for the highest-priority activity covering it, the activity with the most
+time wins, and ``none`` when the host ran nothing either (e.g. Python outside operators).
+The µs of each are in the frame too.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from diagnostics.facts import selectors as sel
+from diagnostics.facts.gpu import busy_intervals
+from diagnostics.facts.intervals import covered_between, merge_intervals
+from diagnostics.facts.linking import TraceIndex
+from diagnostics.facts.steps import Steps
+
+ACTIVITIES: tuple[str, ...] = ("dataloader", "sync", "pageable_copy", "cpu_ops")
+IDLE_SCHEMA: dict[str, pl.DataType] = {
+    "device": pl.Int64,
+    "stream": pl.Int64,
+    "start_us": pl.Float64,
+    "end_us": pl.Float64,
+    "dur_us": pl.Float64,
+    "idle_kind": pl.String,
+    "host_activity": pl.String,
+    **{f"{name}_us": pl.Float64 for name in ACTIVITIES},
+    "step": pl.Int64,
+}
+
+
+def sync_intervals(events: pl.DataFrame, index: TraceIndex) -> pl.DataFrame:
+    """Host ranges blocked on the device: sync calls, scalar reads, copies into pageable."""
+    has_gpu = index.gpu.height > 0
+    calls = sel.intervals(
+        events, sel.RUNTIME & pl.col("name").is_in(sorted(sel.SYNC_RUNTIME_NAMES))
+    )
+    parts = [calls]
+    if has_gpu:
+        # On a CPU-only trace aten::item reads host memory and blocks on nothing.
+        parts.append(
+            sel.intervals(events, sel.CPU_OP & pl.col("name").is_in(sorted(sel.SYNC_OP_NAMES)))
+        )
+        parts.append(
+            index.gpu.filter(
+                (pl.col("name") == sel.PAGEABLE_DTOH_COPY) & pl.col("rt_start_us").is_not_null()
+            ).select(pl.col("rt_start_us").alias("start_us"), pl.col("rt_end_us").alias("end_us"))
+        )
+    return pl.concat(parts)
+
+
+def pageable_copy_calls(index: TraceIndex) -> pl.DataFrame:
+    """Host ranges of copy calls whose GPU copy touches pageable memory."""
+    return index.gpu.filter(
+        (pl.col("cat") == "gpu_memcpy")
+        & pl.col("name").str.contains("Pageable")
+        & pl.col("rt_start_us").is_not_null()
+    ).select(pl.col("rt_start_us").alias("start_us"), pl.col("rt_end_us").alias("end_us"))
+
+
+def idle_gaps(events: pl.DataFrame, index: TraceIndex, steps: Steps) -> pl.DataFrame:
+    """device, stream, start_us, end_us, dur_us, idle_kind, host_activity, dataloader_us,
+    sync_us, pageable_copy_us, cpu_ops_us, step (the step the gap starts in)."""
+    span = steps.span
+    if span is None or index.gpu.height == 0:
+        return pl.DataFrame(schema=IDLE_SCHEMA)
+    lo, hi = span
+    busy = busy_intervals(index)
+    # The GPU event that opens each busy range (the earliest-starting one) ends the gap
+    # before it; its launching call decides host_wait.
+    first_events = (
+        index.gpu.sort("start_us")
+        .select("device", "start_us", "stream", "rt_start_us")
+        .unique(subset=["device", "start_us"], keep="first")
+    )
+    busy = busy.join(first_events, on=["device", "start_us"], how="left")
+    gaps = busy.sort(["device", "start_us"]).select(
+        "device",
+        "stream",
+        pl.col("end_us").shift(1).over("device").alias("prev_end_us"),
+        pl.col("start_us").alias("next_start_us"),
+        "rt_start_us",
+    )
+    # The tail: after the device's last busy range up to the end of the steps.
+    tails = busy.group_by("device").agg(pl.col("end_us").max().alias("prev_end_us"))
+    tails = tails.filter(pl.col("prev_end_us") < hi).select(
+        "device",
+        pl.lit(None, pl.Int64).alias("stream"),
+        "prev_end_us",
+        pl.lit(None, pl.Float64).alias("next_start_us"),
+        pl.lit(None, pl.Float64).alias("rt_start_us"),
+    )
+    gaps = pl.concat([gaps, tails], how="vertical_relaxed").with_columns(
+        pl.col("prev_end_us").fill_null(float("-inf")),
+        pl.col("next_start_us").fill_null(float("inf")),
+    )
+    raw_dur = pl.col("next_start_us") - pl.col("prev_end_us")
+    gaps = (
+        gaps.with_columns(
+            pl.col("prev_end_us").clip(lower_bound=lo).alias("start_us"),
+            pl.col("next_start_us").clip(upper_bound=hi).alias("end_us"),
+            # Compared with the gap's start inside the steps, so a first gap (no earlier GPU
+            # work) still counts as host_wait when its work was launched late.
+            pl.when(pl.col("rt_start_us") > pl.col("prev_end_us").clip(lower_bound=lo))
+            .then(pl.lit("host_wait"))
+            .when(raw_dur < sel.KERNEL_WAIT_MAX_US)
+            .then(pl.lit("kernel_wait"))
+            .otherwise(pl.lit("other"))
+            .alias("idle_kind"),
+        )
+        .filter(pl.col("end_us") > pl.col("start_us"))
+        .with_columns((pl.col("end_us") - pl.col("start_us")).alias("dur_us"))
+    )
+    gaps = _host_activity(events, index, gaps)
+    step_of = steps.frame.select(pl.col("step"), pl.col("start_us").alias("_s_start")).sort(
+        "_s_start"
+    )
+    gaps = gaps.sort("start_us").join_asof(
+        step_of, left_on="start_us", right_on="_s_start", strategy="backward"
+    )
+    return gaps.select(list(IDLE_SCHEMA)).cast(IDLE_SCHEMA).sort(["device", "start_us"])
+
+
+def _host_activity(events: pl.DataFrame, index: TraceIndex, gaps: pl.DataFrame) -> pl.DataFrame:
+    sources = {
+        "dataloader": sel.intervals(events, sel.DATALOADER),
+        "sync": sync_intervals(events, index),
+        "pageable_copy": pageable_copy_calls(index),
+        "cpu_ops": sel.intervals(events, sel.HOST_EXEC),
+    }
+    union: pl.DataFrame | None = None
+    previous = None
+    for name in ACTIVITIES:
+        ranges = merge_intervals(sources[name])
+        union = ranges if union is None else merge_intervals(pl.concat([union, ranges]))
+        gaps = covered_between(union, gaps, f"_cov_{name}")
+        exclusive = pl.col(f"_cov_{name}")
+        if previous is not None:
+            exclusive = exclusive - pl.col(f"_cov_{previous}")
+        gaps = gaps.with_columns(exclusive.alias(f"{name}_us"))
+        previous = name
+    shares = [pl.col(f"{name}_us") for name in ACTIVITIES]
+    best = pl.max_horizontal(shares)
+    # The first activity (in priority order) holding the largest share.
+    choice = pl.when(best <= 0).then(pl.lit("none"))
+    for name in ACTIVITIES:
+        choice = choice.when(pl.col(f"{name}_us") >= best).then(pl.lit(name))
+    return gaps.with_columns(choice.otherwise(pl.lit("none")).alias("host_activity")).drop(
+        [f"_cov_{name}" for name in ACTIVITIES]
+    )
+
+
+def idle_breakdown_pct(gaps: pl.DataFrame) -> dict[str, float] | None:
+    """Share of idle time by idle_kind, % (host_wait, kernel_wait, other)."""
+    total = float(gaps["dur_us"].sum()) if gaps.height else 0.0
+    if total <= 0:
+        return None
+    sums = dict(gaps.group_by("idle_kind").agg(pl.col("dur_us").sum()).iter_rows())
+    return {
+        kind: float(sums.get(kind, 0.0)) / total * 100.0
+        for kind in ("host_wait", "kernel_wait", "other")
+    }

@@ -1,0 +1,174 @@
+"""Operators and kernels, with host time and the device time they caused.
+
+Device time reaches an operator through linking.py: GPU event -> launching runtime call
+(correlation id) -> innermost operator on the same thread containing that call.
+
+- device_us ("self" device time, torch-tb-profiler's device_self_duration): GPU time of the
+  events whose launching call sits directly in the operator (not in a child operator).
+- device_total_us: GPU time of every event launched by a call anywhere inside the operator,
+  children included. Per thread, runtime calls sorted by start carry a running sum of the GPU
+  time they launched; an operator's total is that sum at its end minus the sum before its
+  start (two as-of joins).
+- host_us: the operator's wall time; host_self_us: minus the wall time of its direct child
+  operators and of the runtime calls made directly in it (torch-tb-profiler's host self
+  duration: the time the operator's own code ran).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from diagnostics.facts.kernel_classes import HALF_PRECISION, TENSOR_CORE
+from diagnostics.facts.linking import TraceIndex
+
+OPERATORS_SCHEMA: dict[str, pl.DataType] = {
+    "name": pl.String,
+    "calls": pl.UInt32,
+    "host_us": pl.Float64,
+    "host_self_us": pl.Float64,
+    "device_us": pl.Float64,
+    "device_total_us": pl.Float64,
+}
+KERNELS_SCHEMA: dict[str, pl.DataType] = {
+    "name": pl.String,
+    "calls": pl.UInt32,
+    "device_us": pl.Float64,
+    "mean_us": pl.Float64,
+    "min_us": pl.Float64,
+    "max_us": pl.Float64,
+    "tensor_core": pl.Boolean,
+    "fp16": pl.Boolean,
+}
+
+
+def operator_instances(index: TraceIndex) -> pl.DataFrame:
+    """One row per operator call: op_id, name, pid, tid, start_us, end_us, host_us,
+    host_self_us, device_us, device_total_us."""
+    ops = index.ops
+    if ops.height == 0:
+        return ops.select("op_id", "name", "pid", "tid", "start_us", "end_us").with_columns(
+            *(
+                pl.lit(0.0).alias(c)
+                for c in ("host_us", "host_self_us", "device_us", "device_total_us")
+            )
+        )
+    linked = index.gpu.filter(pl.col("op_id").is_not_null())
+    self_device = linked.group_by("op_id").agg(pl.col("dur_us").sum().alias("device_us"))
+    children = (
+        ops.filter(pl.col("parent_id").is_not_null())
+        .group_by("parent_id")
+        .agg(pl.col("dur_us").sum().alias("_children_us"))
+        .rename({"parent_id": "op_id"})
+    )
+    own_calls = (
+        index.runtime.filter(pl.col("op_id").is_not_null())
+        .group_by("op_id")
+        .agg(pl.col("dur_us").sum().alias("_calls_us"))
+    )
+    # Running GPU time launched per thread, by launching-call start.
+    launched = (
+        index.gpu.filter(pl.col("rt_start_us").is_not_null())
+        .group_by("rt_id")
+        .agg(
+            pl.col("rt_pid").first().alias("pid"),
+            pl.col("rt_tid").first().alias("tid"),
+            pl.col("rt_start_us").first().alias("_t"),
+            pl.col("dur_us").sum().alias("_gpu_us"),
+        )
+        .sort(["pid", "tid", "_t"])
+        .with_columns(_cum=pl.col("_gpu_us").cum_sum().over(["pid", "tid"]))
+        .select("pid", "tid", "_t", "_cum")
+        .sort("_t")
+    )
+    base = ops.select("op_id", "name", "pid", "tid", "start_us", "end_us", "dur_us")
+    at_end = base.sort("end_us").join_asof(
+        launched.rename({"_cum": "_cum_end"}),
+        left_on="end_us",
+        right_on="_t",
+        by=["pid", "tid"],
+        strategy="backward",
+        check_sortedness=False,
+    )
+    at_start = (
+        base.select("op_id", "pid", "tid", "start_us")
+        .sort("start_us")
+        .join_asof(
+            launched.rename({"_cum": "_cum_start"}),
+            left_on="start_us",
+            right_on="_t",
+            by=["pid", "tid"],
+            strategy="backward",
+            allow_exact_matches=False,
+            check_sortedness=False,
+        )
+    )
+    return (
+        at_end.join(at_start.select("op_id", "_cum_start"), on="op_id", how="left")
+        .join(self_device, on="op_id", how="left")
+        .join(children, on="op_id", how="left")
+        .join(own_calls, on="op_id", how="left")
+        .select(
+            "op_id",
+            "name",
+            "pid",
+            "tid",
+            "start_us",
+            "end_us",
+            pl.col("dur_us").alias("host_us"),
+            (
+                pl.col("dur_us")
+                - pl.col("_children_us").fill_null(0.0)
+                - pl.col("_calls_us").fill_null(0.0)
+            ).alias("host_self_us"),
+            pl.col("device_us").fill_null(0.0),
+            (pl.col("_cum_end").fill_null(0.0) - pl.col("_cum_start").fill_null(0.0)).alias(
+                "device_total_us"
+            ),
+        )
+        .sort("op_id")
+    )
+
+
+def operator_table(index: TraceIndex) -> pl.DataFrame:
+    """name, calls, host_us, host_self_us, device_us, device_total_us; by device_us, desc."""
+    calls = operator_instances(index)
+    if calls.height == 0:
+        return pl.DataFrame(schema=OPERATORS_SCHEMA)
+    return (
+        calls.group_by("name")
+        .agg(
+            pl.len().alias("calls"),
+            pl.col("host_us").sum(),
+            pl.col("host_self_us").sum(),
+            pl.col("device_us").sum(),
+            pl.col("device_total_us").sum(),
+        )
+        .cast(OPERATORS_SCHEMA)
+        .sort(["device_us", "host_us", "name"], descending=[True, True, False])
+    )
+
+
+def kernel_table(index: TraceIndex) -> pl.DataFrame:
+    """name, calls, device_us, mean_us, min_us, max_us, tensor_core, fp16 over every kernel
+    in the trace; by device_us, desc."""
+    kernels = index.gpu.filter(pl.col("cat") == "kernel")
+    if kernels.height == 0:
+        return pl.DataFrame(schema=KERNELS_SCHEMA)
+    return (
+        kernels.group_by("name")
+        .agg(
+            pl.len().alias("calls"),
+            pl.col("dur_us").sum().alias("device_us"),
+            pl.col("dur_us").mean().alias("mean_us"),
+            pl.col("dur_us").min().alias("min_us"),
+            pl.col("dur_us").max().alias("max_us"),
+        )
+        .with_columns(TENSOR_CORE.alias("tensor_core"), HALF_PRECISION.alias("fp16"))
+        .cast(KERNELS_SCHEMA)
+        .sort(["device_us", "name"], descending=[True, False])
+    )
+
+
+def top(frame: pl.DataFrame, by: str, n: int = 10) -> pl.DataFrame:
+    """The ``n`` rows with the largest ``by`` (e.g. top(facts.operators, "host_us"))."""
+    return frame.sort([by, "name"], descending=[True, False]).head(n)
