@@ -94,6 +94,7 @@ def _layout(fig: go.Figure, title: str, x_title: str, y_title: str, height: int 
         legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 0.0},
         hovermode="x unified",
         font={"size": 12},
+        showlegend=True,
     )
     fig.update_xaxes(title_text=x_title)
     fig.update_yaxes(title_text=y_title)

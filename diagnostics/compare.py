@@ -1,0 +1,212 @@
+"""Two analyses side by side: a run and its re-run with a fix, or any two runs or traces.
+
+``compare(a, b)`` reads ``a`` as *before* and ``b`` as *after*: every ratio is b / a, so a
+throughput ratio of 2.0 means the second job is twice as fast, a step-time ratio of 0.5
+that its steps take half as long. Findings are matched by rule id: *gone* (in a only),
+*new* (in b only), *kept* (in both).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from diagnostics.report.metrics import KeyMetrics, key_metrics
+from diagnostics.report.pricing import config_value
+
+Better = Literal["higher", "lower", "neither"]
+
+
+@dataclass(frozen=True)
+class MetricRow:
+    key: str
+    label: str
+    unit: str
+    a: float | None
+    b: float | None
+    better: Better
+
+    @property
+    def ratio(self) -> float | None:
+        """b / a, None when either is missing or a is zero."""
+        if self.a is None or self.b is None or self.a == 0:
+            return None
+        ratio = self.b / self.a
+        return ratio if math.isfinite(ratio) else None
+
+    @property
+    def delta(self) -> float | None:
+        return None if self.a is None or self.b is None else self.b - self.a
+
+    @property
+    def improved(self) -> bool | None:
+        """Whether b is better than a (None when unknown, equal or neither is better)."""
+        if self.delta is None or self.delta == 0 or self.better == "neither":
+            return None
+        return (self.delta > 0) == (self.better == "higher")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "label": self.label,
+            "unit": self.unit,
+            "a": self.a,
+            "b": self.b,
+            "ratio": self.ratio,
+            "delta": self.delta,
+            "better": self.better,
+            "improved": self.improved,
+        }
+
+
+@dataclass(frozen=True)
+class Comparison:
+    a: Any  # AnalysisResult (before)
+    b: Any  # AnalysisResult (after)
+    label_a: str
+    label_b: str
+    metrics_a: KeyMetrics
+    metrics_b: KeyMetrics
+    rows: tuple[MetricRow, ...]
+    findings_gone: tuple[Any, ...]  # Finding in a whose rule did not fire in b
+    findings_new: tuple[Any, ...]  # Finding in b whose rule did not fire in a
+    findings_kept: tuple[tuple[Any, Any], ...]  # (finding in a, finding in b), same rule
+    config_changes: tuple[tuple[str, Any, Any], ...]  # (dotted key, a value, b value)
+
+    def row(self, key: str) -> MetricRow:
+        for row in self.rows:
+            if row.key == key:
+                return row
+        raise KeyError(key)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "label_a": self.label_a,
+            "label_b": self.label_b,
+            "metrics": [row.to_dict() for row in self.rows],
+            "findings_gone": [f.to_dict() for f in self.findings_gone],
+            "findings_new": [f.to_dict() for f in self.findings_new],
+            "findings_kept": [
+                {"rule": fa.rule, "a": fa.to_dict(), "b": fb.to_dict()}
+                for fa, fb in self.findings_kept
+            ],
+            "config_changes": [
+                {"key": key, "a": va, "b": vb} for key, va, vb in self.config_changes
+            ],
+        }
+
+
+def result_label(result: Any) -> str:
+    """A short name for an analysis: the run id, else the trace's file name."""
+    run = getattr(result, "run", None)
+    if run is not None:
+        return str(run.manifest.run_id)
+    source = getattr(result, "source", None) or {}
+    files = source.get("files") or []
+    if len(files) == 1:
+        return Path(str(files[0])).name
+    path = source.get("path")
+    return Path(str(path)).name if path else "analysis"
+
+
+def _flatten(config: Mapping[str, Any] | None, prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in (config or {}).items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, f"{dotted}."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def _config_changes(a: Any, b: Any) -> tuple[tuple[str, Any, Any], ...]:
+    run_a, run_b = getattr(a, "run", None), getattr(b, "run", None)
+    if run_a is None or run_b is None:
+        return ()
+    flat_a, flat_b = _flatten(run_a.config), _flatten(run_b.config)
+    changes = []
+    for key in sorted(set(flat_a) | set(flat_b)):
+        value_a = config_value(run_a.config, key)
+        value_b = config_value(run_b.config, key)
+        if value_a != value_b:
+            changes.append((key, value_a, value_b))
+    return tuple(changes)
+
+
+def _rows(ma: KeyMetrics, mb: KeyMetrics) -> tuple[MetricRow, ...]:
+    use_samples = ma.samples_per_s is not None and mb.samples_per_s is not None
+    throughput = (
+        MetricRow(
+            "throughput", "throughput", "samples/s", ma.samples_per_s, mb.samples_per_s, "higher"
+        )
+        if use_samples
+        else MetricRow(
+            "throughput", "throughput", "steps/s", ma.steps_per_s, mb.steps_per_s, "higher"
+        )
+    )
+    return (
+        throughput,
+        MetricRow(
+            "median_step_time_ms",
+            "median step time",
+            "ms",
+            ma.median_step_time_ms,
+            mb.median_step_time_ms,
+            "lower",
+        ),
+        MetricRow(
+            "data_wait_pct", "data-wait share", "%", ma.data_wait_pct, mb.data_wait_pct, "lower"
+        ),
+        MetricRow(
+            "gpu_utilization_pct",
+            "GPU utilisation",
+            "%",
+            ma.gpu_utilization_pct,
+            mb.gpu_utilization_pct,
+            "higher",
+        ),
+        MetricRow(
+            "peak_memory_bytes",
+            "peak memory",
+            "bytes",
+            None if ma.peak_memory_bytes is None else float(ma.peak_memory_bytes),
+            None if mb.peak_memory_bytes is None else float(mb.peak_memory_bytes),
+            "lower",
+        ),
+    )
+
+
+def compare(
+    a: Any, b: Any, *, label_a: str | None = None, label_b: str | None = None
+) -> Comparison:
+    """Compare two AnalysisResults, ``a`` before and ``b`` after."""
+    metrics_a, metrics_b = key_metrics(a), key_metrics(b)
+    by_rule_a = {f.rule: f for f in reversed(a.findings)}  # first finding of each rule wins
+    by_rule_b = {f.rule: f for f in reversed(b.findings)}
+    gone = tuple(f for f in a.findings if f.rule not in by_rule_b)
+    new = tuple(f for f in b.findings if f.rule not in by_rule_a)
+    kept = tuple(
+        (by_rule_a[rule], by_rule_b[rule])
+        for rule in dict.fromkeys(f.rule for f in a.findings)
+        if rule in by_rule_b
+    )
+    name_a, name_b = label_a or result_label(a), label_b or result_label(b)
+    if name_a == name_b:  # two uploads of the same file name would be indistinguishable
+        name_a, name_b = f"A: {name_a}", f"B: {name_b}"
+    return Comparison(
+        a=a,
+        b=b,
+        label_a=name_a,
+        label_b=name_b,
+        metrics_a=metrics_a,
+        metrics_b=metrics_b,
+        rows=_rows(metrics_a, metrics_b),
+        findings_gone=gone,
+        findings_new=new,
+        findings_kept=kept,
+        config_changes=_config_changes(a, b),
+    )

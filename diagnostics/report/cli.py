@@ -1,0 +1,152 @@
+"""``python -m diagnostics report PATH --format html|md|json -o FILE [--fail-on SEVERITY]``.
+
+Exit status: 0 written and nothing at or above ``--fail-on``; 1 written and a finding at or
+above ``--fail-on`` exists (a CI gate); 2 unusable input or options (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from diagnostics.errors import InputError
+from diagnostics.report.pricing import GPU_PRICES, Pricing
+
+FORMATS = ("html", "md", "json")
+SEVERITIES = ("high", "medium", "low")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, not usage + message
+        raise _UsageError(message)
+
+
+class _UsageError(Exception):
+    pass
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python -m diagnostics report",
+        description="Write a report (HTML, Markdown or JSON) for a trace, a folder of rank "
+        "traces or a run folder; --compare adds a second one as 'after'.",
+    )
+    parser.add_argument(
+        "path", help="trace file (.json/.json.gz), folder of rank traces, or run folder"
+    )
+    parser.add_argument("--format", choices=FORMATS, default="html")
+    parser.add_argument("-o", "--output", help="file to write (default: standard output)")
+    parser.add_argument(
+        "--fail-on",
+        choices=SEVERITIES,
+        help="exit 1 when a finding at or above this severity exists",
+    )
+    parser.add_argument(
+        "--compare", metavar="PATH_B", help="compare PATH (before) with PATH_B (after)"
+    )
+    parser.add_argument(
+        "--gpu",
+        choices=[p.name for p in GPU_PRICES],
+        metavar="NAME",
+        help="price entry for the cost section (default: guessed from the environment); one of: "
+        + ", ".join(p.name for p in GPU_PRICES),
+    )
+    parser.add_argument("--price", type=float, metavar="USD", help="your price per GPU-hour")
+    parser.add_argument(
+        "--spot", action="store_true", help="use the spot/preemptible default price"
+    )
+    parser.add_argument(
+        "--gpus", type=int, help="GPUs the job uses (default: its world size, else 1)"
+    )
+    return parser
+
+
+def _write(path: Path, content: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(content, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["report"]:  # called with the subcommand still in front
+        args_list = args_list[1:]
+    try:
+        args = _parser().parse_args(args_list)
+        pricing = Pricing(
+            gpu=args.gpu,
+            tier="spot" if args.spot else "on_demand",
+            usd_per_gpu_hour=args.price,
+            gpus=args.gpus,
+        )
+    except _UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    # Imported here so `--help` and option errors stay fast.
+    from diagnostics.analyze import analyze
+    from diagnostics.compare import compare
+    from diagnostics.report.html import render_html
+    from diagnostics.report.json_report import render_json
+    from diagnostics.report.markdown import render_markdown
+    from diagnostics.report.model import build_comparison_report, build_report
+
+    try:
+        result = analyze(args.path)
+        if args.compare:
+            report = build_comparison_report(
+                compare(result, analyze(args.compare)), pricing=pricing
+            )
+        else:
+            report = build_report(result, pricing=pricing)
+        render = {"html": render_html, "md": render_markdown, "json": render_json}[args.format]
+        content = render(report)
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a bug must still reach the user as one line, not a traceback
+        print(
+            f"error: {args.path}: could not build the report ({type(exc).__name__}: {exc})",
+            file=sys.stderr,
+        )
+        return 2
+
+    if args.output:
+        out = Path(args.output)
+        try:
+            _write(out, content)
+        except OSError as exc:
+            print(f"error: {out}: cannot write the report ({exc.strerror or exc})", file=sys.stderr)
+            return 2
+    else:
+        sys.stdout.write(content)
+
+    counts = {s: sum(1 for f in report.findings if f.severity == s) for s in SEVERITIES}
+    where = args.output or "standard output"
+    print(
+        f"report ({args.format}) written to {where}: {len(report.findings)} finding(s) "
+        f"({counts['high']} high, {counts['medium']} medium, {counts['low']} low)",
+        file=sys.stderr,
+    )
+    if args.fail_on and report.findings_at_or_above(args.fail_on):
+        worst = report.findings_at_or_above(args.fail_on)[0]
+        print(
+            f"failing: {len(report.findings_at_or_above(args.fail_on))} finding(s) at or above "
+            f"{args.fail_on}, first: [{worst.severity}] {worst.rule}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

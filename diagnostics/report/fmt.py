@@ -1,0 +1,139 @@
+"""Numbers for people, shared by every renderer (plain text; each renderer escapes it)."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+MISSING = "—"
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and not math.isfinite(value))
+
+
+def ms(value_ms: float | None) -> str:
+    if _missing(value_ms):
+        return MISSING
+    value = float(value_ms)
+    if abs(value) < 1.0:
+        return f"{value * 1000:.0f} µs"
+    if abs(value) < 100.0:
+        return f"{value:.1f} ms"
+    if abs(value) < 1000.0:
+        return f"{value:.0f} ms"
+    return seconds(value / 1000.0)
+
+
+def seconds(value_s: float | None) -> str:
+    if _missing(value_s):
+        return MISSING
+    value = float(value_s)
+    if abs(value) < 60:
+        return f"{value:.2f} s" if abs(value) < 10 else f"{value:.1f} s"
+    minutes, secs = divmod(round(value), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def pct(value: float | None, digits: int = 1) -> str:
+    return MISSING if _missing(value) else f"{float(value):.{digits}f} %"
+
+
+def ratio(value: float | None) -> str:
+    return MISSING if _missing(value) else f"{float(value):.2f}×"
+
+
+def usd(value: float | None) -> str:
+    if _missing(value):
+        return MISSING
+    value = float(value)
+    return f"${value:,.2f}" if abs(value) >= 0.01 or value == 0 else f"${value:.4f}"
+
+
+def bytes_(value: float | None) -> str:
+    if _missing(value):
+        return MISSING
+    value = float(value)
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if abs(value) >= size:
+            return f"{value / size:,.2f} {unit}"
+    return f"{value:,.0f} B"
+
+
+def number(value: Any) -> str:
+    if _missing(value):
+        return MISSING
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if value == int(value) and abs(value) < 1e15:
+            return f"{int(value):,}"
+        return f"{value:,.3g}" if abs(value) < 1 else f"{value:,.2f}"
+    return str(value)
+
+
+def unit_value(value: Any, unit: str) -> str:
+    """A value in the unit a metric row carries."""
+    if unit == "ms":
+        return ms(value)
+    if unit == "%":
+        return pct(value)
+    if unit == "bytes":
+        return bytes_(value)
+    if _missing(value):
+        return MISSING
+    return f"{number(value)} {unit}".strip()
+
+
+def evidence_value(key: str, value: Any, max_chars: int = 240) -> str:
+    """An evidence value formatted by the unit in its key name, lists and dicts compact."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if key.endswith("_ms"):
+            return ms(value)
+        if key.endswith("_us"):
+            return ms(float(value) / 1000.0)
+        if key.endswith("_s"):
+            return seconds(value)
+        if key.endswith("_pct"):
+            return pct(value)
+        if key.endswith("_bytes") or key.endswith("_bytes_per_step"):
+            text = bytes_(value)
+            return f"{text}/step" if key.endswith("_per_step") else text
+        return number(value)
+    if isinstance(value, str):
+        text = value
+    elif value is None or isinstance(value, bool):
+        text = number(value) if value is not None else MISSING
+    else:
+        text = json.dumps(value, default=str, ensure_ascii=False)
+    return text if len(text) <= max_chars else text[: max_chars - 1] + "…"
+
+
+def config_literal(value: Any) -> str:
+    """A value as ``--set key=value`` takes it: JSON for bools, null, numbers; strings bare."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value)
+
+
+def label(key: str) -> str:
+    """An evidence key as a label: units stay readable ('data_wait_ms' -> 'data wait (ms)')."""
+    for suffix, unit in (
+        ("_bytes_per_step", "per step"),
+        ("_per_s", "per s"),
+        ("_pct", "%"),
+        ("_ms", "ms"),
+        ("_us", "ms"),
+        ("_bytes", "bytes"),
+        ("_s", "s"),
+    ):
+        if key.endswith(suffix) and len(key) > len(suffix):
+            base = key[: -len(suffix)].replace("_", " ")
+            return base if unit in ("ms", "bytes", "%", "s", "per step") else f"{base} {unit}"
+    return key.replace("_", " ")

@@ -1,0 +1,489 @@
+"""One report model, built from an analysis (a run, a trace, several rank traces) or from a
+comparison of two; the HTML, Markdown and JSON renderers only lay it out.
+
+Strings in the model are plain text, exactly as they came from the trace or run: each
+renderer escapes them for its own format.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import plotly.graph_objects as go
+import polars as pl
+
+from diagnostics.compare import Comparison, result_label
+from diagnostics.report import fmt, plots
+from diagnostics.report.metrics import KeyMetrics, key_metrics
+from diagnostics.report.pricing import CostEstimate, Pricing, estimate_cost
+
+REPORT_SCHEMA = "pipeline-doctor/report/v1"
+SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2}
+
+
+@dataclass(frozen=True)
+class Chart:
+    key: str
+    title: str
+    figure: go.Figure
+
+
+@dataclass(frozen=True)
+class ReportFinding:
+    rule: str
+    severity: str  # "high" | "medium" | "low"
+    title: str
+    recommendation: str
+    evidence: dict[str, Any]  # as the rule gave it, without the chart data
+    evidence_rows: tuple[tuple[str, str], ...]  # (label, formatted value)
+    fix_code: str
+    config_patch: dict[str, Any] | None
+    set_args: tuple[str, ...]  # the patch as trainer --set arguments
+    estimated_saving_pct: float | None
+    figure: go.Figure | None = field(default=None, compare=False)
+    status: str | None = None  # comparisons: "new" or "kept" (gone ones are listed apart)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule,
+            "severity": self.severity,
+            "title": self.title,
+            "recommendation": self.recommendation,
+            "evidence": self.evidence,
+            "fix": {"code": self.fix_code, "config_patch": self.config_patch},
+            "set_args": list(self.set_args),
+            "estimated_saving_pct": self.estimated_saving_pct,
+            "status": self.status,
+        }
+
+
+@dataclass(frozen=True)
+class ComparisonSection:
+    label_a: str
+    label_b: str
+    rows: tuple[tuple[str, str, str, str, str], ...]  # label, a, b, ratio b/a, verdict
+    gone: tuple[ReportFinding, ...]
+    new: tuple[ReportFinding, ...]
+    kept: tuple[ReportFinding, ...]  # as found in b
+    config_changes: tuple[tuple[str, str, str], ...]  # key, a, b
+    data: dict[str, Any]
+    cost_a: CostEstimate | None = None  # the measured cost of a, at the same price as b's
+
+
+@dataclass(frozen=True)
+class Report:
+    kind: str  # "run" | "trace" | "ranks" | "comparison"
+    title: str
+    generated_at: str  # ISO 8601, UTC
+    source_rows: tuple[tuple[str, str], ...]
+    environment_rows: tuple[tuple[str, str], ...]
+    summary_rows: tuple[tuple[str, str], ...]
+    findings: tuple[ReportFinding, ...]  # by severity, then expected saving
+    charts: tuple[Chart, ...]
+    cost: CostEstimate | None
+    skipped: tuple[tuple[str, str], ...]  # (rule, reason)
+    warnings: tuple[str, ...]
+    config_rows: tuple[tuple[str, str], ...] = ()
+    comparison: ComparisonSection | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    analysis: dict[str, Any] = field(default_factory=dict)  # the analyser's JSON document(s)
+
+    def findings_at_or_above(self, severity: str) -> tuple[ReportFinding, ...]:
+        limit = SEVERITY_ORDER[severity]
+        return tuple(f for f in self.findings if SEVERITY_ORDER.get(f.severity, 9) <= limit)
+
+
+def _severity(finding: Any) -> str:
+    return str(getattr(finding.severity, "value", finding.severity)).lower()
+
+
+def sort_findings(findings: Iterable[Any]) -> list[Any]:
+    """Most severe first; within a severity the largest expected saving first."""
+    return sorted(
+        findings,
+        key=lambda f: (
+            SEVERITY_ORDER.get(_severity(f), 9),
+            -(f.estimated_saving_pct or 0.0),
+            f.rule,
+        ),
+    )
+
+
+def _set_args(patch: Mapping[str, Any] | None) -> tuple[str, ...]:
+    return tuple(f"{key}={fmt.config_literal(value)}" for key, value in (patch or {}).items())
+
+
+def report_finding(finding: Any, status: str | None = None) -> ReportFinding:
+    evidence = dict(finding.evidence or {})
+    figure = plots.finding_figure(finding)
+    shown = {key: value for key, value in evidence.items() if key != "chart"}
+    return ReportFinding(
+        rule=str(finding.rule),
+        severity=_severity(finding),
+        title=str(finding.title),
+        recommendation=str(finding.recommendation or ""),
+        evidence=shown,
+        evidence_rows=tuple(
+            (fmt.label(str(key)), fmt.evidence_value(str(key), value))
+            for key, value in shown.items()
+        ),
+        fix_code=str(finding.fix.code or ""),
+        config_patch=dict(finding.fix.config_patch) if finding.fix.config_patch else None,
+        set_args=_set_args(finding.fix.config_patch),
+        estimated_saving_pct=finding.estimated_saving_pct,
+        figure=figure,
+        status=status,
+    )
+
+
+def _flat_config(config: Mapping[str, Any] | None, prefix: str = "") -> list[tuple[str, str]]:
+    rows: list[tuple[str, str]] = []
+    for key, value in (config or {}).items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            rows.extend(_flat_config(value, f"{dotted}."))
+        else:
+            rows.append((dotted, fmt.config_literal(value)))
+    return rows
+
+
+def _gpu_name(result: Any) -> str | None:
+    env = getattr(result, "environment", None) or {}
+    if env.get("gpu_name"):
+        return str(env["gpu_name"])
+    facts = getattr(result, "facts", None)
+    for props in getattr(facts, "device_properties", ()) or ():
+        if props.get("name"):
+            return str(props["name"])
+    return None
+
+
+def _world_size(result: Any) -> int | None:
+    facts = getattr(result, "facts", None)
+    distributed = getattr(facts, "distributed", None) or {}
+    size = distributed.get("world_size")
+    return int(size) if isinstance(size, int | float) and size > 0 else None
+
+
+def _environment_rows(result: Any) -> list[tuple[str, str]]:
+    env = dict(getattr(result, "environment", None) or {})
+    facts = getattr(result, "facts", None)
+    rows = [
+        ("PyTorch", env.get("pytorch_version") or getattr(facts, "pytorch_version", None)),
+        ("device", env.get("device") or getattr(facts, "device", None)),
+        ("GPU", _gpu_name(result)),
+        ("CPU cores", env.get("cpu_count")),
+    ]
+    world = _world_size(result)
+    if world:
+        rows.append(("ranks in the job", world))
+    shown = {"pytorch_version", "device", "gpu_name", "cpu_count"}
+    rows.extend((key.replace("_", " "), value) for key, value in env.items() if key not in shown)
+    return [
+        (label, fmt.evidence_value("", value))
+        for label, value in rows
+        if value is not None and value != ""
+    ]
+
+
+def _source_rows(result: Any) -> list[tuple[str, str]]:
+    source = dict(getattr(result, "source", None) or {})
+    rows = [("kind", str(source.get("kind", "")))]
+    if source.get("path"):
+        rows.append(("path", str(source["path"])))
+    files = source.get("files") or []
+    if files:
+        shown = ", ".join(Path(str(f)).name for f in list(files)[:8])
+        more = f" and {len(files) - 8} more" if len(files) > 8 else ""
+        rows.append(("files", shown + more))
+    if source.get("ranks"):
+        rows.append(("ranks", fmt.evidence_value("", source["ranks"])))
+    run = getattr(result, "run", None)
+    if run is not None:
+        rows.append(("run id", str(run.manifest.run_id)))
+        rows.append(("status", str(run.status.status)))
+        if run.status.reason:
+            rows.append(("status reason", str(run.status.reason)))
+        if run.manifest.parent_run_id:
+            rows.append(("re-run of", str(run.manifest.parent_run_id)))
+        if run.manifest.applied_patch:
+            rows.append(("applied patch", ", ".join(_set_args(run.manifest.applied_patch))))
+    return rows
+
+
+def _summary_rows(metrics: KeyMetrics, summary: Mapping[str, Any]) -> list[tuple[str, str]]:
+    rows = [
+        ("steps analysed", fmt.number(metrics.steps)),
+        ("median step time", fmt.ms(metrics.median_step_time_ms)),
+        ("mean step time", fmt.ms(metrics.mean_step_time_ms)),
+        ("p95 step time", fmt.ms(metrics.p95_step_time_ms)),
+        (
+            "throughput",
+            f"{fmt.number(metrics.samples_per_s)} samples/s"
+            if metrics.samples_per_s is not None
+            else f"{fmt.number(metrics.steps_per_s)} steps/s",
+        ),
+        ("data-wait share of step time", fmt.pct(metrics.data_wait_pct)),
+        ("GPU utilisation", fmt.pct(metrics.gpu_utilization_pct)),
+        (
+            f"peak memory ({metrics.peak_memory_kind or 'unknown'})",
+            fmt.bytes_(metrics.peak_memory_bytes),
+        ),
+    ]
+    breakdown = summary.get("breakdown_pct") or {}
+    if breakdown:
+        parts = ", ".join(
+            f"{name.replace('_', ' ')} {fmt.pct(value)}"
+            for name, value in breakdown.items()
+            if value is not None
+        )
+        rows.append(("trace time breakdown", parts))
+    idle = summary.get("gpu_idle_breakdown_pct") or {}
+    if isinstance(idle, Mapping) and idle:
+        parts = ", ".join(
+            f"{name.replace('_', ' ')} {fmt.pct(value)}"
+            for name, value in idle.items()
+            if value is not None
+        )
+        rows.append(("GPU idle time by cause", parts))
+    if summary.get("gpu_busy_us") is not None:
+        rows.append(("GPU busy time (trace)", fmt.ms(float(summary["gpu_busy_us"]) / 1000.0)))
+    return rows
+
+
+def _spike_steps(findings: Iterable[Any]) -> list[int]:
+    for finding in findings:
+        evidence = finding.evidence or {}
+        for key in ("spike_steps", "outlier_steps"):
+            values = evidence.get(key)
+            if isinstance(values, list | tuple):
+                return [int(v) for v in values if isinstance(v, int | float)]
+    return []
+
+
+def _leak_slope(findings: Iterable[Any]) -> tuple[float | None, str]:
+    for finding in findings:
+        for key, value in (finding.evidence or {}).items():
+            if key.endswith("bytes_per_step") and isinstance(value, int | float):
+                column = "cuda_allocated_bytes" if "cuda" in key else "rss_bytes"
+                return float(value), column
+    return None, "rss_bytes"
+
+
+def _charts(result: Any) -> list[Chart]:
+    charts: list[Chart] = []
+    run = getattr(result, "run", None)
+    facts = getattr(result, "facts", None)
+    findings = tuple(getattr(result, "findings", ()) or ())
+    if run is not None and run.steps.height:
+        charts.append(Chart("step_time", "Step time", plots.step_time_figure(run.steps)))
+        charts.append(
+            Chart(
+                "loss_gradnorm",
+                "Loss and gradient norm",
+                plots.loss_gradnorm_figure(run.steps, _spike_steps(findings)),
+            )
+        )
+        slope, column = _leak_slope(f for f in findings if "leak" in f.rule)
+        charts.append(
+            Chart(
+                "memory",
+                "Memory",
+                plots.memory_figure(run.steps, run.samples, slope, slope_column=column),
+            )
+        )
+    if run is not None and run.samples.height:
+        charts.append(Chart("system", "GPU and CPU", plots.system_figure(run.samples)))
+    if facts is not None:
+        charts.append(
+            Chart("breakdown", "Trace breakdown", plots.breakdown_figure(facts.breakdown))
+        )
+        operators = facts.operators
+        if isinstance(operators, pl.DataFrame) and operators.height:
+            value = (
+                "device_us"
+                if "device_us" in operators.columns
+                and (operators["device_us"].fill_null(0) > 0).any()
+                else "host_us"
+            )
+            charts.append(
+                Chart(
+                    "top_operators",
+                    "Top operators",
+                    plots.top_figure(
+                        operators, value, title=f"Top operators by {value[:-3]} time (ms)"
+                    ),
+                )
+            )
+        kernels = facts.kernels
+        if isinstance(kernels, pl.DataFrame) and kernels.height:
+            charts.append(
+                Chart(
+                    "top_kernels",
+                    "Top kernels",
+                    plots.top_figure(kernels, "device_us", title="Top GPU kernels by time (ms)"),
+                )
+            )
+    return charts
+
+
+def _cost(result: Any, metrics: KeyMetrics, pricing: Pricing | None) -> CostEstimate:
+    run = getattr(result, "run", None)
+    return estimate_cost(
+        step_time_ms=metrics.mean_step_time_ms,
+        config=run.config if run is not None else None,
+        savings_pct=[f.estimated_saving_pct for f in getattr(result, "findings", ()) or ()],
+        gpu_name=_gpu_name(result),
+        device=metrics.device,
+        world_size=_world_size(result),
+        pricing=pricing,
+    )
+
+
+def _analysis_json(result: Any) -> dict[str, Any]:
+    to_json = getattr(result, "to_json", None)
+    return dict(to_json()) if callable(to_json) else {}
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _metrics_dict(metrics: KeyMetrics) -> dict[str, Any]:
+    return {
+        key: (None if isinstance(value, float) and not math.isfinite(value) else value)
+        for key, value in metrics.to_dict().items()
+    }
+
+
+def build_report(result: Any, *, pricing: Pricing | None = None) -> Report:
+    """The report of one AnalysisResult (a run, a trace or several rank traces)."""
+    metrics = key_metrics(result)
+    source = dict(getattr(result, "source", None) or {})
+    kind = str(source.get("kind") or ("run" if getattr(result, "run", None) else "trace"))
+    run = getattr(result, "run", None)
+    noun = {"run": "run", "ranks": "rank traces"}.get(kind, "trace")
+    return Report(
+        kind=kind,
+        title=f"Pipeline Doctor report: {noun} {result_label(result)}",
+        generated_at=_now(),
+        source_rows=tuple(_source_rows(result)),
+        environment_rows=tuple(_environment_rows(result)),
+        summary_rows=tuple(_summary_rows(metrics, getattr(result, "summary", None) or {})),
+        findings=tuple(report_finding(f) for f in sort_findings(result.findings)),
+        charts=tuple(_charts(result)),
+        cost=_cost(result, metrics, pricing),
+        skipped=tuple((str(s.rule), str(s.reason)) for s in getattr(result, "skipped", ()) or ()),
+        warnings=tuple(str(w) for w in getattr(result, "warnings", ()) or ()),
+        config_rows=tuple(_flat_config(run.config)) if run is not None else (),
+        metrics=_metrics_dict(metrics),
+        analysis=_analysis_json(result),
+    )
+
+
+def _verdict(row: Any) -> str:
+    if row.improved is None:
+        return "same" if row.delta == 0 else MISSING_VERDICT
+    return "better" if row.improved else "worse"
+
+
+MISSING_VERDICT = "—"
+
+
+def build_comparison_report(comparison: Comparison, *, pricing: Pricing | None = None) -> Report:
+    """The report of a comparison: a before (a) and an after (b), side by side."""
+    a, b = comparison.a, comparison.b
+    rows = tuple(
+        (
+            f"{row.label} ({row.unit})" if row.unit not in ("ms", "%", "bytes") else row.label,
+            fmt.unit_value(row.a, row.unit),
+            fmt.unit_value(row.b, row.unit),
+            fmt.ratio(row.ratio),
+            _verdict(row),
+        )
+        for row in comparison.rows
+    )
+    kept_rules = {fb.rule for _, fb in comparison.findings_kept}
+    current = [
+        report_finding(f, "kept" if f.rule in kept_rules else "new")
+        for f in sort_findings(b.findings)
+    ]
+    section = ComparisonSection(
+        label_a=comparison.label_a,
+        label_b=comparison.label_b,
+        rows=rows,
+        gone=tuple(report_finding(f, "gone") for f in sort_findings(comparison.findings_gone)),
+        new=tuple(f for f in current if f.status == "new"),
+        kept=tuple(f for f in current if f.status == "kept"),
+        config_changes=tuple(
+            (key, fmt.config_literal(va), fmt.config_literal(vb))
+            for key, va, vb in comparison.config_changes
+        ),
+        data=comparison.to_dict(),
+        cost_a=_cost(a, comparison.metrics_a, pricing),
+    )
+    env_a, env_b = dict(_environment_rows(a)), dict(_environment_rows(b))
+    environment_rows = tuple(
+        (
+            label,
+            env_a.get(label, MISSING_VERDICT)
+            if env_a.get(label) == env_b.get(label)
+            else f"{env_a.get(label, MISSING_VERDICT)} → {env_b.get(label, MISSING_VERDICT)}",
+        )
+        for label in dict.fromkeys([*env_a, *env_b])
+    )
+    charts: list[Chart] = []
+    run_a, run_b = getattr(a, "run", None), getattr(b, "run", None)
+    if run_a is not None and run_b is not None:
+        charts.append(
+            Chart(
+                "compare_steps",
+                "Step time, before and after",
+                plots.compare_steps_figure(
+                    run_a.steps, run_b.steps, comparison.label_a, comparison.label_b
+                ),
+            )
+        )
+    for side, result in (("after", b),):
+        charts.extend(
+            Chart(f"{side}_{chart.key}", f"{chart.title} ({side})", chart.figure)
+            for chart in _charts(result)
+            if chart.key in ("step_time", "system", "breakdown")
+        )
+    source_rows = (
+        ("before (a)", comparison.label_a),
+        ("after (b)", comparison.label_b),
+        *((f"a: {k}", v) for k, v in _source_rows(a) if k in ("path", "files")),
+        *((f"b: {k}", v) for k, v in _source_rows(b) if k in ("path", "files")),
+    )
+    run = getattr(b, "run", None)
+    return Report(
+        kind="comparison",
+        title=f"Pipeline Doctor comparison: {comparison.label_a} vs {comparison.label_b}",
+        generated_at=_now(),
+        source_rows=source_rows,
+        environment_rows=environment_rows,
+        summary_rows=tuple(
+            (label, f"{va} → {vb} ({ratio_text})") for label, va, vb, ratio_text, _ in rows
+        ),
+        findings=tuple(current),
+        charts=tuple(charts),
+        cost=_cost(b, comparison.metrics_b, pricing),
+        skipped=tuple((str(s.rule), str(s.reason)) for s in getattr(b, "skipped", ()) or ()),
+        warnings=tuple(
+            [f"a: {w}" for w in getattr(a, "warnings", ()) or ()]
+            + [f"b: {w}" for w in getattr(b, "warnings", ()) or ()]
+        ),
+        config_rows=tuple(_flat_config(run.config)) if run is not None else (),
+        comparison=section,
+        metrics={
+            "a": _metrics_dict(comparison.metrics_a),
+            "b": _metrics_dict(comparison.metrics_b),
+        },
+        analysis={"a": _analysis_json(a), "b": _analysis_json(b)},
+    )

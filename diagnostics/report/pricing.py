@@ -1,0 +1,200 @@
+"""What a training job costs at a GPU-hour price, before and after the findings' savings.
+
+The default prices are rough per-GPU-hour list prices of the large public clouds, gathered
+by hand on ``PRICES_DATED``; they drift and differ by region and provider, so reports label
+them as estimates and every caller can set its own price (``Pricing.usd_per_gpu_hour``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Tier = Literal["on_demand", "spot"]
+
+PRICES_DATED = "2025-06"
+
+
+@dataclass(frozen=True)
+class GpuPrice:
+    name: str
+    on_demand_usd_per_hour: float
+    spot_usd_per_hour: float
+    match: tuple[str, ...]  # substrings of torch.cuda.get_device_name() that mean this GPU
+
+
+# Per GPU (an 8-GPU instance's price divided by 8), rounded; spot is a typical recent
+# preemptible price, which moves daily.
+GPU_PRICES: tuple[GpuPrice, ...] = (
+    GpuPrice("NVIDIA H200", 5.00, 2.50, ("H200",)),
+    GpuPrice("NVIDIA H100 80GB", 4.00, 2.00, ("H100",)),
+    GpuPrice("NVIDIA A100 80GB", 3.40, 1.50, ("A100-SXM4-80GB", "A100 80GB", "A100-80GB")),
+    GpuPrice("NVIDIA A100 40GB", 3.00, 1.20, ("A100",)),
+    GpuPrice("NVIDIA L4", 0.80, 0.30, ("L4",)),
+    GpuPrice("NVIDIA A10G", 1.00, 0.40, ("A10G", "A10")),
+    GpuPrice("NVIDIA V100 16GB", 3.06, 0.92, ("V100",)),
+    GpuPrice("NVIDIA T4", 0.53, 0.18, ("T4",)),
+    GpuPrice("CPU only (8 vCPU)", 0.34, 0.10, ()),
+)
+DEFAULT_GPU = "NVIDIA A100 80GB"
+CPU_ENTRY = "CPU only (8 vCPU)"
+
+
+def price_named(name: str) -> GpuPrice:
+    for entry in GPU_PRICES:
+        if entry.name.lower() == name.lower():
+            return entry
+    known = ", ".join(p.name for p in GPU_PRICES)
+    raise ValueError(f"unknown GPU price entry {name!r}; known: {known}")
+
+
+def guess_price(gpu_name: str | None, device: str | None) -> GpuPrice:
+    """The price entry for the GPU a job ran on; the CPU entry for CPU jobs."""
+    if gpu_name:
+        for entry in GPU_PRICES:  # ordered so the more specific names match first
+            if any(token.lower() in gpu_name.lower() for token in entry.match):
+                return entry
+    if device == "cpu" and not gpu_name:
+        return price_named(CPU_ENTRY)
+    return price_named(DEFAULT_GPU)
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """The price the cost section uses. ``usd_per_gpu_hour`` None means: the entry's."""
+
+    gpu: str | None = None  # a GPU_PRICES name; None = guessed from the environment
+    tier: Tier = "on_demand"
+    usd_per_gpu_hour: float | None = None
+    gpus: int | None = None  # None = the job's world size where known, else 1
+
+    def __post_init__(self) -> None:
+        if self.tier not in ("on_demand", "spot"):
+            raise ValueError(f"tier: {self.tier!r}; allowed: on_demand, spot")
+        if self.usd_per_gpu_hour is not None and not (
+            math.isfinite(self.usd_per_gpu_hour) and self.usd_per_gpu_hour >= 0
+        ):
+            raise ValueError(f"usd_per_gpu_hour: {self.usd_per_gpu_hour}; must be >= 0")
+        if self.gpus is not None and self.gpus < 1:
+            raise ValueError(f"gpus: {self.gpus}; must be >= 1")
+        if self.gpu is not None:
+            price_named(self.gpu)
+
+
+def config_value(config: Mapping[str, Any] | None, dotted: str) -> Any:
+    """A config value by its dotted key, from a flat dotted or a nested config."""
+    if not config:
+        return None
+    if dotted in config:
+        return config[dotted]
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def steps_per_epoch(config: Mapping[str, Any] | None) -> tuple[int | None, str]:
+    """(steps per epoch, how it was found or why it is unknown)."""
+    rows = config_value(config, "data.rows")
+    batch = config_value(config, "train.batch_size")
+    if not config:
+        return None, "unknown: a trace carries no dataset size or batch size"
+    if not isinstance(rows, int) or isinstance(rows, bool) or rows <= 0:
+        return None, "unknown: the run config has no data.rows"
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch <= 0:
+        return None, "unknown: the run config has no train.batch_size"
+    # The last, partial batch is still a step (the trainer does not drop it).
+    return math.ceil(rows / batch), f"data.rows {rows:,} / train.batch_size {batch}, rounded up"
+
+
+def combined_saving_pct(savings: Iterable[float | None]) -> float:
+    """Savings applied one after another: each removes its share of what is left.
+
+    Two findings that each save 50% leave 0.5 x 0.5 = 25% of the time, a 75% saving, not
+    100%. Each is capped at 95% so an over-eager estimate cannot promise a free job.
+    """
+    remaining = 1.0
+    for saving in savings:
+        if saving is None or not math.isfinite(saving) or saving <= 0:
+            continue
+        remaining *= 1.0 - min(saving, 95.0) / 100.0
+    return 100.0 * (1.0 - remaining)
+
+
+@dataclass(frozen=True)
+class CostEstimate:
+    gpu: str
+    tier: Tier
+    usd_per_gpu_hour: float
+    price_is_default: bool
+    prices_dated: str
+    gpus: int
+    step_time_ms: float | None  # mean steady-state step time
+    time_per_1000_steps_s: float | None
+    steps_per_epoch: int | None
+    steps_per_epoch_note: str
+    time_per_epoch_s: float | None
+    cost_per_1000_steps_usd: float | None
+    cost_per_epoch_usd: float | None
+    saving_pct: float  # combined estimated saving of the findings
+    after_time_per_1000_steps_s: float | None
+    after_time_per_epoch_s: float | None
+    after_cost_per_1000_steps_usd: float | None
+    after_cost_per_epoch_usd: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def estimate_cost(
+    *,
+    step_time_ms: float | None,
+    config: Mapping[str, Any] | None,
+    savings_pct: Iterable[float | None],
+    gpu_name: str | None,
+    device: str | None,
+    world_size: int | None = None,
+    pricing: Pricing | None = None,
+) -> CostEstimate:
+    pricing = pricing or Pricing()
+    entry = price_named(pricing.gpu) if pricing.gpu else guess_price(gpu_name, device)
+    default_rate = (
+        entry.on_demand_usd_per_hour if pricing.tier == "on_demand" else entry.spot_usd_per_hour
+    )
+    rate = pricing.usd_per_gpu_hour if pricing.usd_per_gpu_hour is not None else default_rate
+    gpus = pricing.gpus or (world_size if world_size and world_size > 0 else 1)
+    per_epoch, note = steps_per_epoch(config)
+    saving = combined_saving_pct(savings_pct)
+    keep = 1.0 - saving / 100.0
+
+    def scaled(value: float | None, factor: float) -> float | None:
+        return None if value is None else value * factor
+
+    valid_step = step_time_ms if step_time_ms and math.isfinite(step_time_ms) else None
+    per_1000_s = scaled(valid_step, 1.0)  # 1000 steps x ms / 1000 = seconds
+    per_epoch_s = scaled(valid_step, per_epoch / 1000.0) if per_epoch else None
+    usd_per_s = rate * gpus / 3600.0
+    return CostEstimate(
+        gpu=entry.name,
+        tier=pricing.tier,
+        usd_per_gpu_hour=rate,
+        price_is_default=pricing.usd_per_gpu_hour is None,
+        prices_dated=PRICES_DATED,
+        gpus=gpus,
+        step_time_ms=valid_step,
+        time_per_1000_steps_s=per_1000_s,
+        steps_per_epoch=per_epoch,
+        steps_per_epoch_note=note,
+        time_per_epoch_s=per_epoch_s,
+        cost_per_1000_steps_usd=scaled(per_1000_s, usd_per_s),
+        cost_per_epoch_usd=scaled(per_epoch_s, usd_per_s),
+        saving_pct=saving,
+        after_time_per_1000_steps_s=scaled(per_1000_s, keep),
+        after_time_per_epoch_s=scaled(per_epoch_s, keep),
+        after_cost_per_1000_steps_usd=scaled(per_1000_s, usd_per_s * keep),
+        after_cost_per_epoch_usd=scaled(per_epoch_s, usd_per_s * keep),
+    )
