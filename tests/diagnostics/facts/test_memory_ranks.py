@@ -1,0 +1,102 @@
+import polars as pl
+import pytest
+
+from diagnostics.facts import compute_facts, rank_summary, step_time_spread
+from diagnostics.facts.memory import memory_curve, memory_peaks
+from tests.diagnostics.facts.trace_fixture import (
+    Metadata,
+    events_of,
+    gpu,
+    memory_event,
+    op,
+    rows_to_events,
+    runtime,
+    step,
+)
+
+GIB = 1024**3
+
+
+def test_memory_curve_and_peak_against_the_device():
+    events = events_of(
+        memory_event(10, 1 * GIB, 2 * GIB),
+        memory_event(20, 3 * GIB, 4 * GIB),
+        memory_event(30, 2 * GIB, 4 * GIB),
+        memory_event(15, 100, 0, device=-1),
+    )
+    curve = memory_curve(events)
+    assert curve.filter(pl.col("device") == 0)["allocated_bytes"].to_list() == [
+        1 * GIB,
+        3 * GIB,
+        2 * GIB,
+    ]
+    assert curve.filter(pl.col("device") == -1).rows() == [(15.0, -1, 100, 0)]
+    peaks = memory_peaks(curve, ({"id": 0, "totalGlobalMem": 16 * GIB},))
+    dev0 = peaks.filter(pl.col("device") == 0).row(0, named=True)
+    assert (dev0["peak_allocated_bytes"], dev0["peak_reserved_bytes"]) == (3 * GIB, 4 * GIB)
+    assert dev0["peak_allocated_pct"] == pytest.approx(3 / 16 * 100)
+    assert peaks.filter(pl.col("device") == -1)["device_total_bytes"].to_list() == [None]
+
+
+def test_old_traces_without_totals_use_the_running_sum_of_bytes():
+    raw = [
+        {
+            "ph": "i",
+            "name": "[memory]",
+            "pid": 1,
+            "tid": 1,
+            "ts": t,
+            "args": {"Device Type": 1, "Device Id": 0, "Bytes": b},
+        }
+        for t, b in ((1, 100), (2, 50), (3, -120))
+    ]
+    curve = memory_curve(rows_to_events(raw))
+    assert curve["allocated_bytes"].to_list() == [100, 100 + 50, 100 + 50 - 120]
+    assert curve["reserved_bytes"].to_list() == [None, None, None]
+
+
+def rank_trace(rank, step_us, kernel_us):
+    rows = []
+    for i in range(3):
+        t = i * step_us
+        rows += [
+            step(i, t, step_us),
+            runtime("cudaLaunchKernel", t + 1, 1, corr=i + 1),
+            gpu("k", t + 2, kernel_us, corr=i + 1),
+        ]
+    return events_of(*rows, rank=rank)
+
+
+def test_rank_summary_and_spread_point_at_the_straggler():
+    facts = [
+        compute_facts(rank_trace(0, 100, 50), Metadata()),
+        compute_facts(rank_trace(1, 100, 50), Metadata()),
+        compute_facts(rank_trace(2, 150, 50), Metadata()),
+    ]
+    summary = rank_summary(facts)
+    assert summary["rank"].to_list() == [0, 1, 2]
+    assert summary["step_time_ms_mean"].to_list() == pytest.approx([100 / 1000, 100 / 1000, 150 / 1000])
+    # Median of the means is 0.1 ms; rank 2 is 1.5x slower.
+    assert summary["step_time_vs_median"].to_list() == pytest.approx([1.0, 1.0, 1.5])
+    # GPU busy 50 µs of each step: 50/100 and 50/150.
+    assert summary["gpu_utilization_pct"].to_list() == pytest.approx([50.0, 50.0, 50 / 150 * 100])
+    spread = step_time_spread(summary)
+    assert (spread.slowest_rank, spread.fastest_rank) == (2, 0)
+    assert spread.slowest_vs_median == pytest.approx(1.5)
+    assert spread.spread_pct == pytest.approx((0.15 - 0.1) / 0.1 * 100)
+
+
+def test_compute_facts_on_a_multi_rank_table_summarises_every_rank():
+    events = pl.concat([rank_trace(0, 100, 50), rank_trace(1, 200, 50)])
+    facts = compute_facts(events, Metadata())
+    assert facts.rank == 0
+    assert facts.ranks["rank"].to_list() == [0, 1]
+    assert facts.ranks["step_time_ms_mean"].to_list() == pytest.approx([100 / 1000, 200 / 1000])
+
+
+def test_compute_facts_on_a_cpu_trace():
+    facts = compute_facts(events_of(step(1, 0, 100), op("aten::mm", 10, 50)), None)
+    assert facts.device == "cpu"
+    assert facts.breakdown.row(0, named=True)["cpu_exec_us"] == 50
+    assert facts.gpu.height == 0 and facts.idle_gaps.height == 0
+    assert facts.operators["name"].to_list() == ["aten::mm"]
