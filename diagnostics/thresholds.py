@@ -193,8 +193,10 @@ class Thresholds:
     # -- step-time-outliers ---------------------------------------------------------------
     step_outlier_sigma: float = _t(
         3.0,
-        "a step slower than mean + this many standard deviations is an outlier",
-        "SageMaker Debugger StepOutlier: mean + 3 sigma (profiler_rules/rules.py)",
+        "a step slower than median + this many robust standard deviations (1.4826 x MAD) "
+        "is an outlier",
+        "SageMaker Debugger StepOutlier: 3 sigma (profiler_rules/rules.py); we measure sigma "
+        "robustly, since outliers inflate the plain standard deviation",
     )
     step_outlier_min_excess_pct: float = _t(
         2.0,

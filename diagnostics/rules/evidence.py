@@ -20,6 +20,18 @@ import polars as pl
 from diagnostics.model import AnalysisInputs, RunData, TraceFacts
 from diagnostics.rules.stats import downsample
 
+# environment keys under which a run may record memory totals (bytes)
+HOST_MEMORY_KEYS = ("memory_total_bytes", "host_memory_bytes", "total_memory_bytes", "ram_bytes")
+GPU_MEMORY_KEYS = ("gpu_memory_bytes", "gpu_total_memory_bytes", "gpu_mem_total_bytes")
+
+
+def first_positive_int(mapping: dict[str, Any], keys: tuple[str, ...]) -> int | None:
+    for key in keys:
+        value = mapping.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+            return int(value)
+    return None
+
 
 def chart(
     kind: Literal["line", "bar"],

@@ -33,7 +33,16 @@ import polars as pl
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
-from diagnostics.rules.evidence import chart, has_steps, numeric, r, run_device
+from diagnostics.rules.evidence import (
+    GPU_MEMORY_KEYS,
+    HOST_MEMORY_KEYS,
+    chart,
+    first_positive_int,
+    has_steps,
+    numeric,
+    r,
+    run_device,
+)
 from diagnostics.rules.stats import increasing_share, theil_sen_slope
 from diagnostics.thresholds import Thresholds
 
@@ -55,8 +64,6 @@ for batch in loader:
     total_loss += loss.item()     # or loss.detach()
 """
 PATCH = {"train.accumulate_loss_as_tensor": False, "train.keep_batch_history": False}
-HOST_MEMORY_KEYS = ("memory_total_bytes", "host_memory_bytes", "total_memory_bytes", "ram_bytes")
-GPU_MEMORY_KEYS = ("gpu_memory_bytes", "gpu_total_memory_bytes", "gpu_mem_total_bytes")
 
 
 def growth_stats(
@@ -142,7 +149,7 @@ class MemoryLeak(Rule):
             steps = run.steps["step"].to_list()
             env = run.environment
             if has_steps(run, "cuda_allocated_bytes") and run_device(run) == "cuda":
-                capacity = _first_int(env, GPU_MEMORY_KEYS)
+                capacity = first_positive_int(env, GPU_MEMORY_KEYS)
                 if capacity is None and run.samples.height:
                     total = run.samples["gpu_mem_total_bytes"].max()
                     capacity = int(total) if total is not None else None
@@ -159,7 +166,7 @@ class MemoryLeak(Rule):
                 out["host RSS of the trainer"] = (
                     steps,
                     numeric(run.steps, "rss_bytes"),
-                    _first_int(env, HOST_MEMORY_KEYS),
+                    first_positive_int(env, HOST_MEMORY_KEYS),
                     {},
                 )
             return out
@@ -354,11 +361,3 @@ class MemoryLeak(Rule):
             ),
         ),
     )
-
-
-def _first_int(mapping: dict[str, Any], keys: tuple[str, ...]) -> int | None:
-    for key in keys:
-        value = mapping.get(key)
-        if isinstance(value, int | float) and value > 0:
-            return int(value)
-    return None

@@ -3,19 +3,43 @@
 from __future__ import annotations
 
 from diagnostics.rules.base import Rule
+from diagnostics.rules.batch_too_small import BatchTooSmall
+from diagnostics.rules.host_device_sync import HostDeviceSync
+from diagnostics.rules.launch_bound_kernels import LaunchBoundKernels
 from diagnostics.rules.low_gpu_utilization import LowGpuUtilization
 from diagnostics.rules.memory_leak import MemoryLeak
+from diagnostics.rules.memory_near_capacity import MemoryNearCapacity
 from diagnostics.rules.missing_pin_memory import MissingPinMemory
+from diagnostics.rules.rank_stragglers import RankStragglers
+from diagnostics.rules.step_time_outliers import StepTimeOutliers
+from diagnostics.rules.tensor_cores_unused import TensorCoresUnused
 from diagnostics.rules.too_few_workers import TooFewWorkers
 from diagnostics.rules.unstable_gradients import UnstableGradients
+from diagnostics.rules.unused_embedding_rows import UnusedEmbeddingRows
+
+# The five the app, the reports and users' CI gates rely on (ids fixed).
+CORE_RULE_IDS: tuple[str, ...] = (
+    "low-gpu-utilization",
+    "missing-pin-memory",
+    "too-few-workers",
+    "unstable-gradients",
+    "memory-leak",
+)
 
 RULES: tuple[Rule, ...] = (
-    # the five the app, the reports and users' CI gates rely on (ids fixed)
     LowGpuUtilization(),
     MissingPinMemory(),
     TooFewWorkers(),
     UnstableGradients(),
     MemoryLeak(),
+    HostDeviceSync(),
+    LaunchBoundKernels(),
+    TensorCoresUnused(),
+    MemoryNearCapacity(),
+    StepTimeOutliers(),
+    BatchTooSmall(),
+    UnusedEmbeddingRows(),
+    RankStragglers(),
 )
 
 

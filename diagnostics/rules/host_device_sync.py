@@ -1,0 +1,169 @@
+"""host-device-sync: the host blocks on the GPU inside the training step.
+
+What it finds
+    Synchronisation calls inside the profiled steps (``cudaStreamSynchronize``,
+    ``cudaDeviceSynchronize``, ``aten::item``, ``aten::_local_scalar_dense``, copies to
+    pageable host memory) whose blocked time is more than a threshold share of step time,
+    with the calls by name and the blocked time per step.
+
+Why it matters
+    A sync empties the GPU's queue: the host waits for every launched kernel, and the GPU
+    then waits for the host to launch the next ones. A ``loss.item()`` for logging every step
+    costs one such bubble per step.
+
+How to fix
+    Read scalars back every N steps (or accumulate on the device and read once), avoid
+    ``.cpu()``/``.numpy()``/``print(tensor)`` and data-dependent Python control flow in the
+    step, and find the culprits with ``torch.cuda.set_sync_debug_mode("warn")``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import polars as pl
+
+from diagnostics.model import AnalysisInputs
+from diagnostics.rules import examples as ex
+from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
+from diagnostics.rules.evidence import chart, cuda_trace, r
+from diagnostics.thresholds import Thresholds
+
+FIX_CODE = """\
+# before: a host-device sync in every step
+for step, batch in enumerate(loader):
+    loss = train_step(batch)
+    losses.append(loss.item())          # blocks until the GPU finishes
+
+# after: keep the value on the device, read it back rarely
+running = torch.zeros((), device="cuda")
+for step, batch in enumerate(loader):
+    loss = train_step(batch)
+    running += loss.detach()
+    if step % 100 == 0:
+        print(running.item() / 100)     # one sync per 100 steps
+        running.zero_()
+# to find hidden syncs: torch.cuda.set_sync_debug_mode("warn")
+"""
+
+
+class HostDeviceSync(Rule):
+    id = "host-device-sync"
+    title = "The host waits for the GPU inside the step"
+    severity = Severity.MEDIUM
+    needs = frozenset({"trace", "gpu"})
+    threshold_names = ("sync_share_min_pct",)
+
+    def skip_reason(self, inputs: AnalysisInputs) -> str | None:
+        if cuda_trace(inputs) is None:
+            return "needs a CUDA trace: synchronisation calls are only visible in a GPU profile"
+        return None
+
+    def check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:
+        trace = cuda_trace(inputs)
+        assert trace is not None
+        per_step = trace.sync_per_step
+        if per_step.height == 0 or trace.steps.height == 0:
+            return []
+        joined = trace.steps.select("step", "dur_us").join(per_step, on="step", how="left")
+        joined = joined.with_columns(pl.col("sync_us").fill_null(0.0))
+        sync_us = float(joined["sync_us"].sum())
+        step_us = float(joined["dur_us"].sum())
+        share = 100.0 * sync_us / step_us if step_us > 0 else 0.0
+        if share < thresholds.sync_share_min_pct:
+            return []
+        idle_sync_us = 0.0
+        if trace.idle_gaps.height:
+            idle_sync_us = float(
+                trace.idle_gaps.filter(pl.col("host_activity") == "sync")["dur_us"].sum()
+            )
+        # the GPU idles during the bubble a sync creates; removing the sync removes that idle
+        saving = 100.0 * idle_sync_us / step_us if step_us > 0 and idle_sync_us else None
+        top = trace.syncs.sort("total_us", descending=True).head(8) if trace.syncs.height else None
+        calls = (
+            [
+                {"name": row["name"], "count": row["count"], "total_us": r(row["total_us"], 0)}
+                for row in top.iter_rows(named=True)
+            ]
+            if top is not None
+            else []
+        )
+        evidence: dict[str, Any] = {
+            "source": "trace: synchronisation calls inside profiler steps",
+            "sync_share_pct": r(share, 1),
+            "sync_us_per_step": r(sync_us / joined.height, 0),
+            "sync_calls_per_step": r(float(joined["sync_count"].fill_null(0).mean()), 1),
+            "gpu_idle_during_sync_us": r(idle_sync_us, 0),
+            "calls": calls,
+            "threshold_pct": thresholds.sync_share_min_pct,
+            "steps": [int(joined["step"].min()), int(joined["step"].max())],
+            "chart": chart(
+                "bar",
+                "Time blocked in host-device synchronisation per step",
+                "step",
+                "time (µs)",
+                joined["step"].to_list(),
+                {"sync (µs)": joined["sync_us"].to_list(), "step (µs)": joined["dur_us"].to_list()},
+            ),
+        }
+        worst = calls[0]["name"] if calls else "synchronisation calls"
+        return [
+            Finding(
+                rule=self.id,
+                severity=Severity.HIGH
+                if share >= 4 * thresholds.sync_share_min_pct
+                else self.severity,
+                title=f"{share:.0f}% of step time is blocked in host-device synchronisation",
+                evidence=evidence,
+                recommendation=(
+                    f"The host blocks {sync_us / joined.height / 1000:.2f} ms per step waiting for "
+                    f"the GPU, mostly in {worst}. Move .item()/.cpu() reads out of the step or "
+                    "do them every N steps; run once with torch.cuda.set_sync_debug_mode('warn') "
+                    "to find each one."
+                ),
+                fix=Fix(code=FIX_CODE, config_patch=None),
+                estimated_saving_pct=r(saving, 1) if saving is not None else None,
+            )
+        ]
+
+    examples: ClassVar = (
+        Example(
+            "trace: 2 ms of each 10 ms step in cudaStreamSynchronize",
+            True,
+            lambda: ex.inputs(
+                trace=ex.trace(
+                    sync_per_step={
+                        "step": [1, 2, 3, 4, 5],
+                        "sync_us": [2000.0] * 5,
+                        "sync_count": [3] * 5,
+                    },
+                    syncs=[{"name": "cudaStreamSynchronize", "count": 15, "total_us": 10_000.0}],
+                    idle_gaps=[
+                        {
+                            "device": 0,
+                            "stream": 7,
+                            "start_us": 0.0,
+                            "end_us": 5000.0,
+                            "dur_us": 5000.0,
+                            "idle_kind": "host_wait",
+                            "host_activity": "sync",
+                        }
+                    ],
+                )
+            ),
+        ),
+        Example(
+            "trace: 50 µs of sync per 10 ms step",
+            False,
+            lambda: ex.inputs(
+                trace=ex.trace(
+                    sync_per_step={
+                        "step": [1, 2, 3, 4, 5],
+                        "sync_us": [50.0] * 5,
+                        "sync_count": [1] * 5,
+                    },
+                    syncs=[{"name": "aten::item", "count": 5, "total_us": 250.0}],
+                )
+            ),
+        ),
+    )

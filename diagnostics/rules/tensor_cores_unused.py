@@ -1,0 +1,216 @@
+"""tensor-cores-unused: matrix multiplies and convolutions run without Tensor Cores.
+
+What it finds
+    A CUDA trace from a GPU of compute capability 7.0 or newer in which GEMM and convolution
+    kernels take a material share of kernel time but almost none of the kernel time is on
+    Tensor Core kernels (recognised by name, with patterns covering Volta, Turing, Ampere
+    and Hopper kernels: ``884``/``1688``/``16816``, ``xmma``, ``tensorop``, ``wgmma``/``gmma``,
+    ``sm90_``, ``cutlass3x``, ``nvjet``). That is fp32 training without AMP or TF32.
+
+Why it matters
+    Tensor Cores multiply half-precision (and TF32) matrices several times faster than the
+    fp32 pipeline; a model dominated by GEMMs leaves most of the GPU's arithmetic unused.
+
+How to fix
+    Train under ``torch.autocast("cuda", dtype=torch.bfloat16)`` (Ampere and newer; fp16
+    with a GradScaler on Volta/Turing), or at least allow TF32 matmuls with
+    ``torch.backends.cuda.matmul.allow_tf32 = True``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import polars as pl
+
+from diagnostics.model import AnalysisInputs
+from diagnostics.rules import examples as ex
+from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
+from diagnostics.rules.evidence import chart, cuda_trace, r
+from diagnostics.thresholds import Thresholds
+
+# Kernel names of the matrix-multiply and convolution work Tensor Cores can take.
+ELIGIBLE_KERNEL = pl.col("name").str.contains(
+    "(?i)gemm|conv|cutlass|cublas|implicit|winograd|xmma|nvjet|matmul|_mma"
+)
+# Names a Tensor Core kernel carries on Volta..Hopper, used when the facts have no flag.
+TENSOR_CORE_KERNEL = pl.col("name").str.contains(
+    "(?i)884|1688|16816|hmma|wmma|imma|xmma|tensorop|_tf32|wgmma|gmma|sm90_|cutlass3x|nvjet"
+)
+
+FIX_CODE = """\
+# before: fp32 GEMMs on the CUDA cores
+loss = model(**batch).loss
+loss.backward()
+
+# after: bf16 autocast puts matmuls and convolutions on Tensor Cores (Ampere+)
+with torch.autocast("cuda", dtype=torch.bfloat16):
+    loss = model(**batch).loss
+loss.backward()
+# at least: torch.backends.cuda.matmul.allow_tf32 = True
+"""
+
+
+class TensorCoresUnused(Rule):
+    id = "tensor-cores-unused"
+    title = "Tensor Cores sit idle: matmuls run in fp32"
+    severity = Severity.MEDIUM
+    needs = frozenset({"trace", "gpu"})
+    threshold_names = (
+        "tensor_core_min_capability",
+        "tensor_core_eligible_min_pct",
+        "tensor_core_used_max_pct",
+    )
+
+    def skip_reason(self, inputs: AnalysisInputs) -> str | None:
+        trace = cuda_trace(inputs)
+        if trace is None:
+            return "needs a CUDA trace: kernel names show whether Tensor Cores ran"
+        if trace.compute_capability is None:
+            return "the trace does not record the GPU's compute capability"
+        return None
+
+    def check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:
+        trace = cuda_trace(inputs)
+        assert trace is not None and trace.compute_capability is not None
+        major, minor = trace.compute_capability
+        kernels = trace.kernels
+        if major < thresholds.tensor_core_min_capability or kernels.height == 0:
+            return []
+        flagged = kernels.with_columns(
+            (pl.col("tensor_core").fill_null(False) | TENSOR_CORE_KERNEL).alias("tc"),
+            ELIGIBLE_KERNEL.alias("eligible"),
+        )
+        kernel_us = float(flagged["device_us"].sum())
+        if kernel_us <= 0:
+            return []
+        tc_us = float(flagged.filter(pl.col("tc"))["device_us"].sum())
+        eligible = flagged.filter(pl.col("eligible") & ~pl.col("tc"))
+        eligible_us = float(eligible["device_us"].sum())
+        tc_pct = 100.0 * tc_us / kernel_us
+        eligible_pct = 100.0 * eligible_us / kernel_us
+        if (
+            tc_pct >= thresholds.tensor_core_used_max_pct
+            or eligible_pct < thresholds.tensor_core_eligible_min_pct
+        ):
+            return []
+        top = eligible.sort("device_us", descending=True).head(8)
+        patch: dict[str, Any] = (
+            {"train.amp": "bf16"}
+            if major >= 8
+            else {"train.amp": "fp16", "train.grad_scaler": True}
+        )
+        steps = trace.steps
+        evidence: dict[str, Any] = {
+            "source": "trace: kernel names and GPU time",
+            "compute_capability": f"{major}.{minor}",
+            "tensor_core_kernel_pct": r(tc_pct, 1),
+            "eligible_fp32_kernel_pct": r(eligible_pct, 1),
+            "eligible_fp32_kernel_us": r(eligible_us, 0),
+            "kernel_us": r(kernel_us, 0),
+            "top_eligible_kernels": [
+                {"name": row["name"], "calls": row["calls"], "device_us": r(row["device_us"], 0)}
+                for row in top.iter_rows(named=True)
+            ],
+            "steps": [int(steps["step"].min()), int(steps["step"].max())] if steps.height else None,
+            "chart": chart(
+                "bar",
+                "Kernel time by kind",
+                "kind",
+                "GPU time (µs)",
+                ["Tensor Core", "eligible, fp32", "other"],
+                {"GPU time (µs)": [tc_us, eligible_us, kernel_us - tc_us - eligible_us]},
+                highlight_x=["eligible, fp32"],
+            ),
+        }
+        dtype = "bf16" if major >= 8 else "fp16 with a GradScaler"
+        return [
+            Finding(
+                rule=self.id,
+                severity=self.severity,
+                title=f"{eligible_pct:.0f}% of GPU time is fp32 GEMM/conv without Tensor Cores",
+                evidence=evidence,
+                recommendation=(
+                    f"On this compute capability {major}.{minor} GPU only {tc_pct:.1f}% of "
+                    f"kernel time used Tensor Cores while GEMM/convolution kernels took "
+                    f"{eligible_pct:.0f}%. Train with autocast in {dtype}."
+                ),
+                fix=Fix(code=FIX_CODE, config_patch=patch),
+                estimated_saving_pct=None,
+            )
+        ]
+
+    examples: ClassVar = (
+        Example(
+            "trace: A100, 60% of kernel time in fp32 sgemm",
+            True,
+            lambda: ex.inputs(
+                trace=ex.trace(
+                    kernels=[
+                        {
+                            "name": "ampere_sgemm_128x64_tn",
+                            "calls": 100,
+                            "device_us": 6000.0,
+                            "mean_us": 60.0,
+                            "tensor_core": False,
+                            "fp16": False,
+                        },
+                        {
+                            "name": "vectorized_elementwise_kernel",
+                            "calls": 400,
+                            "device_us": 4000.0,
+                            "mean_us": 10.0,
+                            "tensor_core": False,
+                            "fp16": False,
+                        },
+                    ]
+                )
+            ),
+        ),
+        Example(
+            "trace: H100 bf16 nvjet GEMMs on Tensor Cores",
+            False,
+            lambda: ex.inputs(
+                trace=ex.trace(
+                    compute_capability=(9, 0),
+                    kernels=[
+                        {
+                            "name": "nvjet_tst_128x128_64x4_1x2_h_bz_coopA_NNT",
+                            "calls": 100,
+                            "device_us": 6000.0,
+                            "mean_us": 60.0,
+                            "tensor_core": False,
+                            "fp16": True,
+                        },
+                        {
+                            "name": "vectorized_elementwise_kernel",
+                            "calls": 400,
+                            "device_us": 4000.0,
+                            "mean_us": 10.0,
+                            "tensor_core": False,
+                            "fp16": False,
+                        },
+                    ],
+                )
+            ),
+        ),
+        Example(
+            "trace: Pascal (6.0) GPU has no Tensor Cores",
+            False,
+            lambda: ex.inputs(
+                trace=ex.trace(
+                    compute_capability=(6, 0),
+                    kernels=[
+                        {
+                            "name": "maxwell_sgemm_128x64_tn",
+                            "calls": 100,
+                            "device_us": 6000.0,
+                            "mean_us": 60.0,
+                            "tensor_core": False,
+                            "fp16": False,
+                        }
+                    ],
+                )
+            ),
+        ),
+    )

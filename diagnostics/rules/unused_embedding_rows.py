@@ -1,0 +1,159 @@
+"""unused-embedding-rows: many vocabulary rows are never used by the data.
+
+What it finds
+    The share of the token vocabulary the training data never produces, from the run's
+    vocabulary usage record (``vocab_usage`` in the run environment, or in the analysis
+    extras: ``vocab_size``, ``used_token_ids``, optionally ``embedding_dim``,
+    ``embedding_matrices``), with the embedding parameters and the training memory that
+    pruning the unused rows would save. The vocabulary size and embedding width fall back
+    to the config's ``data.vocab_size`` and ``model.hidden_size``.
+
+Why it matters
+    Every row of the input embedding (and of a tied output projection) is a parameter with
+    a gradient and two AdamW moments: rows no token ever selects cost memory and optimiser
+    time and, in the output softmax, compute on every step.
+
+How to fix
+    Prune the vocabulary to the ids the data uses (remap ids once, slice the embedding
+    matrix), or train the tokenizer with a vocabulary sized to the corpus.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+from diagnostics.model import AnalysisInputs
+from diagnostics.rules import examples as ex
+from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
+from diagnostics.rules.evidence import config_value, r
+from diagnostics.thresholds import Thresholds
+
+# fp32 parameter + gradient + AdamW's two moments: 4 copies of each parameter in training.
+TRAINING_COPIES = 4
+BYTES_PER_PARAM = 4
+# Embedding tables sized to a multiple of 64 rows keep GEMM shapes Tensor-Core friendly.
+VOCAB_MULTIPLE = 64
+
+FIX_CODE = """\
+# before: the full tokenizer vocabulary
+model = BertModel(BertConfig(vocab_size=tokenizer.get_vocab_size()))
+
+# after: only the ids the data uses (remap them once when preprocessing)
+used = sorted({i for ids in dataset_token_ids for i in ids})
+remap = {old: new for new, old in enumerate(used)}
+dataset_token_ids = [[remap[i] for i in ids] for ids in dataset_token_ids]
+model = BertModel(BertConfig(vocab_size=len(used)))
+with torch.no_grad():
+    model.embeddings.word_embeddings.weight.copy_(old_weight[used])
+"""
+
+
+def vocab_usage(inputs: AnalysisInputs) -> dict[str, Any] | None:
+    raw = inputs.extra.get("vocab_usage")
+    if raw is None and inputs.run is not None:
+        raw = inputs.run.environment.get("vocab_usage")
+    if not isinstance(raw, dict) or not isinstance(raw.get("used_token_ids"), int):
+        return None
+    usage = dict(raw)
+    usage.setdefault("vocab_size", config_value(inputs.run, "data.vocab_size"))
+    usage.setdefault("embedding_dim", config_value(inputs.run, "model.hidden_size"))
+    if not isinstance(usage["vocab_size"], int) or usage["vocab_size"] <= 0:
+        return None
+    return usage
+
+
+class UnusedEmbeddingRows(Rule):
+    id = "unused-embedding-rows"
+    title = "Embedding rows the data never uses"
+    severity = Severity.LOW
+    needs = frozenset({"run_config"})
+    threshold_names = ("embedding_unused_min_pct",)
+
+    def skip_reason(self, inputs: AnalysisInputs) -> str | None:
+        if vocab_usage(inputs) is None:
+            return (
+                "no vocabulary usage recorded: needs vocab_usage (vocab_size, used_token_ids) "
+                "in the run environment; traces carry no token ids"
+            )
+        return None
+
+    def check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:
+        usage = vocab_usage(inputs)
+        assert usage is not None
+        vocab, used = int(usage["vocab_size"]), int(usage["used_token_ids"])
+        unused = max(vocab - used, 0)
+        pct = 100.0 * unused / vocab
+        if pct < thresholds.embedding_unused_min_pct:
+            return []
+        dim = usage.get("embedding_dim")
+        matrices = int(usage.get("embedding_matrices", 1))
+        params = unused * dim * matrices if isinstance(dim, int) else None
+        memory = params * BYTES_PER_PARAM * TRAINING_COPIES if params is not None else None
+        new_vocab = max(VOCAB_MULTIPLE, math.ceil(used / VOCAB_MULTIPLE) * VOCAB_MULTIPLE)
+        evidence: dict[str, Any] = {
+            "source": "run: vocabulary usage of the training data",
+            "vocab_size": vocab,
+            "used_token_ids": used,
+            "unused_rows": unused,
+            "unused_pct": r(pct, 1),
+            "embedding_dim": dim,
+            "embedding_matrices": matrices,
+            "prunable_parameters": params,
+            "training_memory_saved_bytes": memory,
+            "suggested_vocab_size": new_vocab,
+            "steps": None,
+            "chart": {
+                "kind": "bar",
+                "title": "Vocabulary rows",
+                "x_label": "rows",
+                "y_label": "count",
+                "x": ["used", "never used"],
+                "series": {"rows": [used, unused]},
+                "highlight_x": ["never used"],
+            },
+        }
+        saved = (
+            f", {params:,} parameters and about {memory / 2**20:.1f} MiB of training memory"
+            if params is not None and memory is not None
+            else ""
+        )
+        return [
+            Finding(
+                rule=self.id,
+                severity=self.severity,
+                title=f"{pct:.0f}% of the {vocab} vocabulary rows are never used by the data",
+                evidence=evidence,
+                recommendation=(
+                    f"The data uses {used} of {vocab} token ids. Pruning the other {unused} rows "
+                    f"saves {pct:.0f}% of the embedding{saved}."
+                ),
+                fix=Fix(code=FIX_CODE, config_patch={"data.vocab_size": new_vocab}),
+                estimated_saving_pct=None,
+            )
+        ]
+
+    examples: ClassVar = (
+        Example(
+            "run: 1200 of 3000 token ids used",
+            True,
+            lambda: ex.inputs(
+                run=ex.run(
+                    ex.series(3, step_time_ms=10.0),
+                    config={"data.vocab_size": 3000, "model.hidden_size": 192},
+                    environment={**ex.CPU_ENV, "vocab_usage": {"used_token_ids": 1200}},
+                )
+            ),
+        ),
+        Example(
+            "run: 2900 of 3000 token ids used",
+            False,
+            lambda: ex.inputs(
+                run=ex.run(
+                    ex.series(3, step_time_ms=10.0),
+                    config={"data.vocab_size": 3000, "model.hidden_size": 192},
+                    environment={**ex.CPU_ENV, "vocab_usage": {"used_token_ids": 2900}},
+                )
+            ),
+        ),
+    )
