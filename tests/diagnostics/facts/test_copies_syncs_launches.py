@@ -47,8 +47,11 @@ def sync_trace():
         runtime("cudaStreamSynchronize", 600, 50, corr=3),
         runtime("cudaDeviceSynchronize", 700, 20, corr=4),
         step(2, 1000, 500),
+        # Two launches, as many GPU events as step 1, so the step is kept.
         runtime("cudaLaunchKernel", 1010, 5, corr=6),
         gpu("k2", 1020, 10, corr=6),
+        runtime("cudaLaunchKernel", 1015, 5, corr=7),
+        gpu("k3", 1030, 10, corr=7),
         runtime("cudaStreamSynchronize", 1100, 30, corr=5),
     )
 

@@ -75,7 +75,9 @@ def test_rank_summary_and_spread_point_at_the_straggler():
     ]
     summary = rank_summary(facts)
     assert summary["rank"].to_list() == [0, 1, 2]
-    assert summary["step_time_ms_mean"].to_list() == pytest.approx([100 / 1000, 100 / 1000, 150 / 1000])
+    assert summary["step_time_ms_mean"].to_list() == pytest.approx(
+        [100 / 1000, 100 / 1000, 150 / 1000]
+    )
     # Median of the means is 0.1 ms; rank 2 is 1.5x slower.
     assert summary["step_time_vs_median"].to_list() == pytest.approx([1.0, 1.0, 1.5])
     # GPU busy 50 µs of each step: 50/100 and 50/150.
