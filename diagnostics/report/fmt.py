@@ -123,17 +123,12 @@ def config_literal(value: Any) -> str:
 
 
 def label(key: str) -> str:
-    """An evidence key as a label: units stay readable ('data_wait_ms' -> 'data wait (ms)')."""
-    for suffix, unit in (
-        ("_bytes_per_step", "per step"),
-        ("_per_s", "per s"),
-        ("_pct", "%"),
-        ("_ms", "ms"),
-        ("_us", "ms"),
-        ("_bytes", "bytes"),
-        ("_s", "s"),
-    ):
+    """An evidence key as a label. Times and sizes lose their unit suffix (the formatted
+    value carries it: 'data_wait_ms' -> 'data wait'); shares keep theirs as '(%)'."""
+    if key.endswith("_pct") and len(key) > 4:
+        return key[:-4].replace("_", " ") + " (%)"
+    for suffix in ("_bytes_per_step", "_ms", "_us", "_bytes", "_s"):
         if key.endswith(suffix) and len(key) > len(suffix):
             base = key[: -len(suffix)].replace("_", " ")
-            return base if unit in ("ms", "bytes", "%", "s", "per step") else f"{base} {unit}"
+            return base
     return key.replace("_", " ")

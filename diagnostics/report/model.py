@@ -118,6 +118,18 @@ def _set_args(patch: Mapping[str, Any] | None) -> tuple[str, ...]:
     return tuple(f"{key}={fmt.config_literal(value)}" for key, value in (patch or {}).items())
 
 
+def _evidence_rows(evidence: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    rows: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for key, value in evidence.items():
+        text = fmt.label(str(key))
+        if text in seen:  # two keys that differ only by unit: show the raw key
+            text = str(key)
+        seen.add(text)
+        rows.append((text, fmt.evidence_value(str(key), value)))
+    return tuple(rows)
+
+
 def report_finding(finding: Any, status: str | None = None) -> ReportFinding:
     evidence = dict(finding.evidence or {})
     figure = plots.finding_figure(finding)
@@ -128,10 +140,7 @@ def report_finding(finding: Any, status: str | None = None) -> ReportFinding:
         title=str(finding.title),
         recommendation=str(finding.recommendation or ""),
         evidence=shown,
-        evidence_rows=tuple(
-            (fmt.label(str(key)), fmt.evidence_value(str(key), value))
-            for key, value in shown.items()
-        ),
+        evidence_rows=_evidence_rows(shown),
         fix_code=str(finding.fix.code or ""),
         config_patch=dict(finding.fix.config_patch) if finding.fix.config_patch else None,
         set_args=_set_args(finding.fix.config_patch),

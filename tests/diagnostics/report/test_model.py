@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+import pytest
+
+from diagnostics.compare import compare
+from diagnostics.report.model import build_comparison_report, build_report
+from diagnostics.report.pricing import Pricing
+from tests.diagnostics.report import fakes
+
+
+def test_findings_in_severity_then_saving_order(run_result):
+    report = build_report(run_result)
+    # Given low, medium, high (10 %), high (35 %): highs first, the larger saving first.
+    assert [(f.severity, f.rule) for f in report.findings] == [
+        ("high", "slow-data"),
+        ("high", "too-few-workers"),
+        ("medium", "missing-pin-memory"),
+        ("low", "small-batch"),
+    ]
+    assert [f.rule for f in report.findings_at_or_above("high")] == ["slow-data", "too-few-workers"]
+    assert len(report.findings_at_or_above("medium")) == 3
+    assert len(report.findings_at_or_above("low")) == 4
+
+
+def test_run_report_summary_cost_and_charts(run_result):
+    report = build_report(run_result)
+    assert report.kind == "run" and report.title.endswith("run run-1")
+    summary = dict(report.summary_rows)
+    # Every step: 40 + 2 + 50 + 5 + 3 = 100 ms, 8 samples each: 80 samples/s, 40 % waiting.
+    assert summary["median step time"] == "100 ms"
+    assert summary["throughput"] == "80 samples/s"
+    assert summary["data-wait share of step time"] == "40.0 %"
+    assert summary["GPU utilisation"] == "40.0 %"
+    assert dict(report.environment_rows)["GPU"] == "NVIDIA H100 80GB HBM3"
+    assert ("data.num_workers", "0") in report.config_rows
+    assert [c.key for c in report.charts] == ["step_time", "loss_gradnorm", "memory", "system"]
+    slow = report.findings[0]
+    assert slow.figure is not None and "chart" not in slow.evidence
+    assert slow.set_args == ("data.num_workers=4", "data.persistent_workers=true")
+    assert dict(slow.evidence_rows)["data wait"] == "40.0 ms"
+    cost = report.cost
+    # 1,000 rows / batch 8 = 125 steps; 125 x 100 ms = 12.5 s an epoch.
+    assert cost.steps_per_epoch == 125 and cost.time_per_epoch_s == pytest.approx(12.5)
+    # Savings 35, 10, 8 and 5 % applied in turn keep 0.65 x 0.9 x 0.92 x 0.95 of the time.
+    kept = 0.65 * 0.9 * 0.92 * 0.95
+    assert cost.saving_pct == pytest.approx(100 * (1 - kept))
+    assert cost.after_time_per_1000_steps_s == pytest.approx(100.0 * kept)
+    assert cost.gpu == "NVIDIA H100 80GB"
+
+
+def test_user_price_reaches_the_cost(run_result):
+    report = build_report(run_result, pricing=Pricing(usd_per_gpu_hour=36.0))
+    # 1,000 steps x 100 ms = 100 s at $36 an hour = $1.00.
+    assert report.cost.cost_per_1000_steps_usd == pytest.approx(1.0)
+
+
+def test_trace_report_has_trace_charts_and_world_size():
+    report = build_report(fakes.trace_result())
+    assert report.kind == "trace"
+    assert [c.key for c in report.charts] == ["breakdown", "top_operators", "top_kernels"]
+    assert report.cost.gpus == 8  # the trace's distributedInfo world size
+    assert report.cost.steps_per_epoch is None
+    assert dict(report.summary_rows)["peak memory (CUDA)"] == "3.00 GiB"  # 3 << 30 bytes
+
+
+def test_comparison_report(tmp_path, run_data, mixed_findings):
+    fast = fakes.write_run(
+        tmp_path,
+        run_id="run-2",
+        steps=fakes.steps_records(12, data_wait_ms=0.0),
+        config={
+            "scenario": "slow-loader",
+            "data": {"rows": 1000, "num_workers": 4},
+            "train": {"batch_size": 8},
+        },
+    )
+    a = fakes.run_result(run_data, mixed_findings)
+    b = fakes.run_result(fast, mixed_findings[:2])
+    report = build_comparison_report(compare(a, b))
+    section = report.comparison
+    assert report.kind == "comparison"
+    assert [f.rule for f in section.gone] == ["slow-data", "too-few-workers"]
+    assert [f.rule for f in section.kept] == ["missing-pin-memory", "small-batch"]
+    assert section.new == ()
+    rows = {row[0]: row for row in section.rows}
+    # 100 ms -> 60 ms a step: throughput 100/60 = 1.67x, step time 0.60x.
+    assert rows["throughput (samples/s)"][3] == "1.67×"
+    assert rows["median step time"][3] == "0.60×"
+    assert rows["median step time"][4] == "better"
+    assert section.config_changes == (("data.num_workers", "0", "4"),)
+    assert report.charts[0].key == "compare_steps"
+    assert section.cost_a.time_per_1000_steps_s == pytest.approx(100.0)
+    assert report.cost.time_per_1000_steps_s == pytest.approx(60.0)
