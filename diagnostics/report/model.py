@@ -265,22 +265,33 @@ def _summary_rows(metrics: KeyMetrics, summary: Mapping[str, Any]) -> list[tuple
     return rows
 
 
+POINT_SIGNALS = ("grad_spikes", "non_finite", "scaler_skipped_steps")
+
+
 def _spike_steps(findings: Iterable[Any]) -> list[int]:
+    """Steps the unstable-gradients rule points at (its evidence "steps" lists them when a
+    point signal fired; otherwise it holds a range, which is not a spike)."""
     for finding in findings:
         evidence = finding.evidence or {}
-        for key in ("spike_steps", "outlier_steps"):
-            values = evidence.get(key)
-            if isinstance(values, list | tuple):
-                return [int(v) for v in values if isinstance(v, int | float)]
+        if finding.rule != "unstable-gradients" or not any(k in evidence for k in POINT_SIGNALS):
+            continue
+        values = evidence.get("steps")
+        if isinstance(values, list | tuple):
+            return [int(v) for v in values if isinstance(v, int | float)]
     return []
 
 
 def _leak_slope(findings: Iterable[Any]) -> tuple[float | None, str]:
+    """The memory-leak rule's slope and the step column it was fitted on."""
     for finding in findings:
-        for key, value in (finding.evidence or {}).items():
-            if key.endswith("bytes_per_step") and isinstance(value, int | float):
-                column = "cuda_allocated_bytes" if "cuda" in key else "rss_bytes"
-                return float(value), column
+        evidence = finding.evidence or {}
+        slope = evidence.get("slope_bytes_per_step")
+        if finding.rule == "memory-leak" and isinstance(slope, int | float):
+            series = str(evidence.get("series", "")).lower()
+            if "cuda" in series:
+                return float(slope), "cuda_allocated_bytes"
+            if "rss" in series:
+                return float(slope), "rss_bytes"
     return None, "rss_bytes"
 
 
@@ -298,7 +309,7 @@ def _charts(result: Any) -> list[Chart]:
                 plots.loss_gradnorm_figure(run.steps, _spike_steps(findings)),
             )
         )
-        slope, column = _leak_slope(f for f in findings if "leak" in f.rule)
+        slope, column = _leak_slope(findings)
         charts.append(
             Chart(
                 "memory",

@@ -91,3 +91,37 @@ def test_comparison_report(tmp_path, run_data, mixed_findings):
     assert report.charts[0].key == "compare_steps"
     assert section.cost_a.time_per_1000_steps_s == pytest.approx(100.0)
     assert report.cost.time_per_1000_steps_s == pytest.approx(60.0)
+
+
+def test_run_charts_mark_the_rules_spikes_and_leak_slope(run_data):
+    unstable = fakes.finding(
+        "unstable-gradients",
+        fakes.Severity.HIGH,
+        None,
+        evidence={"grad_spikes": {"finetune": {"steps": [4, 7]}}, "steps": [4, 7]},
+    )
+    leak = fakes.finding(
+        "memory-leak",
+        fakes.Severity.HIGH,
+        None,
+        evidence={"series": "host RSS of the trainer", "slope_bytes_per_step": 1024 * 1024},
+    )
+    charts = {
+        c.key: c.figure for c in build_report(fakes.run_result(run_data, (unstable, leak))).charts
+    }
+    spikes = [t for t in charts["loss_gradnorm"].data if t.name == "spike (grad norm)"]
+    assert list(spikes[0].x) == [4, 7]
+    fitted = [t for t in charts["memory"].data if t.name.startswith("fitted growth")]
+    # RSS is (500 + step) MiB over steps 1..12 and the slope is 1 MiB/step: the line meets both ends.
+    assert list(fitted[0].y) == pytest.approx([501.0, 512.0])
+
+
+def test_a_range_in_unstable_evidence_is_not_a_spike(run_data):
+    diverged = fakes.finding(
+        "unstable-gradients",
+        fakes.Severity.HIGH,
+        None,
+        evidence={"divergence": {}, "steps": [1, 12]},
+    )
+    charts = {c.key: c.figure for c in build_report(fakes.run_result(run_data, (diverged,))).charts}
+    assert not [t for t in charts["loss_gradnorm"].data if (t.name or "").startswith("spike")]
