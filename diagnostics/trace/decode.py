@@ -1,0 +1,444 @@
+"""Chrome-trace JSON to columns: a streaming, typed decode of ``traceEvents``.
+
+How it stays fast and small:
+
+* Events are decoded by msgspec into ``gc=False`` Structs that name only the fields the
+  event table needs; every other key (call stacks, input shapes, grid sizes, ...) is
+  skipped by the parser without ever becoming a Python object.
+* The file is never held whole. Decompressed blocks accumulate until about
+  ``chunk_bytes`` are buffered, then the buffer is cut after the last complete event
+  (a ``}`` followed by ``,`` and ``{``), that prefix is decoded as one JSON array and
+  turned into polars columns, and the Structs are dropped. Peak memory is one chunk of
+  text and its Structs plus the columns so far, whatever the file's size.
+* A cut can land inside an event (``}, {`` inside a string or a nested list). The prefix
+  is then not a valid JSON array, msgspec says so, and the next earlier candidate is
+  tried: a cut is only ever accepted when the decoder agrees it is a whole array.
+* The keys around ``traceEvents`` (``deviceProperties``, ``distributedInfo``, ...) are
+  decoded separately: the head by closing the object right where ``"traceEvents"``
+  starts, the tail by opening a fresh object just before the array's remainder.
+
+Malformed events (a ``ts`` that is a string, ``args.device`` that is a list) make msgspec
+reject the whole chunk; that chunk alone is then decoded event by event so only the bad
+events are dropped, each counted with the reason msgspec gave.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from itertools import compress
+from operator import attrgetter
+from typing import Any
+
+import msgspec
+import polars as pl
+
+from diagnostics.errors import InputError
+
+# Text decoded per step. 16 MiB of Kineto JSON is ~60k events: big enough that per-chunk
+# overhead vanishes, small enough that a chunk's Structs stay a few tens of MB.
+DEFAULT_CHUNK_BYTES = 16 << 20
+# Metadata before "traceEvents" is a few KB in practice; past this the file is not a trace.
+HEAD_LIMIT_BYTES = 64 << 20
+# Earlier cut candidates tried before waiting for more text (a cut inside an event).
+_MAX_CUT_TRIES = 16
+
+
+class Args(msgspec.Struct, frozen=True, gc=False):
+    """The few ``args`` keys the event table keeps; all others are skipped unparsed."""
+
+    device: int | None = None
+    stream: int | None = None
+    correlation: int | None = None
+    external_id: int | None = msgspec.field(name="External id", default=None)
+    # PyTorch 1.9 era traces spell it in lower case on runtime and GPU events
+    external_id_legacy: int | None = msgspec.field(name="external id", default=None)
+    bytes: int | None = None  # copy / memset size
+    memory_bytes: int | None = msgspec.field(name="Bytes", default=None)  # [memory] size
+    total_allocated: int | None = msgspec.field(name="Total Allocated", default=None)
+    total_reserved: int | None = msgspec.field(name="Total Reserved", default=None)
+    device_type: int | None = msgspec.field(name="Device Type", default=None)
+    device_id: int | None = msgspec.field(name="Device Id", default=None)
+    name: Any = None  # M events: the process or thread name
+
+
+NO_ARGS = Args()
+
+
+class Event(msgspec.Struct, frozen=True, gc=False):
+    ph: str | None = None
+    name: str | None = None
+    cat: str | None = None
+    ts: float | None = None
+    dur: float | None = None
+    pid: int | str | None = None  # Kineto writes "Spans"/"Traces" for its own rows
+    tid: int | str | None = None  # and "stream 7" or "25738" in PyTorch 1.9 traces
+    id: int | str | None = None  # flow id
+    args: Args = NO_ARGS
+
+
+_EVENTS_DECODER = msgspec.json.Decoder(list[Event])
+_EVENT_DECODER = msgspec.json.Decoder(Event)
+_RAW_LIST_DECODER = msgspec.json.Decoder(list[msgspec.Raw])
+_RAW_DICT_DECODER = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_ANY_DECODER = msgspec.json.Decoder()
+
+# Raw columns straight off the Structs (before normalisation in the loader).
+RAW_SCHEMA: dict[str, pl.DataType] = {
+    "ph": pl.String,
+    "name": pl.String,
+    "cat": pl.String,
+    "ts": pl.Float64,
+    "dur": pl.Float64,
+    # ints and strings mixed: numeric strings ("25738") parse, other strings become null
+    "pid": pl.Int64,
+    "tid": pl.Int64,
+    "id": pl.Int64,  # flows only
+    "device": pl.Int64,
+    "stream": pl.Int64,
+    "correlation": pl.Int64,
+    "external_id": pl.Int64,
+    "external_id_legacy": pl.Int64,
+    "bytes": pl.Int64,
+    "memory_bytes": pl.Int64,
+    "total_allocated": pl.Int64,
+    "total_reserved": pl.Int64,
+    "device_type": pl.Int64,
+    "device_id": pl.Int64,
+}
+_EVENT_FIELDS = ("ph", "name", "cat", "ts", "dur", "pid", "tid", "id")
+RAW_EVENT_SCHEMA = {name: dtype for name, dtype in RAW_SCHEMA.items() if name != "id"}
+RAW_FLOW_SCHEMA = {"ph": pl.String} | {
+    name: RAW_SCHEMA[name] for name in ("name", "cat", "ts", "pid", "tid", "id")
+}
+_ARG_FIELDS = tuple(name for name in RAW_SCHEMA if name not in _EVENT_FIELDS)
+_GETTERS = {name: attrgetter(name) for name in (*_EVENT_FIELDS, *_ARG_FIELDS)}
+_GET_ARGS = attrgetter("args")
+_MIXED = frozenset({"pid", "tid", "id"})
+_FLOW_FIELDS = ("name", "cat", "ts", "pid", "tid", "id")
+FLOW_PHASES = ("s", "f", "t")
+
+_WS = b" \t\r\n"
+_CUT = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")
+_KEY = re.compile(rb'"traceEvents"[ \t\r\n]*:[ \t\r\n]*')
+_BYTE_POS = re.compile(r"\(byte (\d+)\)")
+
+
+@dataclass
+class DecodedTrace:
+    """Raw columns of every event (RAW_SCHEMA), the other top-level keys, what was dropped."""
+
+    frame: pl.DataFrame  # every non-flow event, RAW_SCHEMA less "id"
+    flows: pl.DataFrame  # flow events (ph s/f/t): RAW_FLOW_SCHEMA
+    top: dict[str, Any]
+    names: list[tuple[str, Any, Any, Any]]  # M events: (name, pid, tid, args.name)
+    skipped: Counter[str] = field(default_factory=Counter)
+
+
+def _series(name: str, items: list[Any]) -> pl.Series:
+    values = list(map(_GETTERS[name], items))
+    return pl.Series(name, values, dtype=RAW_SCHEMA[name], strict=name not in _MIXED)
+
+
+def _columns(
+    events: list[Event],
+) -> tuple[pl.DataFrame, pl.DataFrame | None, list[tuple[str, Any, Any, Any]]]:
+    """Struct list -> (event rows, flow rows, M-event names) as polars frames.
+
+    One C-level pass (``map(attrgetter)``) per column: no Python code runs per event.
+    Flows (a third of a modern trace) are split off first so that only their few
+    columns are extracted for them.
+    """
+    phases = pl.Series("ph", list(map(_GETTERS["ph"], events)), dtype=pl.String)
+    is_flow = phases.is_in(FLOW_PHASES)
+    flows_frame = None
+    if is_flow.any():
+        flow_rows = list(compress(events, is_flow.to_list()))
+        flows_frame = pl.DataFrame(
+            [phases.filter(is_flow)] + [_series(name, flow_rows) for name in _FLOW_FIELDS]
+        )
+        events = list(compress(events, (~is_flow).to_list()))
+        phases = phases.filter(~is_flow)
+    data = [phases] + [_series(name, events) for name in _EVENT_FIELDS[1:] if name != "id"]
+    args = list(map(_GET_ARGS, events))
+    for name in _ARG_FIELDS:
+        data.append(pl.Series(name, list(map(_GETTERS[name], args)), dtype=RAW_SCHEMA[name]))
+    frame = pl.DataFrame(data)
+    return frame, flows_frame, _metadata_names(events, frame)
+
+
+def _metadata_names(events: list[Event], frame: pl.DataFrame) -> list[tuple[str, Any, Any, Any]]:
+    rows = frame.select(pl.arg_where(pl.col("ph") == "M")).to_series().to_list()
+    out = []
+    for i in rows:
+        event = events[i]
+        out.append((event.name or "", event.pid, event.tid, event.args.name))
+    return out
+
+
+def _one_line(message: str) -> str:
+    return " ".join(str(message).split())
+
+
+class _Chunker:
+    """Holds the undecoded text and turns complete events into column frames."""
+
+    def __init__(self, display: str, blocks: Iterator[bytes], chunk_bytes: int):
+        self.display = display
+        self.blocks = blocks
+        self.chunk_bytes = chunk_bytes
+        self.buf = bytearray()
+        self.offset = 0  # position of buf[0] in the decompressed text
+        self.total = 0
+        self.eof = False
+        self.frames: list[pl.DataFrame] = []
+        self.flow_frames: list[pl.DataFrame] = []
+        self.names: list[tuple[str, Any, Any, Any]] = []
+        self.skipped: Counter[str] = Counter()
+
+    # -- reading ---------------------------------------------------------------------
+    def more(self) -> bool:
+        if self.eof:
+            return False
+        for block in self.blocks:
+            if block:
+                self.buf += block
+                self.total += len(block)
+                return True
+        self.eof = True
+        return False
+
+    def invalid_json(self, message: str, base: int | None = None) -> InputError:
+        base = self.offset if base is None else base
+
+        def absolute(match: re.Match[str]) -> str:
+            return f"(byte {int(match.group(1)) + base})"
+
+        return InputError(self.display, f"is not valid JSON: {_BYTE_POS.sub(absolute, message)}")
+
+    # -- the document's start ----------------------------------------------------------
+    def start(self) -> str:
+        """Skips to the first value; returns "list" or "object"."""
+        while True:
+            stripped = self.buf.lstrip(_WS)
+            if stripped.startswith(b"\xef\xbb\xbf"):  # UTF-8 byte order mark
+                stripped = stripped[3:].lstrip(_WS)
+            if stripped:
+                self.offset += len(self.buf) - len(stripped)
+                self.buf = bytearray(stripped)
+                break
+            if not self.more():
+                if self.total == 0:
+                    raise InputError(self.display, "is empty")
+                raise InputError(self.display, "holds only whitespace, no JSON")
+        first = self.buf[0]
+        if first == ord("["):
+            return "list"
+        if first == ord("{"):
+            return "object"
+        sample = bytes(self.buf[:16])
+        if all(32 <= b < 127 or b in b"\t\r\n" for b in sample):
+            what = f"starts with {sample.decode('ascii')[:12]!r}"
+        else:
+            what = "looks like binary data"
+        raise InputError(self.display, f"is not JSON ({what}); expected a Chrome trace")
+
+    def head(self) -> dict[str, Any]:
+        """Finds the top-level "traceEvents" key; returns the keys before it.
+
+        Leaves the buffer starting at the array's "[".
+        """
+        search_from = 0
+        while True:
+            k = self.buf.find(b'"traceEvents"', search_from)
+            if k < 0:
+                if len(self.buf) > HEAD_LIMIT_BYTES:
+                    raise InputError(
+                        self.display,
+                        f"has no top-level traceEvents in its first {HEAD_LIMIT_BYTES >> 20} MiB; "
+                        "is it a Chrome trace?",
+                    )
+                search_from = max(0, len(self.buf) - 16)
+                if not self.more():
+                    self.raise_without_events()
+                continue
+            match = _KEY.match(self.buf, k)
+            if match is None or match.end() >= len(self.buf):
+                # the key's colon or value may still be in the next block
+                if match is None and len(self.buf) - k > 64:
+                    search_from = k + 1
+                    continue
+                if self.more():
+                    continue
+                self.raise_without_events()
+            try:
+                head = _ANY_DECODER.decode(bytes(self.buf[:k]) + b'"traceEvents":null}')
+            except msgspec.DecodeError:
+                search_from = k + 1  # inside a string or a nested object: keep looking
+                continue
+            value = self.buf[match.end()]
+            if value != ord("["):
+                kind = {ord("{"): "an object", ord("n"): "null", ord('"'): "a string"}.get(
+                    value, "not a list"
+                )
+                raise InputError(self.display, f"traceEvents is {kind}, expected a list of events")
+            self.offset += match.end()
+            del self.buf[: match.end()]
+            return head if isinstance(head, dict) else {}
+
+    def raise_without_events(self) -> None:
+        """At EOF with no traceEvents found: say precisely what the document is."""
+        try:
+            doc = _ANY_DECODER.decode(self.buf)
+        except msgspec.DecodeError as exc:
+            raise self.invalid_json(str(exc)) from None
+        if isinstance(doc, dict):
+            keys = ", ".join(sorted(map(str, doc))[:8]) or "none"
+            raise InputError(
+                self.display, f"has no traceEvents (top-level keys: {keys}); not a Chrome trace"
+            )
+        raise InputError(self.display, "is JSON but not a Chrome trace (no traceEvents)")
+
+    # -- the events ----------------------------------------------------------------------
+    def body(self) -> None:
+        """Decodes complete events chunk by chunk while more text keeps arriving."""
+        while True:
+            while len(self.buf) < self.chunk_bytes:
+                if not self.more():
+                    return
+            if not self.decode_prefix():
+                if len(self.buf) > 4 * self.chunk_bytes + HEAD_LIMIT_BYTES:
+                    self.diagnose_stuck()
+                if not self.more():
+                    return
+
+    def find_cut(self, end: int) -> int | None:
+        """Position of the comma after the last complete-looking event before ``end``."""
+        pos = end
+        while True:
+            close = self.buf.rfind(b"}", 1, pos)
+            if close < 0:
+                return None
+            match = _CUT.match(self.buf, close)
+            if match is not None:
+                return self.buf.index(b",", close, match.end())
+            pos = close
+
+    def decode_prefix(self) -> bool:
+        """Decodes events up to the last good cut; False when no cut was found yet."""
+        end = len(self.buf)
+        for _ in range(_MAX_CUT_TRIES):
+            cut = self.find_cut(end)
+            if cut is None:
+                return False
+            if self.decode_until(cut):
+                self.buf[cut] = ord("[")  # the rest becomes a JSON array again
+                self.offset += cut
+                del self.buf[:cut]
+                return True
+            end = cut
+        return False
+
+    def decode_until(self, cut: int) -> bool:
+        self.buf[cut] = ord("]")
+        view = memoryview(self.buf)[: cut + 1]
+        try:
+            events = _EVENTS_DECODER.decode(view)
+        except msgspec.ValidationError:
+            events = None
+        except msgspec.DecodeError as exc:
+            # A cut inside an event fails at the "]" put at the cut or runs out of text;
+            # a failure before the cut is a real syntax error in the file.
+            position = _BYTE_POS.search(str(exc))
+            if position is not None and int(position.group(1)) < cut:
+                raise self.invalid_json(str(exc)) from None
+            return False
+        finally:
+            view.release()
+            self.buf[cut] = ord(",")
+        if events is None:  # valid JSON? then only some events are bad
+            text = bytes(self.buf[:cut]) + b"]"
+            try:
+                raws = _RAW_LIST_DECODER.decode(text)
+            except msgspec.DecodeError:
+                return False
+            events = self.decode_one_by_one(raws)
+        self.add(events)
+        return True
+
+    def decode_one_by_one(self, raws: Iterable[msgspec.Raw]) -> list[Event]:
+        events = []
+        for raw in raws:
+            try:
+                events.append(_EVENT_DECODER.decode(raw))
+            except msgspec.ValidationError as exc:
+                reason = _one_line(str(exc))
+                if reason.startswith("Expected `object`"):
+                    reason = "not a JSON object"
+                self.skipped[reason] += 1
+        return events
+
+    def add(self, events: list[Event]) -> None:
+        if not events:
+            return
+        frame, flows, names = _columns(events)
+        self.names.extend(names)
+        self.frames.append(frame)
+        if flows is not None:
+            self.flow_frames.append(flows)
+
+    def diagnose_stuck(self) -> None:
+        """No cut decodes across several chunks: the JSON itself is broken; say where."""
+        cut = self.find_cut(len(self.buf))
+        text = bytes(self.buf[:cut]) + b"]" if cut is not None else bytes(self.buf)
+        try:
+            _RAW_LIST_DECODER.decode(text)
+        except msgspec.DecodeError as exc:
+            raise self.invalid_json(str(exc)) from None
+        raise InputError(self.display, "has a single event larger than the chunk limit")
+
+    def tail(self, mode: str) -> dict[str, Any]:
+        """Decodes what is left: the last events and the keys after the array."""
+        base = self.offset - len(b'{"traceEvents":')
+        text = b'{"traceEvents":' + bytes(self.buf) + (b"}" if mode == "list" else b"")
+        self.buf = bytearray()
+        try:
+            parts = _RAW_DICT_DECODER.decode(text)
+        except msgspec.DecodeError as exc:
+            message = str(exc)
+            if "truncated" in message:
+                raise InputError(
+                    self.display, "is not valid JSON: it ends early (truncated)"
+                ) from None
+            raise self.invalid_json(message, base) from None
+        raw_events = parts.pop("traceEvents")
+        try:
+            events = _EVENTS_DECODER.decode(raw_events)
+        except msgspec.ValidationError:
+            events = self.decode_one_by_one(_RAW_LIST_DECODER.decode(raw_events))
+        self.add(events)
+        return {key: _ANY_DECODER.decode(raw) for key, raw in parts.items()}
+
+
+def decode_trace(
+    blocks: Iterator[bytes], display: str, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+) -> DecodedTrace:
+    """Decodes a Chrome trace (an object with ``traceEvents`` or a bare event list)."""
+    chunker = _Chunker(display, iter(blocks), chunk_bytes)
+    mode = chunker.start()
+    top = chunker.head() if mode == "object" else {}
+    chunker.body()
+    top.update(chunker.tail(mode))
+    top.pop("traceEvents", None)
+    # No rechunk: polars works on chunked columns, and copying them would cost a pass.
+    frame = pl.concat(chunker.frames, rechunk=False) if chunker.frames else None
+    flows = pl.concat(chunker.flow_frames, rechunk=False) if chunker.flow_frames else None
+    return DecodedTrace(
+        frame=frame if frame is not None else pl.DataFrame(schema=RAW_EVENT_SCHEMA),
+        flows=flows if flows is not None else pl.DataFrame(schema=RAW_FLOW_SCHEMA),
+        top=top,
+        names=chunker.names,
+        skipped=chunker.skipped,
+    )

@@ -1,0 +1,148 @@
+"""Bytes of a trace file, decompressed as a stream with a hard cap.
+
+A trace upload is untrusted: a few megabytes of gzip can inflate to terabytes. Reading
+goes block by block and stops with an :class:`InputError` as soon as the decompressed
+total passes ``max_bytes``, so memory stays bounded whatever the file holds. Gzip is
+recognised by its magic bytes, not the file name (a ``.json.gz`` that is plain JSON, or a
+``.json`` that is gzip, both load).
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from diagnostics.errors import InputError
+
+# 2 GiB of JSON is about 8 million Kineto events: far more than any one profiler window
+# writes, yet small enough that a bomb stops long before it hurts the machine.
+DEFAULT_MAX_DECOMPRESSED_BYTES = 2 * 1024**3
+
+GZIP_MAGIC = b"\x1f\x8b"
+# Compressed bytes read per call, and the most decompressed bytes one block may carry.
+_READ_BYTES = 1 << 20
+BLOCK_BYTES = 8 << 20
+
+
+def _human(n: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} bytes"
+
+
+def _too_big(display: str, max_bytes: int, compressed: bool) -> InputError:
+    what = "decompresses to" if compressed else "is"
+    return InputError(
+        display,
+        f"{what} more than {_human(max_bytes)} of JSON, the limit "
+        f"(raise max_decompressed_bytes / --max-decompressed-mb to read it)",
+    )
+
+
+def iter_blocks(
+    path: str | os.PathLike[str],
+    *,
+    max_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
+    display: str | None = None,
+    block_bytes: int = BLOCK_BYTES,
+) -> Iterator[bytes]:
+    """Yields the file's (decompressed) content in blocks of at most ``block_bytes``."""
+    path = Path(path)
+    display = display or str(path)
+    try:
+        handle = path.open("rb")
+    except FileNotFoundError:
+        raise InputError(display, "no such file") from None
+    except IsADirectoryError:
+        raise InputError(display, "is a folder, expected a trace file") from None
+    except OSError as exc:
+        raise InputError(display, f"cannot be read ({exc.strerror or exc})") from None
+    with handle:
+        try:
+            head = handle.read(2)
+            handle.seek(0)
+        except OSError as exc:
+            raise InputError(display, f"cannot be read ({exc.strerror or exc})") from None
+        if head == GZIP_MAGIC:
+            yield from _gunzip(handle, display, max_bytes, block_bytes)
+        else:
+            yield from _plain(handle, display, max_bytes, block_bytes)
+
+
+def _plain(handle, display: str, max_bytes: int, block_bytes: int) -> Iterator[bytes]:
+    total = 0
+    while True:
+        block = _read(handle, display, block_bytes)
+        if not block:
+            return
+        total += len(block)
+        if total > max_bytes:
+            raise _too_big(display, max_bytes, compressed=False)
+        yield block
+
+
+def _read(handle, display: str, size: int) -> bytes:
+    try:
+        return handle.read(size)
+    except OSError as exc:
+        raise InputError(display, f"cannot be read ({exc.strerror or exc})") from None
+
+
+def _only_padding_left(handle, display: str, rest: bytes) -> bool:
+    """True when nothing but NUL padding follows a gzip member (some tools pad files)."""
+    while True:
+        if rest.strip(b"\0"):
+            return False
+        rest = _read(handle, display, _READ_BYTES)
+        if not rest:
+            return True
+
+
+def _gunzip(handle, display: str, max_bytes: int, block_bytes: int) -> Iterator[bytes]:
+    """Inflates gzip members one after another (``cat a.gz b.gz`` is valid gzip)."""
+    total = 0
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    pending = b""
+    while True:
+        if not pending:
+            pending = _read(handle, display, _READ_BYTES)
+            if not pending:
+                break
+        try:
+            out = inflater.decompress(pending, block_bytes)
+        except zlib.error as exc:
+            raise InputError(display, f"is not valid gzip ({exc})") from None
+        pending = inflater.unconsumed_tail
+        if out:
+            total += len(out)
+            if total > max_bytes:
+                raise _too_big(display, max_bytes, compressed=True)
+            yield out
+        if inflater.eof:
+            rest = inflater.unused_data + pending
+            if not rest:
+                rest = _read(handle, display, _READ_BYTES)
+            if not rest:
+                return
+            if not rest.startswith(GZIP_MAGIC):
+                if _only_padding_left(handle, display, rest):
+                    return
+                raise InputError(display, "has data after the end of its gzip stream")
+            inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            pending = rest
+    # Input exhausted: whatever inflate still holds back, then the end-of-stream check.
+    try:
+        out = inflater.flush()
+    except zlib.error as exc:
+        raise InputError(display, f"is not valid gzip ({exc})") from None
+    if out:
+        total += len(out)
+        if total > max_bytes:
+            raise _too_big(display, max_bytes, compressed=True)
+        yield out
+    if not inflater.eof:
+        raise InputError(display, "is a truncated gzip file (the stream ends early)")
