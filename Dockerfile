@@ -12,6 +12,8 @@ COPY requirements.txt .
 RUN pip install --no-cache-dir -r requirements.txt
 COPY app.py ./
 COPY pages ./pages
+COPY app_ui ./app_ui
+COPY .streamlit ./.streamlit
 COPY diagnostics ./diagnostics
 COPY trainer ./trainer
 
