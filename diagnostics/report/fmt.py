@@ -91,20 +91,43 @@ def unit_value(value: Any, unit: str) -> str:
     return f"{number(value)} {unit}".strip()
 
 
+_UNIT_TOKENS = ("ms", "us", "s", "pct", "bytes", "mib", "gib")
+
+
+def _unit_of(key: str) -> tuple[str | None, list[str], list[str]]:
+    """(unit, words before it, words after it) of a key named with its unit somewhere in
+    it: 'data_wait_ms_median' -> ('ms', ['data', 'wait'], ['median'])."""
+    tokens = [t for t in key.split("_") if t]
+    if len(tokens) >= 2 and tokens[-2:] == ["gb", "s"]:
+        return "gb/s", tokens[:-2], []
+    if len(tokens) >= 2 and tokens[-2:] == ["per", "s"]:
+        return "/s", tokens[:-2], []
+    for index, token in enumerate(tokens):
+        if index > 0 and token.lower() in _UNIT_TOKENS:
+            return token.lower(), tokens[:index], tokens[index + 1 :]
+    return None, tokens, []
+
+
 def evidence_value(key: str, value: Any, max_chars: int = 240) -> str:
     """An evidence value formatted by the unit in its key name, lists and dicts compact."""
     if isinstance(value, int | float) and not isinstance(value, bool):
-        if key.endswith("_ms"):
+        unit, _, _ = _unit_of(key)
+        if unit == "ms":
             return ms(value)
-        if key.endswith("_us"):
+        if unit == "us":
             return ms(float(value) / 1000.0)
-        if key.endswith("_s"):
+        if unit == "s":
             return seconds(value)
-        if key.endswith("_pct"):
+        if unit == "pct":
             return pct(value)
-        if key.endswith("_bytes") or key.endswith("_bytes_per_step"):
-            text = bytes_(value)
-            return f"{text}/step" if key.endswith("_per_step") else text
+        if unit == "bytes":
+            return bytes_(value)
+        if unit == "mib":
+            return bytes_(float(value) * 1024**2)
+        if unit == "gib":
+            return bytes_(float(value) * 1024**3)
+        if unit == "gb/s":
+            return f"{number(value)} GB/s"
         return number(value)
     if isinstance(value, str):
         text = value
@@ -123,12 +146,15 @@ def config_literal(value: Any) -> str:
 
 
 def label(key: str) -> str:
-    """An evidence key as a label. Times and sizes lose their unit suffix (the formatted
-    value carries it: 'data_wait_ms' -> 'data wait'); shares keep theirs as '(%)'."""
-    if key.endswith("_pct") and len(key) > 4:
-        return key[:-4].replace("_", " ") + " (%)"
-    for suffix in ("_bytes_per_step", "_ms", "_us", "_bytes", "_s"):
-        if key.endswith(suffix) and len(key) > len(suffix):
-            base = key[: -len(suffix)].replace("_", " ")
-            return base
-    return key.replace("_", " ")
+    """An evidence key as a label: the unit word goes (the formatted value carries it),
+    the words around it stay ('data_wait_ms_median' -> 'data wait median'); shares keep
+    theirs as '(%)' and rates as 'per s'."""
+    unit, before, after = _unit_of(key)
+    if unit is None:
+        return key.replace("_", " ")
+    words = " ".join(before + after)
+    if unit == "pct":
+        return f"{words} (%)"
+    if unit == "/s":
+        return f"{words} per s"
+    return words

@@ -58,8 +58,10 @@ code { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: .92em; 
 .better { color: #067647; font-weight: 600; } .worse { color: var(--high); font-weight: 600; }
 label.price { display: inline-block; margin: 4px 0 10px; }
 label.price input { width: 7em; margin-left: 6px; }
+@page { margin: 14mm; }
 @media print {
-  body { max-width: none; padding: 0; font-size: 11pt; }
+  body { max-width: none; padding: 0; font-size: 11pt; -webkit-print-color-adjust: exact;
+    print-color-adjust: exact; }
   nav, label.price { display: none; }
   .finding, .chart, table, pre { break-inside: avoid; }
   h2 { break-after: avoid; }

@@ -476,7 +476,7 @@ def top_figure(
         )
     )
     _layout(fig, title, axis_title, "", height=max(300, 60 + 26 * top.height))
-    fig.update_layout(hovermode="closest", margin={"l": 20})
+    fig.update_layout(hovermode="closest", margin={"l": 20}, showlegend=False)
     fig.update_yaxes(automargin=True, type="category")
     return fig
 
