@@ -195,18 +195,17 @@ def load_trace_file(
     if table.ignored_phases:
         phases = ", ".join(f"{count:,} '{ph}'" for ph, count in table.ignored_phases.items())
         notes.append(f"{display}: ignored events of phases the analyser does not use ({phases})")
-    unlabelled = table.events.select(pl.col("pid").is_null() | pl.col("tid").is_null()).sum()
-    if unlabelled.item():
-        notes.append(
-            f"{display}: {_plural(unlabelled.item(), 'event')} with a pid or tid that is a "
-            "label, not a number (Kineto's 'Spans', 'Traces'): pid/tid left null"
-        )
+    # Kineto's own rows ("Spans"/"Traces" span and iteration markers) have label pids
+    unnumbered = int(
+        table.events.select((pl.col("pid").is_null() | pl.col("tid").is_null()).sum()).item()
+    )
     fields = _metadata(decoded.top, decoded.names, display, rank, rank_source)
     metadata = TraceMetadata(
         **fields,
         event_count=table.events.height,
         flow_count=table.flows.height,
         skipped_events=n_skipped,
+        unnumbered_ids=unnumbered,
         warnings=tuple(warnings),
         notes=tuple(notes),
     )

@@ -143,6 +143,7 @@ class TraceMetadata:
     event_count: int = 0  # rows of the event table
     flow_count: int = 0
     skipped_events: int = 0  # malformed events dropped (see warnings for why)
+    unnumbered_ids: int = 0  # events whose pid or tid was a label ("Spans"), now null
     warnings: tuple[str, ...] = ()  # user-facing: defects that changed the result
     notes: tuple[str, ...] = ()  # informational: how something was interpreted
 

@@ -1,0 +1,213 @@
+"""CLI: ``python -m diagnostics analyze|report|rules ...``.
+
+analyze PATH [--format json|text] [-o FILE] [--max-decompressed-mb N] [--thresholds FILE]
+    exit 0 with the result; 2 with one line on stderr for bad input or usage; 1 with one
+    line for an internal error (a bug: never a traceback either way).
+report ...  -> diagnostics.report.cli.main ; rules ... -> diagnostics.rules.docs.main
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+USAGE = (
+    "usage: python -m diagnostics {analyze,report,rules} ...\n"
+    "  analyze PATH [--format json|text] [-o FILE]   analyse a trace, rank folder or run\n"
+    "  report PATH --format html|md|json -o FILE    write a report\n"
+    "  rules [--format md]                          print the rule reference\n"
+)
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of printing usage and exiting."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise _UsageError(message)
+
+
+def _analyze_parser() -> argparse.ArgumentParser:
+    from diagnostics.trace.source import DEFAULT_MAX_DECOMPRESSED_BYTES
+
+    parser = _Parser(
+        prog="python -m diagnostics analyze",
+        description="Analyse a trace (.json/.json.gz), a folder of per-rank traces or a run "
+        "folder; print the result as JSON (schema pipeline-doctor/analysis/v1) or text.",
+    )
+    parser.add_argument("path", help="trace file, folder of rank traces, or run folder")
+    parser.add_argument("--format", choices=("json", "text"), default="json")
+    parser.add_argument("-o", "--output", help="write to this file instead of stdout")
+    parser.add_argument(
+        "--max-decompressed-mb",
+        type=float,
+        default=DEFAULT_MAX_DECOMPRESSED_BYTES / 2**20,
+        help="refuse a trace whose JSON is larger than this, MiB (default %(default).0f)",
+    )
+    parser.add_argument("--thresholds", help="rule thresholds override (.toml or .json)")
+    return parser
+
+
+def _pct(value: Any) -> str:
+    return "n/a" if value is None else f"{value:.1f}%"
+
+
+def _ms(value: Any) -> str:
+    return "n/a" if value is None else f"{value:.1f} ms"
+
+
+def render_text(doc: dict[str, Any]) -> str:
+    """A compact human summary of the result JSON."""
+    source, summary, env = doc["source"], doc["summary"], doc["environment"]
+    head = [f"{source['kind']} {source['path']}"]
+    head += [str(v) for v in (env.get("device"), env.get("gpu_name")) if v]
+    if env.get("pytorch_version"):
+        head.append(f"PyTorch {env['pytorch_version']}")
+    if len(source.get("ranks") or ()) > 1:
+        head.append(f"{len(source['ranks'])} ranks")
+    lines = [" · ".join(head)]
+    step_time = summary.get("step_time_ms")
+    steps = f"steps: {summary.get('steps')}"
+    if summary.get("step_time_source"):
+        steps += f" ({summary['step_time_source']})"
+    if step_time:
+        steps += (
+            f"   step time: mean {_ms(step_time['mean'])} · p50 {_ms(step_time['p50'])}"
+            f" · p95 {_ms(step_time['p95'])}"
+        )
+    if summary.get("samples_per_s") is not None:
+        steps += f"   throughput {summary['samples_per_s']:.1f} samples/s"
+    lines.append(steps)
+    if summary.get("breakdown_pct"):
+        parts = " · ".join(f"{k} {_pct(v)}" for k, v in summary["breakdown_pct"].items())
+        lines.append(f"step breakdown: {parts}")
+    if summary.get("data_wait_pct") is not None:
+        lines.append(f"data wait: {_pct(summary['data_wait_pct'])} of step time")
+    if summary.get("gpu_utilization_pct") is not None:
+        gpu = f"GPU: utilisation {_pct(summary['gpu_utilization_pct'])}"
+        if summary.get("gpu_busy_us") is not None:
+            gpu += f" · busy {_ms(summary['gpu_busy_us'] / 1000.0)}"
+        idle = summary.get("gpu_idle_breakdown_pct")
+        if idle:
+            gpu += " · idle: " + " · ".join(f"{k} {_pct(v)}" for k, v in idle.items())
+        lines.append(gpu)
+    if summary.get("peak_memory_bytes") is not None:
+        lines.append(f"peak memory: {summary['peak_memory_bytes'] / 2**30:.2f} GiB")
+    ranks = summary.get("ranks")
+    if ranks:
+        spread = ranks.get("spread")
+        line = f"ranks: {ranks['count']}"
+        if spread:
+            line += (
+                f" · step time spread {spread['spread_pct']:.1f}% (slowest rank "
+                f"{spread['slowest_rank']}: {_ms(spread['slowest_ms'])})"
+            )
+        lines.append(line)
+    findings = doc.get("findings") or []
+    lines.append(f"findings: {len(findings)}" if findings else "findings: none")
+    for finding in findings:
+        saving = finding.get("estimated_saving_pct")
+        tail = f" (~{saving:.0f}% faster)" if saving and saving >= 1 else ""
+        lines.append(f"  [{finding['severity']}] {finding['rule']}: {finding['title']}{tail}")
+        patch = (finding.get("fix") or {}).get("config_patch")
+        if patch:
+            lines.append(f"      fix: {json.dumps(patch)}")
+    for warning in doc.get("warnings") or []:
+        lines.append(f"warning: {warning}")
+    for note in doc.get("notes") or []:
+        lines.append(f"note: {note}")
+    return "\n".join(lines) + "\n"
+
+
+def _write_out(text: str, output: str | None) -> None:
+    if output is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    path = Path(output)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def analyze_main(argv: Sequence[str]) -> int:
+    try:
+        args = _analyze_parser().parse_args(list(argv))
+        if args.max_decompressed_mb <= 0:
+            raise _UsageError("--max-decompressed-mb must be positive")
+    except _UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    # Imported after parsing so that usage errors stay instant.
+    from diagnostics.analyze import analyze
+    from diagnostics.errors import InputError
+    from diagnostics.thresholds import ThresholdsError
+
+    try:
+        result = analyze(
+            args.path,
+            max_decompressed_bytes=int(args.max_decompressed_mb * 2**20),
+            thresholds=args.thresholds,
+        )
+        doc = result.to_json()
+        text = (
+            json.dumps(doc, indent=2, allow_nan=False) + "\n"
+            if args.format == "json"
+            else render_text(doc)
+        )
+        _write_out(text, args.output)
+    except (InputError, ThresholdsError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        where = args.output or "stdout"
+        print(f"error: {where}: cannot write ({exc.strerror or exc})", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print(f"error: {args.path}: not enough memory to analyse it", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a bug: still one line, and a distinct exit code
+        print(
+            f"internal error: {args.path}: {type(exc).__name__}: {' '.join(str(exc).split())}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        (sys.stdout if args else sys.stderr).write(USAGE)
+        return 0 if args else 2
+    command, rest = args[0], args[1:]
+    if command == "analyze":
+        return analyze_main(rest)
+    if command == "report":
+        from diagnostics.report.cli import main as report_main
+
+        return report_main(rest)
+    if command == "rules":
+        try:
+            from diagnostics.rules.docs import main as rules_main
+        except ImportError:
+            print("error: the rule reference is not available in this build", file=sys.stderr)
+            return 2
+        return rules_main(rest)
+    print(f"error: unknown command {command!r}\n{USAGE}", file=sys.stderr, end="")
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,277 @@
+"""analyze(): one input path (or a set of uploaded files) to one AnalysisResult.
+
+load (diagnostics.trace.loader) -> facts per rank (diagnostics.facts.compute_facts) ->
+AnalysisInputs -> rules (diagnostics.rules.engine.run_rules) -> summary and result.
+Bad input raises :class:`~diagnostics.errors.InputError`; nothing else is expected to.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from diagnostics.errors import InputError
+from diagnostics.facts import (
+    breakdown_pct,
+    compute_facts,
+    idle_breakdown_pct,
+    rank_summary,
+    step_time_spread,
+)
+from diagnostics.model import AnalysisInputs, RunData, TraceFacts
+from diagnostics.result import (
+    BREAKDOWN_KEYS,
+    IDLE_KEYS,
+    SUMMARY_KEYS,
+    AnalysisResult,
+)
+from diagnostics.rules.base import Skipped
+from diagnostics.rules.engine import run_rules
+from diagnostics.trace.loader import LoadedInput, load, load_trace_files
+from diagnostics.trace.schema import LoadedTrace
+from diagnostics.trace.source import DEFAULT_MAX_DECOMPRESSED_BYTES
+
+__all__ = ["DEFAULT_MAX_DECOMPRESSED_BYTES", "analyze", "analyze_files", "summarise"]
+
+
+def analyze(
+    path: str | os.PathLike[str],
+    *,
+    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
+    thresholds: Any = None,
+) -> AnalysisResult:
+    """A trace file (.json/.json.gz), a folder of per-rank traces, or a run folder."""
+    loaded = load(path, max_decompressed_bytes=max_decompressed_bytes)
+    return analyze_loaded(loaded, thresholds=thresholds)
+
+
+def analyze_files(
+    paths: Sequence[str | os.PathLike[str]],
+    *,
+    display_names: Sequence[str] | None = None,
+    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
+    thresholds: Any = None,
+) -> AnalysisResult:
+    """Uploaded trace files, one per rank (or several windows of one rank).
+
+    ``display_names`` are the names the user knows the files by: every message uses them
+    instead of the (temporary) paths.
+    """
+    files = [Path(p) for p in paths]
+    names = list(display_names) if display_names is not None else [str(p) for p in files]
+    if not files:
+        raise InputError("(no files)", "nothing to analyse: give at least one trace file")
+    if len(names) != len(files):
+        raise ValueError("display_names must name every path")
+    traces, notes = load_trace_files(
+        files, display_names=names, max_decompressed_bytes=max_decompressed_bytes
+    )
+    loaded = LoadedInput(
+        kind="trace" if len(files) == 1 else "ranks",
+        path=names[0] if len(names) == 1 else ", ".join(names),
+        traces=traces,
+        files=tuple(names),
+        warnings=tuple(w for t in traces for w in t.metadata.warnings),
+        notes=notes + tuple(n for t in traces for n in t.metadata.notes),
+    )
+    return analyze_loaded(loaded, thresholds=thresholds)
+
+
+def analyze_loaded(loaded: LoadedInput, *, thresholds: Any = None) -> AnalysisResult:
+    """Facts, rules and summary for an input the loader has read."""
+    rank_facts = tuple(compute_facts(t.events, t.metadata) for t in loaded.traces)
+    facts: TraceFacts | None = rank_facts[0] if rank_facts else None
+    primary: LoadedTrace | None = loaded.traces[0] if loaded.traces else None
+    if facts is not None and len(rank_facts) > 1:
+        facts = replace(facts, ranks=rank_summary(rank_facts))
+        rank_facts = (facts, *rank_facts[1:])
+    environment = _environment(loaded.run, primary, facts)
+    inputs = AnalysisInputs(
+        trace=facts,
+        run=loaded.run,
+        events=primary.events if primary is not None else None,
+        extra={
+            "cpu_count": environment.get("cpu_count"),
+            "rank_facts": rank_facts,
+            "trace_metadata": tuple(t.metadata for t in loaded.traces),
+        },
+    )
+    outcome = run_rules(inputs, thresholds)
+    skipped = outcome.skipped + tuple(
+        Skipped(e.rule, f"rule failed: {e.reason}") for e in outcome.errors
+    )
+    warnings = list(loaded.warnings)
+    if facts is not None:
+        warnings.extend(w for w in facts.warnings if w not in warnings)
+    warnings.extend(f"rule {e.rule} failed and was skipped: {e.reason}" for e in outcome.errors)
+    summary = summarise(loaded, facts, rank_facts)
+    counts = {"high": 0, "medium": 0, "low": 0}
+    for finding in outcome.findings:
+        counts[str(finding.severity)] = counts.get(str(finding.severity), 0) + 1
+    summary["findings_by_severity"] = counts
+    return AnalysisResult(
+        source={
+            "kind": loaded.kind,
+            "path": loaded.path,
+            "files": list(loaded.files),
+            "ranks": list(loaded.ranks),
+        },
+        summary=summary,
+        facts=facts,
+        run=loaded.run,
+        findings=outcome.findings,
+        skipped=skipped,
+        warnings=tuple(warnings),
+        environment=environment,
+        notes=loaded.notes,
+        rank_facts=rank_facts if len(rank_facts) > 1 else (),
+    )
+
+
+# -- summary ---------------------------------------------------------------------------
+
+
+def _finite(value: Any) -> float | None:
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _step_time_ms(values: pl.Series) -> dict[str, float | None] | None:
+    values = values.cast(pl.Float64).drop_nulls().drop_nans()
+    if values.len() == 0:
+        return None
+    return {
+        "mean": _finite(values.mean()),
+        "p50": _finite(values.median()),
+        "p95": _finite(values.quantile(0.95, interpolation="linear")),
+    }
+
+
+def _device_name(value: Any) -> str | None:
+    if not isinstance(value, str) or not value:
+        return None
+    return "cuda" if value.lower().startswith("cuda") else "cpu"
+
+
+def _run_peak_memory(run: RunData) -> int | None:
+    for column in ("cuda_peak_bytes", "cuda_allocated_bytes"):
+        if column in run.steps.columns:
+            peak = run.steps[column].max()
+            if peak is not None:
+                return int(peak)
+    return None
+
+
+def _trace_peak_memory(facts: TraceFacts) -> int | None:
+    memory = facts.memory
+    if memory.height == 0 or "allocated_bytes" not in memory.columns:
+        return None
+    gpu_rows = memory.filter(pl.col("device") >= 0) if "device" in memory.columns else memory
+    peak = gpu_rows["allocated_bytes"].max() if gpu_rows.height else None
+    return int(peak) if peak is not None else None
+
+
+def summarise(
+    loaded: LoadedInput, facts: TraceFacts | None, rank_facts: Sequence[TraceFacts] = ()
+) -> dict[str, Any]:
+    """The summary dict: every SUMMARY_KEYS key, null where it does not apply."""
+    summary: dict[str, Any] = dict.fromkeys(SUMMARY_KEYS)
+    run = loaded.run
+    run_steps = run.steps if run is not None else None
+
+    device = _device_name(run.environment.get("device")) if run is not None else None
+    if device is None and facts is not None:
+        device = facts.device
+    if device is None and run is not None:
+        device = _device_name(run.config.get("device"))
+    summary["device"] = device
+
+    if run_steps is not None and run_steps.height:
+        summary["steps"] = run_steps.height
+        summary["step_time_ms"] = _step_time_ms(run_steps["step_time_ms"])
+        summary["step_time_source"] = "run"
+        rates = run_steps["samples_per_s"].drop_nulls().drop_nans()
+        summary["samples_per_s"] = _finite(rates.mean()) if rates.len() else None
+        timed = run_steps.filter(
+            pl.col("data_wait_ms").is_not_null() & pl.col("step_time_ms").is_not_null()
+        )
+        total_ms = float(timed["step_time_ms"].sum()) if timed.height else 0.0
+        if total_ms > 0:
+            summary["data_wait_pct"] = float(timed["data_wait_ms"].sum()) / total_ms * 100.0
+        summary["peak_memory_bytes"] = _run_peak_memory(run)
+    elif facts is not None:
+        summary["steps"] = facts.steps.height
+        summary["step_time_ms"] = _step_time_ms(facts.steps["dur_us"] / 1000.0)
+        summary["step_time_source"] = "trace"
+    elif run is not None:
+        summary["steps"] = 0
+
+    if facts is not None:
+        summary["steps_inferred"] = facts.steps_inferred
+        summary["trace_steps"] = facts.steps.height
+        parts = breakdown_pct(facts.breakdown)
+        summary["breakdown_pct"] = (
+            {key: _finite(parts.get(key)) for key in BREAKDOWN_KEYS} if parts else None
+        )
+        if summary["data_wait_pct"] is None and parts:
+            summary["data_wait_pct"] = _finite(parts.get("dataloader"))
+        if facts.gpu.height:
+            summary["gpu_utilization_pct"] = _finite(facts.gpu["utilization_pct"].mean())
+            summary["gpu_busy_us"] = _finite(facts.gpu["busy_us"].sum())
+            idle = idle_breakdown_pct(facts.idle_gaps)
+            summary["gpu_idle_breakdown_pct"] = (
+                {key: _finite(idle.get(key)) for key in IDLE_KEYS} if idle else None
+            )
+        if summary["peak_memory_bytes"] is None:
+            summary["peak_memory_bytes"] = _trace_peak_memory(facts)
+    summary["events"] = sum(t.events.height for t in loaded.traces) if loaded.traces else None
+
+    if facts is not None and facts.ranks is not None and len(rank_facts) > 1:
+        spread = step_time_spread(facts.ranks)
+        summary["ranks"] = {
+            "count": facts.ranks.height,
+            "table": facts.ranks.to_dicts(),
+            "spread": asdict(spread) if spread is not None else None,
+        }
+    return summary
+
+
+def _environment(
+    run: RunData | None, primary: LoadedTrace | None, facts: TraceFacts | None
+) -> dict[str, Any]:
+    env: dict[str, Any] = {
+        "pytorch_version": None,
+        "device": None,
+        "gpu_name": None,
+        "cpu_count": None,
+    }
+    if run is not None:
+        for key in env:
+            if run.environment.get(key) is not None:
+                env[key] = run.environment[key]
+        env["device"] = _device_name(env["device"]) or env["device"]
+    if primary is not None:
+        meta = primary.metadata
+        env["pytorch_version"] = env["pytorch_version"] or meta.pytorch_version
+        if env["gpu_name"] is None and meta.device_properties and facts is not None:
+            used = facts.gpu["device"].to_list() if facts.gpu.height else []
+            by_id = {p.get("id"): p for p in meta.device_properties}
+            props = by_id.get(used[0]) if used else None
+            if props is None and facts.device == "cuda":
+                props = meta.device_properties[0]
+            if props is not None:
+                env["gpu_name"] = props.get("name")
+        if env["device"] is None and facts is not None:
+            env["device"] = facts.device
+        if meta.distributed_info:
+            env["world_size"] = meta.distributed_info.get("world_size")
+            env["backend"] = meta.distributed_info.get("backend")
+    return env

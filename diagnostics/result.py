@@ -1,0 +1,96 @@
+"""The analysis result: what the CLI prints, the app shows and the reports render.
+
+``AnalysisResult.to_json()`` is the versioned JSON document (``SCHEMA``). Every key listed
+in ``SUMMARY_KEYS`` is always present in ``summary``: null when it does not apply (a CPU
+run has no GPU utilisation, a run without a trace has no breakdown), never missing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from diagnostics.model import RunData, TraceFacts
+from diagnostics.rules.base import Finding, Skipped
+
+SCHEMA = "pipeline-doctor/analysis/v1"
+
+BREAKDOWN_KEYS = ("kernel", "memcpy", "memset", "runtime", "dataloader", "cpu_exec", "other")
+IDLE_KEYS = ("host_wait", "kernel_wait", "other")
+STEP_TIME_KEYS = ("mean", "p50", "p95")
+
+# summary key -> what it holds (units in the names; the README's table is this one).
+SUMMARY_KEYS: dict[str, str] = {
+    "device": '"cuda" or "cpu": where the training ran',
+    "steps": "steps measured: run step records (run folder) or ProfilerStep#N (trace)",
+    "step_time_ms": "{mean, p50, p95} of step time, ms",
+    "breakdown_pct": "{kernel, memcpy, memset, runtime, dataloader, cpu_exec, other}: "
+    "share of profiled step time, % (torch-tb-profiler's categories and priority)",
+    "gpu_utilization_pct": "GPU busy time (kernels, copies, memsets) over the steps' span, %",
+    "gpu_busy_us": "union of GPU activity over the profiled steps, µs",
+    "gpu_idle_breakdown_pct": "{host_wait, kernel_wait, other}: share of GPU idle time, %",
+    "step_time_source": '"run" (per-step records) or "trace" (profiler steps)',
+    "steps_inferred": "true when the trace had no ProfilerStep#N (whole span = one step)",
+    "trace_steps": "profiled steps in the trace",
+    "samples_per_s": "mean training throughput from the run's step records, samples/s",
+    "data_wait_pct": "time blocked on the DataLoader over step time, % (run records, "
+    "else the trace's dataloader share)",
+    "peak_memory_bytes": "peak CUDA memory allocated (run records, else the trace), bytes",
+    "events": "rows of the event table (all ranks)",
+    "ranks": "several ranks: {count, table: [per-rank rows], spread: step-time spread}",
+    "findings_by_severity": "{high, medium, low}: number of findings",
+}
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: NaN/inf to null, numpy/polars scalars to Python, tuples to lists."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, bool | int | str) or value is None:
+        return value
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_clean(v) for v in value]
+    item = getattr(value, "item", None)
+    if callable(item):
+        try:
+            return _clean(item())
+        except (TypeError, ValueError):
+            pass
+    to_list = getattr(value, "to_list", None)
+    if callable(to_list):
+        return _clean(to_list())
+    to_dicts = getattr(value, "to_dicts", None)
+    if callable(to_dicts):
+        return _clean(to_dicts())
+    return str(value)
+
+
+@dataclass(frozen=True)
+class AnalysisResult:
+    source: dict[str, Any]  # kind "trace"|"ranks"|"run", path, files, ranks
+    summary: dict[str, Any]  # SUMMARY_KEYS, always all present
+    facts: TraceFacts | None  # the primary rank's (rank 0, else the lowest)
+    run: RunData | None
+    findings: tuple[Finding, ...]
+    skipped: tuple[Skipped, ...] = ()
+    warnings: tuple[str, ...] = ()
+    environment: dict[str, Any] = field(default_factory=dict)
+    # informational lines (how an input was read: rank numbering, label pids, ...)
+    notes: tuple[str, ...] = ()
+    # every rank's facts, by rank, when several ranks were analysed (facts is among them)
+    rank_facts: tuple[TraceFacts, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "source": _clean(self.source),
+            "environment": _clean(self.environment),
+            "summary": _clean(self.summary),
+            "findings": [_clean(f.to_dict()) for f in self.findings],
+            "skipped": [{"rule": s.rule, "reason": s.reason} for s in self.skipped],
+            "warnings": list(self.warnings),
+            "notes": list(self.notes),
+        }
