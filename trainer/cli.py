@@ -1,0 +1,231 @@
+"""``python -m trainer``: run, resume, list.
+
+Progress goes to stderr (and the run's log.txt); the run folder's path is the last line on
+stdout. A bad value is one line ``error: <field>: <what>; allowed: ...`` with exit code 2,
+and every check happens before the run folder is created, so a refused run leaves nothing.
+Exit codes: 0 completed, preempted or cancelled; 1 failed; 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, NoReturn
+
+from trainer.config import SCENARIOS, ConfigError, TrainerConfig, build_config, parse_assignment
+
+RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+CACHE_DIR_NAME = ".cache"  # under the runs directory: the tokenizer cache
+
+
+def default_runs_dir() -> Path:
+    return Path(os.environ.get("PIPELINE_DOCTOR_RUNS_DIR", "runs"))
+
+
+class UsageError(Exception):
+    """One-line usage error (exit 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # argparse's own errors, as one line
+        raise UsageError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m trainer", description="The reference trainer.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    run = sub.add_parser("run", help="start a profiled run")
+    run.add_argument("--scenario", default="healthy", help=", ".join(SCENARIOS))
+    run.add_argument("--steps", help="fine-tuning steps (train.steps)")
+    run.add_argument("--runs-dir", type=Path, default=None)
+    run.add_argument("--device", default=None, help="auto, cpu or cuda")
+    run.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    run.add_argument("--instruments", default="on", help="on or off")
+    run.add_argument("--memory-lines", action="store_true")
+    run.add_argument("--run-id")
+    run.add_argument("--parent-run-id")
+    run.add_argument("--patch-json", help="a fix's config_patch: JSON object of dotted keys")
+    resume = sub.add_parser("resume", help="continue a run from its last checkpoint")
+    resume.add_argument("run_dir", type=Path)
+    listing = sub.add_parser("list", help="list runs")
+    listing.add_argument("--runs-dir", type=Path, default=None)
+    return parser
+
+
+def _patch(text: str | None) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    try:
+        patch = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError("--patch-json", f"not JSON ({exc.msg})", "a JSON object") from None
+    if not isinstance(patch, dict):
+        raise ConfigError("--patch-json", "not a JSON object", '{"train.grad_clip": 1.0}')
+    return patch
+
+
+def config_from_args(args: argparse.Namespace) -> tuple[TrainerConfig, dict[str, Any] | None]:
+    """The resolved config (and the applied patch) from ``run``'s arguments."""
+    if args.instruments not in ("on", "off"):
+        raise ConfigError("--instruments", f"{args.instruments!r}", "on, off")
+    overrides: list[tuple[str, Any]] = [parse_assignment(item) for item in args.sets]
+    patch = _patch(args.patch_json)
+    # the fix is applied last: it must win over the scenario and any --set it corrects
+    overrides.extend((patch or {}).items())
+    if args.instruments == "off":
+        overrides.append(("instruments.enabled", False))
+    if args.memory_lines:
+        overrides.append(("instruments.memory_lines", True))
+    config = build_config(args.scenario, overrides, steps=args.steps, device=args.device)
+    return config, patch
+
+
+def _setup_logging(log_path: Path) -> None:
+    logger = logging.getLogger("trainer")
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S")
+    for handler in (logging.StreamHandler(sys.stderr), logging.FileHandler(log_path)):
+        handler.setFormatter(fmt)
+        logger.addHandler(handler)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    config, patch = config_from_args(args)
+    runs_dir = args.runs_dir or default_runs_dir()
+    if args.run_id is not None and not RUN_ID_PATTERN.match(args.run_id):
+        raise ConfigError("--run-id", f"{args.run_id!r}", "letters, digits, '.', '_', '-'")
+    if args.run_id is not None and (runs_dir / args.run_id).exists():
+        raise ConfigError("--run-id", f"{runs_dir / args.run_id} already exists", "a new id")
+    if runs_dir.exists() and not runs_dir.is_dir():
+        raise ConfigError("--runs-dir", f"{runs_dir} is not a directory", "a directory")
+
+    # torch only now: the checks above stay instant, and cuda is the last one needing it
+    import torch
+
+    from trainer.loop import choose_threads, resolve_device, run_notes
+
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device", "cuda requested but no CUDA device is available", "auto, cpu")
+    device = resolve_device(config.device)
+    from diagnostics.runs import RunWriter
+    from trainer.run_io import cpu_count, environment
+
+    threads = choose_threads(config, cpu_count(), device)
+    torch.set_num_threads(threads)
+    writer = RunWriter.create(
+        runs_dir,
+        config.to_dict(),
+        environment(device, threads),
+        run_id=args.run_id,
+        parent_run_id=args.parent_run_id,
+        applied_patch=patch,
+        notes=run_notes(config, device),
+        total_steps=config.train.pretrain_steps + config.train.steps,
+    )
+    return _train(writer, config, device, runs_dir, resume_from=None)
+
+
+def _cmd_resume(args: argparse.Namespace) -> int:
+    from diagnostics.runs import RunFolder, RunFolderError
+
+    run_dir: Path = args.run_dir
+    if not RunFolder.is_run_folder(run_dir):
+        raise ConfigError("RUN_DIR", f"{run_dir} is not a run folder (no run.json)", "a run folder")
+    folder = RunFolder(run_dir)
+    try:
+        manifest = folder.manifest()
+        status = folder.status()
+    except RunFolderError as exc:
+        raise ConfigError("RUN_DIR", str(exc)) from None
+    if status.status == "running":
+        raise ConfigError("RUN_DIR", f"{run_dir} is still running (pid {status.pid})")
+    if status.status == "completed":
+        raise ConfigError("RUN_DIR", f"{run_dir} already completed")
+    config = TrainerConfig.from_dict(manifest.config)
+
+    import torch
+
+    from diagnostics.runs import RunWriter
+    from trainer.loop import choose_threads, latest_checkpoint, resolve_device
+    from trainer.run_io import cpu_count
+
+    device = resolve_device(config.device)
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device", "the run used cuda but no CUDA device is available")
+    torch.set_num_threads(choose_threads(config, cpu_count(), device))
+    writer = RunWriter.reopen(run_dir)
+    (run_dir / "cancel.request").unlink(missing_ok=True)
+    return _train(writer, config, device, run_dir.parent, resume_from=latest_checkpoint(run_dir))
+
+
+def _train(writer: Any, config: TrainerConfig, device: str, runs_dir: Path, resume_from) -> int:
+    from trainer.loop import StopRequests, Trainer
+    from trainer.run_io import Heartbeat, SafeWriter
+
+    safe = SafeWriter(writer)
+    _setup_logging(writer.path / "log.txt")
+    log = logging.getLogger("trainer")
+    log.info("run %s: scenario %s on %s", writer.path.name, config.scenario, device)
+    heartbeat = Heartbeat(safe)
+    heartbeat.start()
+    stop = StopRequests()
+    stop.install()
+    started = time.monotonic()
+    try:
+        trainer = Trainer(
+            config, safe, device=device, cache_dir=runs_dir / CACHE_DIR_NAME, stop=stop
+        )
+        outcome = trainer.run(resume_from)
+        status, reason = outcome.status, outcome.reason
+    except Exception as exc:
+        log.error("run failed:\n%s", traceback.format_exc())
+        status, reason = "failed", f"{type(exc).__name__}: {exc}"
+    finally:
+        heartbeat.stop()
+        stop.uninstall()
+    safe.finalise(status, reason)  # type: ignore[arg-type]
+    log.info(
+        "%s after %.1f s%s", status, time.monotonic() - started, f": {reason}" if reason else ""
+    )
+    print(writer.path, flush=True)
+    return 1 if status == "failed" else 0
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    from diagnostics.runs import list_runs
+
+    runs_dir = args.runs_dir or default_runs_dir()
+    listings = list_runs(runs_dir)
+    for run in listings:
+        created = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(run.created_at))
+        steps = f"{run.status.step}/{run.status.total_steps or '?'}"
+        print(
+            f"{run.run_id}\t{run.scenario or '-'}\t{run.status.status}\t{steps}\t{created}"
+            + (f"\t{run.status.reason}" if run.status.reason else "")
+        )
+    if not listings:
+        print(f"no runs in {runs_dir}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = _parser().parse_args(argv)
+        if args.command == "run":
+            return _cmd_run(args)
+        if args.command == "resume":
+            return _cmd_resume(args)
+        return _cmd_list(args)
+    except (ConfigError, UsageError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,366 @@
+"""Datasets and DataLoaders over the synthetic transaction corpus.
+
+Data order is a pure function of (seed, phase, epoch): the map-style sampler draws its
+permutation from that key and the sharded dataset its shard order, so a resumed run can
+start an epoch part-way through and see exactly the batches an uninterrupted run would.
+Nothing in a worker touches the global RNG (augmentation noise is keyed by sample index),
+which keeps batches identical whatever the worker count or process.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    Sampler,
+    get_worker_info,
+)
+
+from trainer.config import DataConfig, split_sizes
+from trainer.corpus import CATEGORIES, MERCHANT_TYPES, make_corpus, train_tokenizer
+
+Sample = dict[str, torch.Tensor]
+PHASES = ("pretrain", "finetune")
+
+
+def order_key(seed: int, phase: str, epoch: int) -> list[int]:
+    """The RNG key of one epoch's data order."""
+    return [seed, PHASES.index(phase), epoch]
+
+
+@dataclass
+class Corpus:
+    """The corpus split into train/validation texts and labels, plus its tokenizer."""
+
+    train_texts: list[str]
+    train_labels: np.ndarray  # (n, 2): category_id, merchant_type_id
+    val_texts: list[str]
+    val_labels: np.ndarray
+    tokenizer: Tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size()
+
+    @property
+    def pad_id(self) -> int:
+        return self.tokenizer.token_to_id("[PAD]")
+
+    @property
+    def mask_id(self) -> int:
+        return self.tokenizer.token_to_id("[MASK]")
+
+    @property
+    def special_ids(self) -> list[int]:
+        return [self.tokenizer.token_to_id(t) for t in ("[PAD]", "[CLS]", "[SEP]", "[MASK]")]
+
+
+def load_corpus(data: DataConfig, seed: int, cache_dir: Path | None) -> Corpus:
+    frame = make_corpus(data.rows, seed)
+    n_train, _ = split_sizes(data.rows)
+    texts = frame["text"].to_list()
+    labels = frame.select("category_id", "merchant_type_id").to_numpy()
+    # the tokenizer learns from the training split only: validation stays unseen text
+    tokenizer = train_tokenizer(texts[:n_train], data.vocab_size, data.max_length, cache_dir)
+    return Corpus(texts[:n_train], labels[:n_train], texts[n_train:], labels[n_train:], tokenizer)
+
+
+def augment(text: str, seed: int, epoch: int, index: int) -> str:
+    """Statement noise for one epoch: a dropped character or a swapped pair, keyed by index.
+
+    Keyed by (seed, epoch, index) rather than drawn from a global RNG so workers, processes
+    and resumed runs all produce the same variant.
+    """
+    rng = np.random.default_rng([seed, epoch, index])
+    if len(text) < 4 or rng.random() < 0.5:
+        return text
+    at = int(rng.integers(1, len(text) - 2))
+    if rng.random() < 0.5:
+        return text[:at] + text[at + 1 :]
+    return text[:at] + text[at + 1] + text[at] + text[at + 2 :]
+
+
+class TransactionDataset(Dataset[Sample]):
+    """Map-style dataset of tokenised transactions.
+
+    With ``tokenize_on_the_fly`` each ``__getitem__`` augments and tokenises its text and
+    then sleeps ``sample_latency_ms`` (a read from remote storage): the realistic per-sample
+    cost of the slow-loader scenario. Otherwise the whole split is tokenised once up front.
+    """
+
+    def __init__(
+        self,
+        texts: Sequence[str],
+        labels: np.ndarray,
+        tokenizer: Tokenizer,
+        *,
+        tokenize_on_the_fly: bool = False,
+        augmenting: bool = False,
+        sample_latency_ms: float = 0.0,
+        seed: int = 0,
+    ):
+        self.texts = list(texts)
+        self.labels = torch.as_tensor(labels, dtype=torch.long)
+        self.tokenizer = tokenizer
+        self.tokenize_on_the_fly = tokenize_on_the_fly
+        self.augmenting = augmenting
+        self.sample_latency_s = sample_latency_ms / 1000.0
+        self.seed = seed
+        self.epoch = 0
+        self._ids: torch.Tensor | None = None
+        self._mask: torch.Tensor | None = None
+        if not tokenize_on_the_fly:
+            encoded = tokenizer.encode_batch(self.texts)
+            self._ids = torch.tensor([e.ids for e in encoded], dtype=torch.long)
+            self._mask = torch.tensor([e.attention_mask for e in encoded], dtype=torch.long)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def __getitem__(self, index: int) -> Sample:
+        if self._ids is not None and self._mask is not None:
+            ids, mask = self._ids[index], self._mask[index]
+        else:
+            text = self.texts[index]
+            if self.augmenting:
+                text = augment(text, self.seed, self.epoch, index)
+            encoding = self.tokenizer.encode(text)
+            ids = torch.tensor(encoding.ids, dtype=torch.long)
+            mask = torch.tensor(encoding.attention_mask, dtype=torch.long)
+        if self.sample_latency_s:
+            time.sleep(self.sample_latency_s)
+        return {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "category": self.labels[index, 0],
+            "merchant_type": self.labels[index, 1],
+        }
+
+
+class CachedDataset(Dataset[Sample]):
+    """Processes each sample once and serves it from memory on every later epoch.
+
+    For validation data, whose samples never change. A base dataset that augments returns
+    a different sample every epoch, so caching it would silently freeze one variant: then
+    this wrapper passes through without caching.
+    """
+
+    def __init__(self, base: TransactionDataset):
+        self.base = base
+        self.caching = not getattr(base, "augmenting", False)
+        self._cache: dict[int, Sample] = {}
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index: int) -> Sample:
+        if not self.caching:
+            return self.base[index]
+        sample = self._cache.get(index)
+        if sample is None:
+            self.misses += 1
+            sample = self.base[index]
+            self._cache[index] = sample
+        return sample
+
+
+class EpochSampler(Sampler[int]):
+    """A permutation keyed by (seed, phase, epoch), optionally started part-way through."""
+
+    def __init__(self, size: int, seed: int, phase: str):
+        self.size = size
+        self.seed = seed
+        self.phase = phase
+        self.epoch = 0
+        self.start = 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        self.epoch = epoch
+        self.start = start
+
+    def __iter__(self) -> Iterator[int]:
+        order = np.random.default_rng(order_key(self.seed, self.phase, self.epoch)).permutation(
+            self.size
+        )
+        return iter(order[self.start :].tolist())
+
+    def __len__(self) -> int:
+        return self.size - self.start
+
+
+def assign_shards(num_shards: int, num_workers: int, worker_id: int) -> list[int]:
+    """Shard positions a worker reads: every num_workers-th, starting at its id.
+
+    Round-robin gives every shard to exactly one worker. The naive contiguous split
+    ``per = num_shards // num_workers; shards[id*per:(id+1)*per]`` drops the remainder
+    (5 shards on 2 workers reads 4) and gives nothing at all when workers outnumber shards.
+    """
+    if num_workers < 1 or not 0 <= worker_id < num_workers:
+        raise ValueError(f"worker {worker_id} of {num_workers}")
+    return list(range(worker_id, num_shards, num_workers))
+
+
+class ShardedTransactionDataset(IterableDataset[Sample]):
+    """The training split cut into contiguous shards, read shard by shard.
+
+    Each epoch the shard order is permuted by (seed, phase, epoch) and the shards are
+    dealt round-robin to the DataLoader's workers (:func:`assign_shards`).
+    """
+
+    def __init__(self, base: TransactionDataset, num_shards: int, seed: int, phase: str):
+        self.base = base
+        self.shards = [a.tolist() for a in np.array_split(np.arange(len(base)), num_shards)]
+        self.seed = seed
+        self.phase = phase
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.base.set_epoch(epoch)
+
+    def shard_order(self) -> list[int]:
+        rng = np.random.default_rng(order_key(self.seed, self.phase, self.epoch))
+        return rng.permutation(len(self.shards)).tolist()
+
+    def __iter__(self) -> Iterator[Sample]:
+        info = get_worker_info()
+        worker_id, num_workers = (info.id, info.num_workers) if info else (0, 1)
+        order = self.shard_order()
+        for position in assign_shards(len(order), num_workers, worker_id):
+            for index in self.shards[order[position]]:
+                yield self.base[index]
+
+
+def _worker_init(_: int) -> None:
+    # a worker only tokenises and collates: one intra-op thread each, or workers and the
+    # training process fight over the same two cores
+    torch.set_num_threads(1)
+
+
+def make_train_dataset(corpus: Corpus, data: DataConfig, seed: int) -> TransactionDataset:
+    return TransactionDataset(
+        corpus.train_texts,
+        corpus.train_labels,
+        corpus.tokenizer,
+        tokenize_on_the_fly=data.tokenize_on_the_fly,
+        # on-the-fly pipelines also augment: a fresh statement variant each epoch
+        augmenting=data.tokenize_on_the_fly,
+        sample_latency_ms=data.sample_latency_ms,
+        seed=seed,
+    )
+
+
+def make_val_dataset(corpus: Corpus, data: DataConfig) -> CachedDataset:
+    base = TransactionDataset(
+        corpus.val_texts,
+        corpus.val_labels,
+        corpus.tokenizer,
+        tokenize_on_the_fly=data.tokenize_on_the_fly,
+    )
+    return CachedDataset(base)
+
+
+def _loader_generator(seed: int, phase: str, epoch: int) -> torch.Generator:
+    # DataLoader otherwise draws worker seeds from the global RNG, which a resumed run
+    # would consume at a different point than the uninterrupted one
+    key = np.random.default_rng(order_key(seed, phase, epoch)).integers(0, 2**62)
+    return torch.Generator().manual_seed(int(key))
+
+
+class EpochBatches:
+    """Batches of one phase, epoch after epoch, from any (epoch, batch) position.
+
+    Yields (epoch, batches consumed in the epoch so far, batch). A new DataLoader is built
+    per epoch (worker start-up shows as data wait at epoch boundaries, as it really does)
+    unless ``persistent_workers`` is set for the map-style dataset, whose sampler can be
+    re-pointed without touching the workers.
+    """
+
+    def __init__(
+        self,
+        dataset: TransactionDataset,
+        data: DataConfig,
+        *,
+        batch_size: int,
+        seed: int,
+        phase: str,
+        pin_memory: bool,
+    ):
+        self.data = data
+        self.batch_size = batch_size
+        self.seed = seed
+        self.phase = phase
+        self.pin_memory = pin_memory
+        self.base = dataset
+        self.sharded = data.dataset == "sharded"
+        self.persistent = data.persistent_workers and data.num_workers > 0 and not self.sharded
+        self._sampler = EpochSampler(len(dataset), seed, phase)
+        self._persistent_loader: DataLoader[Sample] | None = None
+        self.loaders_built = 0
+
+    def _loader_kwargs(self, epoch: int) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "num_workers": self.data.num_workers,
+            "pin_memory": self.pin_memory,
+            "generator": _loader_generator(self.seed, self.phase, epoch),
+        }
+        if self.data.num_workers > 0:
+            kwargs["prefetch_factor"] = self.data.prefetch_factor
+            kwargs["worker_init_fn"] = _worker_init
+            kwargs["persistent_workers"] = self.persistent
+        return kwargs
+
+    def _epoch_iter(self, epoch: int, start_batch: int) -> Iterator[Sample]:
+        self.base.set_epoch(epoch)
+        if self.sharded:
+            sharded = ShardedTransactionDataset(self.base, self.data.shards, self.seed, self.phase)
+            sharded.set_epoch(epoch)
+            loader: DataLoader[Sample] = DataLoader(
+                sharded, batch_size=self.batch_size, **self._loader_kwargs(epoch)
+            )
+            self.loaders_built += 1
+            # an iterable dataset cannot seek: replay and drop the batches already trained on
+            return itertools.islice(iter(loader), start_batch, None)
+        self._sampler.set_epoch(epoch, start_batch * self.batch_size)
+        batches = BatchSampler(self._sampler, self.batch_size, drop_last=True)
+        if self.persistent:
+            if self._persistent_loader is None:
+                self._persistent_loader = DataLoader(
+                    self.base, batch_sampler=batches, **self._loader_kwargs(0)
+                )
+                self.loaders_built += 1
+            return iter(self._persistent_loader)
+        loader = DataLoader(self.base, batch_sampler=batches, **self._loader_kwargs(epoch))
+        self.loaders_built += 1
+        return iter(loader)
+
+    def iterate(self, epoch: int = 0, start_batch: int = 0) -> Iterator[tuple[int, int, Sample]]:
+        while True:
+            produced = 0
+            for position, batch in enumerate(self._epoch_iter(epoch, start_batch), start_batch):
+                produced += 1
+                yield epoch, position + 1, batch
+            if produced == 0 and start_batch == 0:
+                raise RuntimeError(f"{self.phase}: an epoch produced no batches")
+            epoch += 1
+            start_batch = 0
+
+
+def num_labels() -> tuple[int, int]:
+    return len(CATEGORIES), len(MERCHANT_TYPES)

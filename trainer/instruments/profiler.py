@@ -1,0 +1,92 @@
+"""torch.profiler over a short window of training, written in TensorBoard's layout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+from trainer.config import ProfilerConfig
+
+
+class NullProfiler:
+    """The no-op profiler: same calls, records nothing."""
+
+    def start(self) -> None:
+        pass
+
+    def step(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    @property
+    def recording(self) -> bool:
+        return False
+
+
+class TrainingProfiler(NullProfiler):
+    """``schedule(wait, warmup, active, repeat)`` around the training steps.
+
+    The default ``wait=1, warmup=1, active=3, repeat=1`` records three steady steps and
+    then stops profiling altogether, so the rest of the run pays no profiler overhead
+    (the step records say which steps were inside the window: ``profiled``).
+    """
+
+    def __init__(self, config: ProfilerConfig, trace_dir: Path, *, cuda: bool, worker_name: str):
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        self.config = config
+        self._cycle = config.wait + config.warmup + config.active
+        self._index = 0  # profiler steps completed so far (the step being run now)
+        self._running = False
+        self._profile = profile(
+            activities=activities,
+            schedule=schedule(
+                wait=config.wait,
+                warmup=config.warmup,
+                active=config.active,
+                repeat=config.repeat,
+            ),
+            on_trace_ready=tensorboard_trace_handler(
+                str(trace_dir), worker_name=worker_name, use_gzip=True
+            ),
+            record_shapes=config.record_shapes,
+            profile_memory=config.profile_memory,
+        )
+
+    def start(self) -> None:
+        if not self._running:
+            self._profile.start()
+            self._running = True
+
+    def _finished(self) -> bool:
+        return self.config.repeat > 0 and self._index >= self._cycle * self.config.repeat
+
+    @property
+    def recording(self) -> bool:
+        """Whether the current step falls in an active (recorded) window."""
+        if not self._running or self._finished():
+            return False
+        return self._index % self._cycle >= self.config.wait + self.config.warmup
+
+    def step(self) -> None:
+        if not self._running:
+            return
+        self._profile.step()
+        self._index += 1
+        if self._finished():
+            self.stop()
+
+    def stop(self) -> None:
+        if self._running:
+            self._running = False
+            self._profile.stop()
+
+
+def make_profiler(
+    config: ProfilerConfig, trace_dir: Path, *, enabled: bool, cuda: bool, worker_name: str
+) -> NullProfiler:
+    if not (enabled and config.enabled):
+        return NullProfiler()
+    return TrainingProfiler(config, trace_dir, cuda=cuda, worker_name=worker_name)

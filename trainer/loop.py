@@ -1,0 +1,546 @@
+"""The training loop: masked-LM pre-training, then multi-task fine-tuning, instrumented.
+
+Stopping: each step first checks for SIGTERM (preemption: checkpoint, status
+``preempted``), ``cancel.request`` in the run folder (status ``cancelled``) and the
+``train.max_runtime_s`` budget (checkpoint, status ``cancelled`` with the budget as the
+reason, so ``resume`` can finish the job). An exception ends the run ``failed`` with the
+error as the reason; the records written so far stay.
+
+Non-finite values: a step whose loss or gradient norm is not finite is recorded as is
+(NaN/inf in the step record) but its optimiser update is skipped, as GradScaler does, so
+one overflow does not poison the weights; the run goes on and its notes say when the
+first non-finite step happened and how many there were. It does not crash on NaN.
+
+Exact resume: a checkpoint holds the model, optimiser, GradScaler, the Python, NumPy and
+torch (CPU and CUDA) RNG states and the data position (phase, epoch, batches consumed).
+Data order depends only on (seed, phase, epoch), so a resumed run sees the same batches.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from trainer.config import TrainerConfig
+from trainer.data import (
+    Corpus,
+    EpochBatches,
+    load_corpus,
+    make_train_dataset,
+    make_val_dataset,
+    num_labels,
+)
+from trainer.instruments.memory_lines import make_memory_lines
+from trainer.instruments.profiler import make_profiler
+from trainer.instruments.steps import cuda_memory, make_step_clock, rss_bytes
+from trainer.instruments.system import make_sampler
+from trainer.model import MultiTaskModel, mask_tokens, parameter_count
+from trainer.run_io import SafeWriter
+
+log = logging.getLogger("trainer")
+
+CANCEL_FILE = "cancel.request"
+CHECKPOINTS_KEPT = 2  # the newest two: one may be torn if the process dies mid-save
+MEMORY_LINES_PROBE_SAMPLES = 64
+
+
+@dataclass
+class Position:
+    """Where training stands after ``step`` optimiser steps."""
+
+    step: int = 0
+    phase: str = "pretrain"
+    epoch: int = 0
+    batch_in_epoch: int = 0  # batches of ``epoch`` already trained on
+
+
+@dataclass
+class Outcome:
+    status: str  # completed | cancelled | preempted | failed
+    reason: str | None = None
+    steps_done: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+class StopRequests:
+    """SIGTERM/SIGINT handlers that only set flags: the loop stops between steps."""
+
+    def __init__(self) -> None:
+        self.sigterm = False
+        self.sigint = False
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self._previous[signum] = signal.signal(signum, self._handle)
+
+    def uninstall(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        if signum == signal.SIGTERM:
+            self.sigterm = True
+        else:
+            self.sigint = True
+
+
+def choose_threads(config: TrainerConfig, cores: int, device: str) -> int:
+    """torch intra-op threads: the cores DataLoader workers leave free (at least one).
+
+    torch's default (one thread per core) plus busy workers oversubscribes the CPU; the
+    threads then preempt each other in the middle of every matmul. On CUDA the host does
+    little math, so a couple of threads suffice.
+    """
+    if config.runtime.threads is not None:
+        return config.runtime.threads
+    if device == "cuda":
+        return max(1, min(4, cores - config.data.num_workers))
+    return max(1, cores - config.data.num_workers)
+
+
+def resolve_device(requested: str) -> str:
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return requested
+
+
+def run_notes(config: TrainerConfig, device: str) -> list[str]:
+    """What the config means on this device, said up front in the manifest."""
+    notes = []
+    if device == "cpu" and not config.data.pin_memory:
+        notes.append(
+            "data.pin_memory=false has no effect on CPU: there is no host-to-device copy "
+            "for pinned memory to speed up"
+        )
+    if device == "cpu" and config.train.amp != "off":
+        notes.append(f"train.amp={config.train.amp} applies on CUDA only: this CPU run is fp32")
+    if config.data.dataset == "sharded" and config.data.persistent_workers:
+        notes.append(
+            "data.persistent_workers is ignored for the sharded dataset: its shard order "
+            "changes each epoch, so each epoch gets fresh workers"
+        )
+    if config.train.amp == "fp16" and device == "cuda" and not config.train.grad_scaler:
+        notes.append("fp16 without GradScaler: small gradients underflow to zero")
+    return notes
+
+
+class Trainer:
+    def __init__(
+        self,
+        config: TrainerConfig,
+        writer: SafeWriter,
+        *,
+        device: str,
+        cache_dir: Path | None,
+        stop: StopRequests,
+    ):
+        self.config = config
+        self.writer = writer
+        self.run_dir = writer.path
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.stop = stop
+        self.instruments = config.instruments.enabled
+        self.total_steps = config.train.pretrain_steps + config.train.steps
+        self.started = time.monotonic()
+        self._process_rss = None
+
+        seed_everything(config.seed)
+        self.corpus: Corpus = load_corpus(config.data, config.seed, cache_dir)
+        self.train_set = make_train_dataset(self.corpus, config.data, config.seed)
+        self.val_set = make_val_dataset(self.corpus, config.data)
+        n_categories, n_types = num_labels()
+        self.model = MultiTaskModel(
+            config.model,
+            vocab_size=self.corpus.vocab_size,
+            max_length=config.data.max_length,
+            num_categories=n_categories,
+            num_merchant_types=n_types,
+            pad_id=self.corpus.pad_id,
+        ).to(self.device)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=config.train.lr, weight_decay=config.train.weight_decay
+        )
+        amp = config.train.amp if self.cuda else "off"
+        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
+        self.scaler = torch.amp.GradScaler(
+            "cuda", enabled=self.cuda and amp == "fp16" and config.train.grad_scaler
+        )
+        self.position = Position()
+        self.total_loss: float | torch.Tensor = 0.0
+        self.batch_history: list[Any] = []
+        self.nonfinite_steps = 0
+        self.first_nonfinite_step: int | None = None
+        self.evaluations: list[dict[str, Any]] = []
+        self.memory_lines = make_memory_lines(self.instruments and config.instruments.memory_lines)
+        self._train_step = self.memory_lines.wrap(self._train_step_impl)
+        self.clock = make_step_clock(self.device, instruments=self.instruments)
+        self.profiler = make_profiler(
+            config.profiler,
+            self.run_dir / "trace",
+            enabled=self.instruments,
+            cuda=self.cuda,
+            worker_name=f"{self.run_dir.name}.{os.getpid()}",
+        )
+        self.sampler = make_sampler(
+            writer.append_sample,
+            writer.add_note,
+            enabled=self.instruments,
+            sample_hz=config.instruments.sample_hz,
+        )
+
+    # --- checkpoints ---------------------------------------------------------------------
+
+    def checkpoint_path(self, step: int) -> Path:
+        return self.run_dir / "checkpoints" / f"step_{step:08d}.pt"
+
+    def save_checkpoint(self) -> Path:
+        pos = self.position
+        state = {
+            "position": vars(pos).copy(),
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "rng": {
+                "python": random.getstate(),
+                "numpy": np.random.get_state(),
+                "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if self.cuda else None,
+            },
+            "total_loss": float(self.total_loss),
+            "nonfinite_steps": self.nonfinite_steps,
+            "first_nonfinite_step": self.first_nonfinite_step,
+            "evaluations": self.evaluations,
+            "config": self.config.to_dict(),
+        }
+        path = self.checkpoint_path(pos.step)
+        tmp = path.with_name(f".{path.name}.tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, path)  # a kill mid-save leaves only the .tmp, never a torn .pt
+        for old in sorted(path.parent.glob("step_*.pt"))[:-CHECKPOINTS_KEPT]:
+            old.unlink(missing_ok=True)
+        log.info("checkpoint %s", path.name)
+        return path
+
+    def load_checkpoint(self, path: Path) -> None:
+        # our own file (it holds NumPy RNG state, which weights_only refuses)
+        state = torch.load(path, map_location=self.device, weights_only=False)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.position = Position(**state["position"])
+        self.total_loss = float(state["total_loss"])
+        self.nonfinite_steps = int(state["nonfinite_steps"])
+        self.first_nonfinite_step = state["first_nonfinite_step"]
+        self.evaluations = list(state["evaluations"])
+        rng = state["rng"]
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        torch.set_rng_state(rng["torch"].cpu())
+        if self.cuda and rng["cuda"] is not None:
+            torch.cuda.set_rng_state_all([s.cpu() for s in rng["cuda"]])
+        if self.config.train.keep_batch_history:
+            self.writer.add_note(
+                "resumed: the batch history (train.keep_batch_history) restarts empty"
+            )
+
+    # --- one step ------------------------------------------------------------------------
+
+    def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        non_blocking = self.config.data.non_blocking and self.cuda
+        return {k: v.to(self.device, non_blocking=non_blocking) for k, v in batch.items()}
+
+    def _train_step_impl(self, phase: str, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """Copy, forward + backward, clip, optimiser step. Returns the step's figures."""
+        train = self.config.train
+        self.clock.mark("start")
+        batch = self._to_device(batch)
+        self.clock.mark("copied")
+        with torch.autocast(
+            self.device.type,
+            dtype=self.autocast_dtype or torch.float32,
+            enabled=self.autocast_dtype is not None,
+        ):
+            if phase == "pretrain":
+                inputs, labels = mask_tokens(
+                    batch["input_ids"],
+                    self.corpus.special_ids,
+                    self.corpus.mask_id,
+                    self.corpus.vocab_size,
+                )
+                loss = self.model.mlm_loss(inputs, batch["attention_mask"], labels)
+                hidden = None
+            else:
+                output = self.model(
+                    batch["input_ids"],
+                    batch["attention_mask"],
+                    batch["category"],
+                    batch["merchant_type"],
+                )
+                loss, hidden = output.loss, output.hidden
+        self.scaler.scale(loss).backward()
+        self.clock.mark("computed")
+
+        if self.scaler.is_enabled():
+            self.scaler.unscale_(self.optimizer)
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        grads = [p.grad for p in params]
+        grad_norm = torch.nn.utils.get_total_norm(grads)  # before clipping, every step
+        loss_value = float(loss.detach())
+        grad_norm_value = float(grad_norm)
+        finite = math.isfinite(loss_value) and math.isfinite(grad_norm_value)
+        if train.grad_clip is not None and finite:
+            torch.nn.utils.clip_grads_with_norm_(params, train.grad_clip, grad_norm)
+        if self.scaler.is_enabled():
+            self.scaler.step(self.optimizer)  # skips the update itself on inf/NaN gradients
+            amp_scale: float | None = float(self.scaler.get_scale())
+            self.scaler.update()
+        else:
+            if finite:
+                self.optimizer.step()
+            amp_scale = None
+        self.optimizer.zero_grad(set_to_none=True)
+
+        if train.accumulate_loss_as_tensor:
+            # the leak, as written in the wild: the running total keeps every step's graph
+            self.total_loss = self.total_loss + loss
+        else:
+            self.total_loss += loss_value
+        if train.keep_batch_history:
+            # the second leak: a "debug" list holding every batch and its encoder output
+            self.batch_history.append((batch, hidden))
+        return {
+            "loss": loss_value,
+            "grad_norm": grad_norm_value,
+            "amp_scale": amp_scale,
+            "finite": finite,
+            "batch_size": int(batch["input_ids"].shape[0]),
+        }
+
+    # --- evaluation ------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def evaluate(self, epoch: int) -> dict[str, Any]:
+        """Accuracy per task on the validation split (cached: processed once, every epoch)."""
+        self.model.eval()
+        correct = [0, 0]
+        loss_sum, batches, seen = 0.0, 0, 0
+        size = self.config.train.batch_size
+        for start in range(0, len(self.val_set), size):
+            items = [self.val_set[i] for i in range(start, min(start + size, len(self.val_set)))]
+            batch = {k: torch.stack([item[k] for item in items]) for k in items[0]}
+            batch = self._to_device(batch)
+            with torch.autocast(
+                self.device.type,
+                dtype=self.autocast_dtype or torch.float32,
+                enabled=self.autocast_dtype is not None,
+            ):
+                out = self.model(
+                    batch["input_ids"],
+                    batch["attention_mask"],
+                    batch["category"],
+                    batch["merchant_type"],
+                )
+            loss_sum += float(out.loss)
+            batches += 1
+            seen += len(items)
+            correct[0] += int((out.category_logits.argmax(-1) == batch["category"]).sum())
+            correct[1] += int((out.merchant_type_logits.argmax(-1) == batch["merchant_type"]).sum())
+        self.model.train()
+        result = {
+            "step": self.position.step,
+            "epoch": epoch,
+            "val_loss": loss_sum / max(1, batches),
+            "category_accuracy": correct[0] / max(1, seen),
+            "merchant_type_accuracy": correct[1] / max(1, seen),
+        }
+        self.evaluations.append(result)
+        log.info(
+            "eval step %d: loss %.3f, category acc %.3f, merchant type acc %.3f",
+            result["step"],
+            result["val_loss"],
+            result["category_accuracy"],
+            result["merchant_type_accuracy"],
+        )
+        return result
+
+    # --- the loop --------------------------------------------------------------------------
+
+    def _stop_reason(self) -> tuple[str, str] | None:
+        if self.stop.sigterm:
+            return "preempted", "SIGTERM received: checkpointed for resume"
+        if self.stop.sigint:
+            return "cancelled", "interrupted (SIGINT)"
+        if (self.run_dir / CANCEL_FILE).exists():
+            return "cancelled", "cancel requested"
+        budget = self.config.train.max_runtime_s
+        if budget is not None and time.monotonic() - self.started >= budget:
+            return "cancelled", (
+                f"train.max_runtime_s budget of {budget:g} s reached after step "
+                f"{self.position.step} of {self.total_steps}; resume to finish"
+            )
+        return None
+
+    def _phases(self) -> list[tuple[str, int, int, int]]:
+        """(phase, last global step of the phase, start epoch, start batch) still to run."""
+        pretrain_end = self.config.train.pretrain_steps
+        pos = self.position
+        phases = []
+        if pos.step < pretrain_end:
+            phases.append(("pretrain", pretrain_end, pos.epoch, pos.batch_in_epoch))
+        if pos.phase == "finetune":
+            phases.append(("finetune", self.total_steps, pos.epoch, pos.batch_in_epoch))
+        else:
+            phases.append(("finetune", self.total_steps, 0, 0))
+        return [p for p in phases if p[1] > pos.step]
+
+    def _record(self, phase: str, epoch: int, times: dict[str, float], out: dict[str, Any]):
+        record = {
+            "step": self.position.step,
+            "epoch": epoch,
+            "phase": phase,
+            "wall_time": time.time(),
+            **times,
+            "loss": out["loss"],
+            "grad_norm": out["grad_norm"],
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "amp_scale": out["amp_scale"],
+            "batch_size": out["batch_size"],
+            "samples_per_s": out["batch_size"] / max(times["step_time_ms"], 1e-6) * 1e3,
+            "rss_bytes": rss_bytes(),
+            "profiled": self.profiler.recording,
+            **cuda_memory(self.device),
+        }
+        self.writer.append_step(record)
+        return record
+
+    def _note_nonfinite(self, step: int) -> None:
+        self.nonfinite_steps += 1
+        if self.first_nonfinite_step is None:
+            self.first_nonfinite_step = step
+            self.writer.add_note(
+                f"non-finite loss or gradient norm first at step {step}: such steps are "
+                "recorded and their optimiser update skipped; the run continues"
+            )
+            log.warning("non-finite loss or gradient norm at step %d", step)
+
+    def run(self, resume_from: Path | None = None) -> Outcome:
+        if resume_from is not None:
+            self.load_checkpoint(resume_from)
+            log.info("resumed from %s at step %d", resume_from.name, self.position.step)
+        self.writer.update_manifest(model_parameters=parameter_count(self.model))
+        self._probe_getitem()
+        self.model.train()
+        self.sampler.start()
+        try:
+            outcome = self._run_phases()
+        finally:
+            self.profiler.stop()
+            self.sampler.stop()
+        self._finish_notes(outcome)
+        return outcome
+
+    def _probe_getitem(self) -> None:
+        """Line memory of ``__getitem__``, measured here in the main process.
+
+        Under DataLoader workers the dataset runs in other processes, where the line
+        profiler's records would be lost; a probe of a few samples here shows the same lines.
+        """
+        if not (self.instruments and self.config.instruments.memory_lines):
+            return
+        getitem = self.memory_lines.wrap(type(self.train_set).__getitem__)
+        for index in range(min(MEMORY_LINES_PROBE_SAMPLES, len(self.train_set))):
+            getitem(self.train_set, index)
+
+    def _run_phases(self) -> Outcome:
+        cfg = self.config
+        every = max(1, self.total_steps // 10)
+        for phase, phase_end, start_epoch, start_batch in self._phases():
+            batches = EpochBatches(
+                self.train_set,
+                cfg.data,
+                batch_size=cfg.train.batch_size,
+                seed=cfg.seed,
+                phase=phase,
+                pin_memory=cfg.data.pin_memory and self.cuda,
+            ).iterate(start_epoch, start_batch)
+            log.info("%s: steps %d..%d", phase, self.position.step + 1, phase_end)
+            if phase == "finetune":
+                self.profiler.start()
+            current_epoch = start_epoch
+            while self.position.step < phase_end:
+                stop = self._stop_reason()
+                if stop is not None:
+                    return self._stop(*stop)
+                self.clock.begin()
+                epoch, batch_in_epoch, batch = next(batches)
+                self.clock.mark("fetched")
+                if phase == "finetune" and epoch != current_epoch:
+                    self.evaluate(current_epoch)
+                current_epoch = epoch
+                out = self._train_step(phase, batch)
+                times = self.clock.finish()
+                self.position = Position(self.position.step + 1, phase, epoch, batch_in_epoch)
+                if not out["finite"]:
+                    self._note_nonfinite(self.position.step)
+                record = self._record(phase, epoch, times, out)
+                self.profiler.step()
+                step = self.position.step
+                if step % every == 0 or step == phase_end:
+                    log.info(
+                        "step %d/%d %s loss %.4f grad norm %.3g %.1f ms (data %.1f ms)",
+                        step,
+                        self.total_steps,
+                        phase,
+                        record["loss"],
+                        record["grad_norm"],
+                        record["step_time_ms"],
+                        record["data_wait_ms"],
+                    )
+                if step % cfg.train.checkpoint_every == 0:
+                    self.save_checkpoint()
+            del batches  # shuts this phase's workers down before the next phase starts
+        self.evaluate(self.position.epoch)
+        if self.position.step % cfg.train.checkpoint_every:
+            self.save_checkpoint()
+        return Outcome("completed", None, self.position.step)
+
+    def _stop(self, status: str, reason: str) -> Outcome:
+        log.warning("stopping at step %d: %s", self.position.step, reason)
+        if status == "preempted" or self.position.step > 0:
+            if not self.checkpoint_path(self.position.step).exists():
+                self.save_checkpoint()
+        return Outcome(status, reason, self.position.step)
+
+    def _finish_notes(self, outcome: Outcome) -> None:
+        if self.nonfinite_steps:
+            self.writer.add_note(
+                f"{self.nonfinite_steps} of {self.position.step} steps had a non-finite loss "
+                f"or gradient norm (first at step {self.first_nonfinite_step})"
+            )
+        rows = self.memory_lines.rows()
+        if rows:
+            self.writer.write_memory_lines(rows)
+        self.writer.update_manifest(evaluations=self.evaluations)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    checkpoints = sorted((run_dir / "checkpoints").glob("step_*.pt"))
+    return checkpoints[-1] if checkpoints else None

@@ -1,0 +1,109 @@
+"""The multi-task model: one BERT backbone, a head per task, and a masked-LM head.
+
+Built from a ``transformers.BertConfig`` with random initialisation: nothing is downloaded.
+The masked-LM head shares the backbone, so the optional pre-training phase (the seed's
+two-stage recipe: masked LM on the unlabelled text, then supervised fine-tuning) shapes
+the same encoder the task heads read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from transformers import BertConfig, BertModel
+from transformers.models.bert.modeling_bert import BertOnlyMLMHead
+
+from trainer.config import ModelConfig
+
+MLM_MASK_PROBABILITY = 0.15  # BERT's masking rate
+
+
+@dataclass(frozen=True)
+class TaskOutput:
+    loss: torch.Tensor
+    category_logits: torch.Tensor
+    merchant_type_logits: torch.Tensor
+    hidden: torch.Tensor  # the encoder's last hidden state, (batch, tokens, hidden)
+
+
+class MultiTaskModel(nn.Module):
+    def __init__(
+        self,
+        model: ModelConfig,
+        *,
+        vocab_size: int,
+        max_length: int,
+        num_categories: int,
+        num_merchant_types: int,
+        pad_id: int,
+    ):
+        super().__init__()
+        self.bert_config = BertConfig(
+            vocab_size=vocab_size,
+            hidden_size=model.hidden_size,
+            num_hidden_layers=model.layers,
+            num_attention_heads=model.heads,
+            intermediate_size=model.intermediate_size,
+            max_position_embeddings=max_length,
+            pad_token_id=pad_id,
+        )
+        self.backbone = BertModel(self.bert_config, add_pooling_layer=False)
+        self.category_head = nn.Linear(model.hidden_size, num_categories)
+        self.merchant_type_head = nn.Linear(model.hidden_size, num_merchant_types)
+        self.mlm_head = BertOnlyMLMHead(self.bert_config)
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        category: torch.Tensor,
+        merchant_type: torch.Tensor,
+    ) -> TaskOutput:
+        hidden = self.encode(input_ids, attention_mask)
+        cls = hidden[:, 0]
+        category_logits = self.category_head(cls)
+        merchant_type_logits = self.merchant_type_head(cls)
+        # equal weights: both tasks are single-label classification of the same statement
+        loss = F.cross_entropy(category_logits.float(), category) + F.cross_entropy(
+            merchant_type_logits.float(), merchant_type
+        )
+        return TaskOutput(loss, category_logits, merchant_type_logits, hidden)
+
+    def mlm_loss(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor
+    ) -> torch.Tensor:
+        logits = self.mlm_head(self.encode(input_ids, attention_mask))
+        return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
+
+
+def mask_tokens(
+    input_ids: torch.Tensor, special_ids: list[int], mask_id: int, vocab_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """BERT masking: 15 % of real tokens are targets; of those 80 % [MASK], 10 % random,
+    10 % kept. Draws from the default RNG of the tensor's device (checkpointed on resume).
+    """
+    labels = input_ids.clone()
+    special = torch.zeros_like(input_ids, dtype=torch.bool)
+    for token_id in special_ids:
+        special |= input_ids == token_id
+    chosen = (
+        torch.rand(input_ids.shape, device=input_ids.device) < MLM_MASK_PROBABILITY
+    ) & ~special
+    labels[~chosen] = -100
+    masked = input_ids.clone()
+    roll = torch.rand(input_ids.shape, device=input_ids.device)
+    masked[chosen & (roll < 0.8)] = mask_id
+    randomise = chosen & (roll >= 0.8) & (roll < 0.9)
+    random_ids = torch.randint(vocab_size, input_ids.shape, device=input_ids.device)
+    masked[randomise] = random_ids[randomise]
+    return masked, labels
+
+
+def parameter_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,128 @@
+"""Thread-safe access to the run folder writer, the heartbeat thread and the environment."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import threading
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from diagnostics.runs import HEARTBEAT_INTERVAL_S, RunState, RunWriter
+
+
+class SafeWriter:
+    """Serialises RunWriter calls from the training loop, the sampler and the heartbeat.
+
+    status.json and run.json are rewritten through one temporary file name per process,
+    so two threads rewriting at once could replace each other's file mid-write.
+    """
+
+    def __init__(self, writer: RunWriter):
+        self.writer = writer
+        self._lock = threading.Lock()
+
+    @property
+    def path(self) -> Path:
+        return self.writer.path
+
+    def append_step(self, record: dict[str, Any]) -> None:
+        with self._lock:
+            self.writer.append_step(record)
+
+    def append_sample(self, record: dict[str, Any]) -> None:
+        with self._lock:
+            self.writer.append_sample(record)
+
+    def add_note(self, note: str) -> None:
+        with self._lock:
+            self.writer.add_note(note)
+
+    def update_manifest(self, **fields: Any) -> None:
+        with self._lock:
+            self.writer.update_manifest(**fields)
+
+    def heartbeat(self) -> None:
+        with self._lock:
+            self.writer.heartbeat()
+
+    def write_memory_lines(self, rows: list[dict[str, Any]]) -> None:
+        with self._lock:
+            self.writer.write_memory_lines(rows)
+
+    def finalise(self, status: RunState, reason: str | None = None) -> None:
+        with self._lock:
+            self.writer.finalise(status, reason)
+
+
+class Heartbeat:
+    """Refreshes status.json's heartbeat well inside HEARTBEAT_INTERVAL_S, always on.
+
+    Separate from the (optional) system sampler: a run with ``--instruments off`` or one
+    busy building its corpus must not read as dead.
+    """
+
+    def __init__(self, writer: SafeWriter, interval_s: float = HEARTBEAT_INTERVAL_S / 2):
+        self._writer = writer
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            try:
+                self._writer.heartbeat()
+            except Exception:  # a full disk must not kill the training thread's run
+                continue
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def cpu_count() -> int:
+    """CPUs this process may run on (the affinity mask, not the host's total)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def environment(device: str, threads: int) -> dict[str, Any]:
+    import torch
+
+    env: dict[str, Any] = {
+        "python_version": platform.python_version(),
+        "pytorch_version": torch.__version__,
+        "transformers_version": _version("transformers"),
+        "tokenizers_version": _version("tokenizers"),
+        "polars_version": _version("polars"),
+        "platform": platform.platform(),
+        "executable": sys.executable,
+        "device": device,
+        "cpu_count": cpu_count(),
+        "torch_threads": threads,
+        "cuda_available": torch.cuda.is_available(),
+        "gpu_name": None,
+        "gpu_count": 0,
+        "cuda_version": torch.version.cuda,
+    }
+    if device == "cuda":
+        env["gpu_name"] = torch.cuda.get_device_name(0)
+        env["gpu_count"] = torch.cuda.device_count()
+        major, minor = torch.cuda.get_device_capability(0)
+        env["gpu_compute_capability"] = f"{major}.{minor}"
+    return env
