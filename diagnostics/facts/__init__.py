@@ -10,6 +10,7 @@ from diagnostics.facts.breakdown import breakdown_pct
 from diagnostics.facts.idle import idle_breakdown_pct
 from diagnostics.facts.operators import top
 from diagnostics.facts.ranks import StepTimeSpread, rank_summary, step_time_spread
+from diagnostics.facts.summary import trace_summary
 
 __all__ = [
     "StepTimeSpread",
@@ -19,4 +20,5 @@ __all__ = [
     "rank_summary",
     "step_time_spread",
     "top",
+    "trace_summary",
 ]

@@ -46,7 +46,7 @@ def _one_rank(events: pl.DataFrame, metadata: Any, rank: int) -> TraceFacts:
             "step", "start_us", "end_us", "dur_us", "host_start_us", "host_end_us", "gpu_events"
         ),
         steps_inferred=steps.inferred,
-        breakdown=step_breakdown(events, steps),
+        breakdown=step_breakdown(events, steps, index),
         gpu=gpu_utilization(index, steps),
         idle_gaps=idle_gaps(events, index, steps),
         operators=operator_table(index),

@@ -21,17 +21,19 @@ from __future__ import annotations
 
 import polars as pl
 
-from diagnostics.facts import selectors as sel
-from diagnostics.facts.intervals import covered_between, merge_intervals
+from diagnostics.facts.intervals import covered_between
+from diagnostics.facts.linking import TraceIndex, build_index
+from diagnostics.facts.roles import prefix_unions
 from diagnostics.facts.steps import Steps
 
-ROLES: tuple[tuple[str, pl.Expr], ...] = (
-    ("kernel_us", sel.KERNEL),
-    ("memcpy_us", sel.MEMCPY),
-    ("memset_us", sel.MEMSET),
-    ("runtime_us", sel.RUNTIME),
-    ("dataloader_us", sel.DATALOADER),
-    ("cpu_exec_us", sel.HOST_EXEC),
+# (column, role) in torch-tb-profiler's priority order.
+ROLES: tuple[tuple[str, str], ...] = (
+    ("kernel_us", "kernel"),
+    ("memcpy_us", "memcpy"),
+    ("memset_us", "memset"),
+    ("runtime_us", "runtime"),
+    ("dataloader_us", "dataloader"),
+    ("cpu_exec_us", "host_exec"),
 )
 PARTS: tuple[str, ...] = (*(name for name, _ in ROLES), "other_us")
 BREAKDOWN_SCHEMA: dict[str, pl.DataType] = {
@@ -41,18 +43,19 @@ BREAKDOWN_SCHEMA: dict[str, pl.DataType] = {
 }
 
 
-def step_breakdown(events: pl.DataFrame, steps: Steps) -> pl.DataFrame:
+def step_breakdown(
+    events: pl.DataFrame, steps: Steps, index: TraceIndex | None = None
+) -> pl.DataFrame:
     """step, kernel_us, memcpy_us, memset_us, runtime_us, dataloader_us, cpu_exec_us,
     other_us, total_us (µs; the parts add up to total_us, the step's duration)."""
     frame = steps.frame
     if frame.height == 0:
         return pl.DataFrame(schema=BREAKDOWN_SCHEMA)
     queries = frame.select("step", "start_us", "end_us", pl.col("dur_us").alias("total_us"))
-    union: pl.DataFrame | None = None
+    index = index or build_index(events)
+    unions = prefix_unions(index, tuple(role for _, role in ROLES))
     covered_cols: list[str] = []
-    for name, predicate in ROLES:
-        role = merge_intervals(sel.intervals(events, predicate))
-        union = role if union is None else merge_intervals(pl.concat([union, role]))
+    for (name, _), union in zip(ROLES, unions, strict=True):
         col = f"_u_{name}"
         queries = covered_between(union, queries, col)
         covered_cols.append(col)

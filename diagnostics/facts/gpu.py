@@ -27,10 +27,13 @@ GPU_SCHEMA: dict[str, pl.DataType] = {
 
 def busy_intervals(index: TraceIndex, *, kernels_only: bool = False) -> pl.DataFrame:
     """Merged busy ranges per device over the whole trace: device, start_us, end_us."""
-    gpu = index.gpu
-    if kernels_only:
-        gpu = gpu.filter(pl.col("cat") == "kernel")
-    return merge_intervals(gpu.select("device", "start_us", "end_us"), by=["device"])
+    key = f"busy:{kernels_only}"
+    if key not in index.memo:
+        gpu = index.gpu
+        if kernels_only:
+            gpu = gpu.filter(pl.col("cat") == "kernel")
+        index.memo[key] = merge_intervals(gpu.select("device", "start_us", "end_us"), by=["device"])
+    return index.memo[key]
 
 
 def gpu_utilization(index: TraceIndex, steps: Steps) -> pl.DataFrame:

@@ -25,8 +25,9 @@ import polars as pl
 
 from diagnostics.facts import selectors as sel
 from diagnostics.facts.gpu import busy_intervals
-from diagnostics.facts.intervals import covered_between, merge_intervals
+from diagnostics.facts.intervals import covered_between
 from diagnostics.facts.linking import TraceIndex
+from diagnostics.facts.roles import prefix_unions
 from diagnostics.facts.steps import Steps
 
 ACTIVITIES: tuple[str, ...] = ("dataloader", "sync", "pageable_copy", "cpu_ops")
@@ -41,35 +42,6 @@ IDLE_SCHEMA: dict[str, pl.DataType] = {
     **{f"{name}_us": pl.Float64 for name in ACTIVITIES},
     "step": pl.Int64,
 }
-
-
-def sync_intervals(events: pl.DataFrame, index: TraceIndex) -> pl.DataFrame:
-    """Host ranges blocked on the device: sync calls, scalar reads, copies into pageable."""
-    has_gpu = index.gpu.height > 0
-    calls = sel.intervals(
-        events, sel.RUNTIME & pl.col("name").is_in(sorted(sel.SYNC_RUNTIME_NAMES))
-    )
-    parts = [calls]
-    if has_gpu:
-        # On a CPU-only trace aten::item reads host memory and blocks on nothing.
-        parts.append(
-            sel.intervals(events, sel.CPU_OP & pl.col("name").is_in(sorted(sel.SYNC_OP_NAMES)))
-        )
-        parts.append(
-            index.gpu.filter(
-                (pl.col("name") == sel.PAGEABLE_DTOH_COPY) & pl.col("rt_start_us").is_not_null()
-            ).select(pl.col("rt_start_us").alias("start_us"), pl.col("rt_end_us").alias("end_us"))
-        )
-    return pl.concat(parts)
-
-
-def pageable_copy_calls(index: TraceIndex) -> pl.DataFrame:
-    """Host ranges of copy calls whose GPU copy touches pageable memory."""
-    return index.gpu.filter(
-        (pl.col("cat") == "gpu_memcpy")
-        & pl.col("name").str.contains("Pageable")
-        & pl.col("rt_start_us").is_not_null()
-    ).select(pl.col("rt_start_us").alias("start_us"), pl.col("rt_end_us").alias("end_us"))
 
 
 def idle_gaps(events: pl.DataFrame, index: TraceIndex, steps: Steps) -> pl.DataFrame:
@@ -125,7 +97,7 @@ def idle_gaps(events: pl.DataFrame, index: TraceIndex, steps: Steps) -> pl.DataF
         .filter(pl.col("end_us") > pl.col("start_us"))
         .with_columns((pl.col("end_us") - pl.col("start_us")).alias("dur_us"))
     )
-    gaps = _host_activity(events, index, gaps)
+    gaps = _host_activity(index, gaps)
     step_of = steps.frame.select(pl.col("step"), pl.col("start_us").alias("_s_start")).sort(
         "_s_start"
     )
@@ -135,18 +107,16 @@ def idle_gaps(events: pl.DataFrame, index: TraceIndex, steps: Steps) -> pl.DataF
     return gaps.select(list(IDLE_SCHEMA)).cast(IDLE_SCHEMA).sort(["device", "start_us"])
 
 
-def _host_activity(events: pl.DataFrame, index: TraceIndex, gaps: pl.DataFrame) -> pl.DataFrame:
-    sources = {
-        "dataloader": sel.intervals(events, sel.DATALOADER),
-        "sync": sync_intervals(events, index),
-        "pageable_copy": pageable_copy_calls(index),
-        "cpu_ops": sel.intervals(events, sel.HOST_EXEC),
+def _host_activity(index: TraceIndex, gaps: pl.DataFrame) -> pl.DataFrame:
+    roles = {
+        "dataloader": "dataloader",
+        "sync": "sync",
+        "pageable_copy": "pageable_copy",
+        "cpu_ops": "host_exec",
     }
-    union: pl.DataFrame | None = None
+    unions = prefix_unions(index, tuple(roles[name] for name in ACTIVITIES))
     previous = None
-    for name in ACTIVITIES:
-        ranges = merge_intervals(sources[name])
-        union = ranges if union is None else merge_intervals(pl.concat([union, ranges]))
+    for name, union in zip(ACTIVITIES, unions, strict=True):
         gaps = covered_between(union, gaps, f"_cov_{name}")
         exclusive = pl.col(f"_cov_{name}")
         if previous is not None:

@@ -45,22 +45,18 @@ DURATION = pl.col("ph") == "X"
 STEP = (CPU_OP | ANNOTATION) & pl.col("name").str.starts_with(STEP_PREFIX) & DURATION
 # torch-tb-profiler's DataLoader role (event_parser.py _parse_step): the iterator's __next__
 # range, and DataPipe ranges; an Operator in old traces, a user_annotation in modern ones.
-DATALOADER = (
-    (CPU_OP | ANNOTATION)
-    & DURATION
-    & (
-        (
-            pl.col("name").str.starts_with("enumerate(DataLoader)#")
-            & pl.col("name").str.ends_with(".__next__")
-        )
-        | pl.col("name").str.starts_with("enumerate(DataPipe)#")
-    )
-)
+# The *_NAME forms apply to frames already restricted to cpu_op/user_annotation rows.
+DATALOADER_NAME = (
+    pl.col("name").str.starts_with("enumerate(DataLoader)#")
+    & pl.col("name").str.ends_with(".__next__")
+) | pl.col("name").str.starts_with("enumerate(DataPipe)#")
+DATALOADER = (CPU_OP | ANNOTATION) & DURATION & DATALOADER_NAME
 # Host-side work that is neither a step marker nor the DataLoader: torch-tb-profiler's
 # "CPU Exec" role (Operator, Python and user_annotation events). torch-tb-profiler 0.4.3
 # drops user_annotation events before this point; we keep them.
+HOST_EXEC_NAME = ~pl.col("name").str.starts_with(STEP_PREFIX) & ~DATALOADER_NAME
 HOST_OP = (CPU_OP | ANNOTATION) & DURATION & ~pl.col("name").str.starts_with(STEP_PREFIX)
-HOST_EXEC = HOST_OP & ~DATALOADER
+HOST_EXEC = (CPU_OP | ANNOTATION) & DURATION & HOST_EXEC_NAME
 
 END_US = (pl.col("ts") + pl.col("dur").fill_null(0.0)).alias("end_us")
 # Kineto puts the GPU index in args.device and, for GPU rows, in pid; prefer the former.

@@ -17,9 +17,9 @@ from __future__ import annotations
 import polars as pl
 
 from diagnostics.facts import selectors as sel
-from diagnostics.facts.idle import sync_intervals
-from diagnostics.facts.intervals import covered_between, merge_intervals
+from diagnostics.facts.intervals import covered_between
 from diagnostics.facts.linking import TraceIndex
+from diagnostics.facts.roles import merged_role
 from diagnostics.facts.steps import Steps
 
 SYNCS_SCHEMA: dict[str, pl.DataType] = {
@@ -79,7 +79,7 @@ def sync_per_step(events: pl.DataFrame, index: TraceIndex, steps: Steps) -> pl.D
     frame = steps.frame
     if frame.height == 0:
         return pl.DataFrame(schema=SYNC_PER_STEP_SCHEMA)
-    blocked = merge_intervals(sync_intervals(events, index))
+    blocked = merged_role(index, "sync")
     queries = covered_between(blocked, frame.select("step", "start_us", "end_us"), "sync_us")
     starts = (
         blocked.select(pl.col("start_us").alias("_b"))

@@ -102,3 +102,32 @@ def test_compute_facts_on_a_cpu_trace():
     assert facts.breakdown.row(0, named=True)["cpu_exec_us"] == 50
     assert facts.gpu.height == 0 and facts.idle_gaps.height == 0
     assert facts.operators["name"].to_list() == ["aten::mm"]
+
+
+def test_trace_summary_has_every_key_with_its_numbers():
+    from diagnostics.facts import trace_summary
+
+    summary = trace_summary(compute_facts(rank_trace(0, 100, 50), Metadata()))
+    # Three steps of 100 µs = 0.1 ms each.
+    assert summary["steps"] == 3
+    assert summary["step_time_ms"] == pytest.approx({"mean": 0.1, "p50": 0.1, "p95": 0.1})
+    assert summary["gpu_utilization_pct"] == pytest.approx(3 * 50 / 300 * 100)
+    assert summary["gpu_busy_us"] == 3 * 50
+    # Idle is 300 - 150 µs: 0..2 before the first kernel and the 50 µs between kernels
+    # (each next kernel launched after the previous ended: host_wait), then 252..300 after
+    # the last kernel with nothing launched (other).
+    assert summary["gpu_idle_breakdown_pct"] == pytest.approx(
+        {"host_wait": (2 + 50 + 50) / 150 * 100, "kernel_wait": 0.0, "other": 48 / 150 * 100}
+    )
+    assert set(summary["breakdown_pct"]) == {
+        "kernel",
+        "memcpy",
+        "memset",
+        "runtime",
+        "dataloader",
+        "cpu_exec",
+        "other",
+    }
+    cpu = trace_summary(compute_facts(events_of(step(1, 0, 100)), None))
+    assert cpu["device"] == "cpu" and cpu["gpu_utilization_pct"] is None
+    assert cpu["gpu_idle_breakdown_pct"] is None
