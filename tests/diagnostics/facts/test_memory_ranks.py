@@ -4,12 +4,12 @@ import pytest
 from diagnostics.facts import compute_facts, rank_summary, step_time_spread
 from diagnostics.facts.memory import memory_curve, memory_peaks
 from tests.diagnostics.facts.trace_fixture import (
-    Metadata,
     events_of,
     gpu,
+    load_rows,
     memory_event,
+    metadata,
     op,
-    rows_to_events,
     runtime,
     step,
 )
@@ -50,7 +50,7 @@ def test_old_traces_without_totals_use_the_running_sum_of_bytes():
         }
         for t, b in ((1, 100), (2, 50), (3, -120))
     ]
-    curve = memory_curve(rows_to_events(raw))
+    curve = memory_curve(load_rows(raw).events)
     assert curve["allocated_bytes"].to_list() == [100, 100 + 50, 100 + 50 - 120]
     assert curve["reserved_bytes"].to_list() == [None, None, None]
 
@@ -69,9 +69,9 @@ def rank_trace(rank, step_us, kernel_us):
 
 def test_rank_summary_and_spread_point_at_the_straggler():
     facts = [
-        compute_facts(rank_trace(0, 100, 50), Metadata()),
-        compute_facts(rank_trace(1, 100, 50), Metadata()),
-        compute_facts(rank_trace(2, 150, 50), Metadata()),
+        compute_facts(rank_trace(0, 100, 50), metadata()),
+        compute_facts(rank_trace(1, 100, 50), metadata()),
+        compute_facts(rank_trace(2, 150, 50), metadata()),
     ]
     summary = rank_summary(facts)
     assert summary["rank"].to_list() == [0, 1, 2]
@@ -90,7 +90,7 @@ def test_rank_summary_and_spread_point_at_the_straggler():
 
 def test_compute_facts_on_a_multi_rank_table_summarises_every_rank():
     events = pl.concat([rank_trace(0, 100, 50), rank_trace(1, 200, 50)])
-    facts = compute_facts(events, Metadata())
+    facts = compute_facts(events, metadata())
     assert facts.rank == 0
     assert facts.ranks["rank"].to_list() == [0, 1]
     assert facts.ranks["step_time_ms_mean"].to_list() == pytest.approx([100 / 1000, 200 / 1000])
@@ -107,7 +107,7 @@ def test_compute_facts_on_a_cpu_trace():
 def test_trace_summary_has_every_key_with_its_numbers():
     from diagnostics.facts import trace_summary
 
-    summary = trace_summary(compute_facts(rank_trace(0, 100, 50), Metadata()))
+    summary = trace_summary(compute_facts(rank_trace(0, 100, 50), metadata()))
     # Three steps of 100 µs = 0.1 ms each.
     assert summary["steps"] == 3
     assert summary["step_time_ms"] == pytest.approx({"mean": 0.1, "p50": 0.1, "p95": 0.1})

@@ -1,5 +1,7 @@
+from diagnostics.facts import compute_facts
 from diagnostics.facts.linking import build_index
 from diagnostics.facts.steps import find_steps
+from diagnostics.trace.schema import empty_event_table
 from tests.diagnostics.facts.trace_fixture import events_of, gpu, op, runtime, step
 
 
@@ -81,7 +83,11 @@ def test_no_profiler_steps_falls_back_to_the_host_span_and_says_so():
     assert found.warnings and "no ProfilerStep#N" in found.warnings[0]
 
 
-def test_empty_trace_has_no_steps():
-    found = steps_of()
+def test_empty_event_table_has_no_steps_and_no_facts():
+    events = empty_event_table()  # the loader refuses empty files; the facts still cope
+    found = find_steps(events, build_index(events))
     assert found.frame.height == 0
     assert found.span is None
+    facts = compute_facts(events, None)
+    assert facts.device == "cpu"
+    assert facts.breakdown.height == facts.gpu.height == facts.operators.height == 0

@@ -1,105 +1,31 @@
-"""Tiny stand-in loader for the facts tests: Chrome-trace JSON (gzip or not) into
-EVENT_SCHEMA. Used only until diagnostics.trace's loader is committed; then the tests load
-through it (``load_events`` prefers it), so there is one loader."""
+"""Trace inputs for the facts tests: the real traces in ../shared/traces and tiny hand-made
+ones, both read through the project's one loader (diagnostics.trace.loader)."""
 
 from __future__ import annotations
 
-import gzip
 import json
-import re
-from dataclasses import dataclass, field
+import tempfile
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
-from diagnostics.trace.schema import EVENT_SCHEMA, normalise_category
+from diagnostics.trace.loader import load_trace_file
+from diagnostics.trace.schema import LoadedTrace, TraceMetadata
 
 SHARED_TRACES = Path(__file__).resolve().parents[3].parent / "shared" / "traces"
-_DIGITS = re.compile(r"-?\d+")
 
 
-@dataclass(frozen=True)
-class Metadata:
-    device_properties: tuple[dict[str, Any], ...] = ()
-    distributed_info: dict[str, Any] | None = None
-    pytorch_version: str | None = None
-    warnings: tuple[str, ...] = field(default_factory=tuple)
-
-
-def _int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float):
-        return int(value)
-    if isinstance(value, str):
-        match = _DIGITS.search(value)
-        return int(match.group()) if match else None
-    return None
-
-
-def _float(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def rows_to_events(raw: list[dict[str, Any]], rank: int = 0) -> pl.DataFrame:
-    """Chrome-trace event dicts -> the event table (the subset of fields the facts read)."""
-    columns: dict[str, list[Any]] = {name: [] for name in EVENT_SCHEMA}
-    for event in raw:
-        ph = event.get("ph")
-        if ph in ("M", "s", "f", "t") or "ts" not in event:
-            continue
-        args = event.get("args") or {}
-        columns["rank"].append(rank)
-        columns["name"].append(str(event.get("name", "")))
-        cat = normalise_category(event.get("cat"))
-        if event.get("name") == "[memory]":
-            cat = normalise_category("memory")
-        columns["cat"].append(cat.value)
-        columns["ph"].append(ph)
-        columns["ts"].append(_float(event.get("ts")))
-        columns["dur"].append(_float(event.get("dur")))
-        columns["pid"].append(_int(event.get("pid")))
-        columns["tid"].append(_int(event.get("tid")))
-        columns["device"].append(_int(args.get("device")))
-        columns["stream"].append(_int(args.get("stream")))
-        columns["correlation"].append(_int(args.get("correlation")))
-        ext = args.get("External id", args.get("external id"))
-        columns["external_id"].append(_int(ext))
-        columns["bytes"].append(_int(args.get("bytes", args.get("Bytes"))))
-        columns["total_allocated"].append(_int(args.get("Total Allocated")))
-        columns["total_reserved"].append(_int(args.get("Total Reserved")))
-        columns["memory_device_type"].append(_int(args.get("Device Type")))
-        columns["memory_device_id"].append(_int(args.get("Device Id")))
-    return pl.DataFrame(columns, schema=EVENT_SCHEMA)
+def metadata(**fields: Any) -> TraceMetadata:
+    return TraceMetadata(path="hand-made", **fields)
 
 
 @cache
 def load_events(path: Path) -> tuple[pl.DataFrame, Any]:
-    """(events, metadata) of a real trace, through the project loader when it exists."""
-    try:
-        from diagnostics.trace import load_trace  # type: ignore[attr-defined]
-    except ImportError:
-        load_trace = None
-    if load_trace is not None:
-        loaded = load_trace(path)
-        return loaded.events, loaded.metadata
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as handle:
-        doc = json.load(handle)
-    raw = doc["traceEvents"] if isinstance(doc, dict) else doc
-    meta = doc if isinstance(doc, dict) else {}
-    dist = meta.get("distributedInfo")
-    rank = int(dist.get("rank", 0)) if isinstance(dist, dict) else 0
-    metadata = Metadata(
-        device_properties=tuple(meta.get("deviceProperties") or ()),
-        distributed_info=dist,
-        pytorch_version=meta.get("pytorch_version"),
-    )
-    return rows_to_events(raw, rank), metadata
+    """(events, metadata) of a real trace, through the project's one loader."""
+    loaded = load_trace_file(path)
+    return loaded.events, loaded.metadata
 
 
 def real_traces() -> list[Path]:
@@ -174,5 +100,13 @@ def memory_event(ts: float, allocated: int, reserved: int, *, device: int = 0) -
     }
 
 
+def load_rows(rows: list[dict[str, Any]], rank: int = 0) -> LoadedTrace:
+    """Hand-made events through the project's loader, as a trace file would go."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "trace.json"
+        path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": rows}))
+        return load_trace_file(path, rank=rank)
+
+
 def events_of(*rows: dict[str, Any], rank: int = 0) -> pl.DataFrame:
-    return rows_to_events(list(rows), rank)
+    return load_rows(list(rows), rank).events
