@@ -341,6 +341,13 @@ def render_html(report: Report) -> str:
         + "</section>",
         '<section id="summary"><h2>Summary</h2>' + _table(report.summary_rows) + "</section>",
         _comparison_html(report),
+        (
+            '<section id="ranks"><h2>Ranks</h2>'
+            + _table(report.ranks_table[1], report.ranks_table[0], css="grid", numeric_from=1)
+            + "</section>"
+        )
+        if report.ranks_table
+        else "",
         f'<section id="findings"><h2>Findings</h2>{findings_table}{findings_html}</section>',
         _cost_html(report.cost, report.comparison.cost_a if report.comparison else None)
         if report.cost
@@ -361,6 +368,12 @@ def render_html(report: Report) -> str:
         sections.append(
             '<section id="warnings"><h2>Warnings</h2><ul>'
             + "".join(f"<li>{esc(w)}</li>" for w in report.warnings)
+            + "</ul></section>"
+        )
+    if report.notes:
+        sections.append(
+            '<section id="notes"><h2>Notes</h2><ul>'
+            + "".join(f"<li>{esc(n)}</li>" for n in report.notes)
             + "</ul></section>"
         )
     body = "\n".join(part for part in sections if part)

@@ -46,6 +46,7 @@ def report_document(report: Report) -> dict[str, Any]:
         "metrics": report.metrics,
         "summary_rows": [list(row) for row in report.summary_rows],
         "environment_rows": [list(row) for row in report.environment_rows],
+        "notes": list(report.notes),
         "findings": [finding.to_dict() for finding in report.findings],
         "cost": report.cost.to_dict() if report.cost is not None else None,
         "comparison": None

@@ -159,6 +159,8 @@ def render_markdown(report: Report) -> str:
             parts.append(
                 "### Config changes\n\n" + table(("key", "a", "b"), section.config_changes)
             )
+    if report.ranks_table:
+        parts.append("## Ranks\n\n" + table(report.ranks_table[0], report.ranks_table[1]))
     parts.append("## Findings")
     if report.findings:
         parts.append(
@@ -179,4 +181,6 @@ def render_markdown(report: Report) -> str:
         parts.append("## Rules not applied\n\n" + table(("rule", "why"), report.skipped))
     if report.warnings:
         parts.append("## Warnings\n\n" + "\n".join(f"- {text(w)}" for w in report.warnings))
+    if report.notes:
+        parts.append("## Notes\n\n" + "\n".join(f"- {text(n)}" for n in report.notes))
     return "\n\n".join(parts) + "\n"

@@ -102,7 +102,9 @@ def _trace_metrics(summary: dict[str, Any], facts: Any) -> dict[str, Any]:
     if out["mean_step_time_ms"]:
         out["steps_per_s"] = 1000.0 / out["mean_step_time_ms"]
     breakdown = summary.get("breakdown_pct") or {}
-    out["data_wait_pct"] = _finite(breakdown.get("dataloader"))
+    out["data_wait_pct"] = _finite(summary.get("data_wait_pct"))
+    if out["data_wait_pct"] is None:
+        out["data_wait_pct"] = _finite(breakdown.get("dataloader"))
     out["gpu_utilization_pct"] = _finite(summary.get("gpu_utilization_pct"))
     memory = getattr(facts, "memory", None)
     if isinstance(memory, pl.DataFrame) and memory.height and "allocated_bytes" in memory.columns:
@@ -113,6 +115,9 @@ def _trace_metrics(summary: dict[str, Any], facts: Any) -> dict[str, Any]:
         else:
             out["peak_memory_bytes"] = int(memory["allocated_bytes"].max())
             out["peak_memory_kind"] = "host allocated"
+    if out.get("peak_memory_bytes") is None and _finite(summary.get("peak_memory_bytes")):
+        out["peak_memory_bytes"] = int(summary["peak_memory_bytes"])
+        out["peak_memory_kind"] = "CUDA"
     return out
 
 

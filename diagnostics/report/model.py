@@ -89,6 +89,9 @@ class Report:
     skipped: tuple[tuple[str, str], ...]  # (rule, reason)
     warnings: tuple[str, ...]
     config_rows: tuple[tuple[str, str], ...] = ()
+    # several ranks: (header, rows) of the per-rank summary, formatted
+    ranks_table: tuple[tuple[str, ...], tuple[tuple[str, ...], ...]] | None = None
+    notes: tuple[str, ...] = ()  # how the input was read (informational)
     comparison: ComparisonSection | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
     analysis: dict[str, Any] = field(default_factory=dict)  # the analyser's JSON document(s)
@@ -268,6 +271,23 @@ def _summary_rows(metrics: KeyMetrics, summary: Mapping[str, Any]) -> list[tuple
 POINT_SIGNALS = ("grad_spikes", "non_finite", "scaler_skipped_steps")
 
 
+def _ranks_table(
+    summary: Mapping[str, Any],
+) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]] | None:
+    ranks = summary.get("ranks")
+    table = ranks.get("table") if isinstance(ranks, Mapping) else None
+    if not isinstance(table, list) or not table or not isinstance(table[0], Mapping):
+        return None
+    keys = list(table[0].keys())
+    head = tuple(fmt.label(str(k)) for k in keys)
+    rows = tuple(
+        tuple(fmt.evidence_value(str(k), row.get(k)) for k in keys)
+        for row in table
+        if isinstance(row, Mapping)
+    )
+    return head, rows
+
+
 def _spike_steps(findings: Iterable[Any]) -> list[int]:
     """Steps the unstable-gradients rule points at (its evidence "steps" lists them when a
     point signal fired; otherwise it holds a range, which is not a spike)."""
@@ -401,6 +421,8 @@ def build_report(result: Any, *, pricing: Pricing | None = None) -> Report:
         skipped=tuple((str(s.rule), str(s.reason)) for s in getattr(result, "skipped", ()) or ()),
         warnings=tuple(str(w) for w in getattr(result, "warnings", ()) or ()),
         config_rows=tuple(_flat_config(run.config)) if run is not None else (),
+        ranks_table=_ranks_table(getattr(result, "summary", None) or {}),
+        notes=tuple(str(n) for n in getattr(result, "notes", ()) or ()),
         metrics=_metrics_dict(metrics),
         analysis=_analysis_json(result),
     )

@@ -116,3 +116,70 @@ def hostile_result(tmp_path):
         warnings=(f"odd event {HOSTILE}",),
         environment=dict(run.environment),
     )
+
+
+@pytest.fixture
+def hostile_trace_file(tmp_path):
+    """A small, valid Kineto trace whose file, operator, kernel and GPU names are markup."""
+    import json
+
+    events = []
+    for step in range(3):
+        start = step * 10_000
+        events += [
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": f"ProfilerStep#{step + 1}",
+                "pid": 1,
+                "tid": 1,
+                "ts": start,
+                "dur": 9000,
+            },
+            {
+                "ph": "X",
+                "cat": "cpu_op",
+                "name": HOSTILE,
+                "pid": 1,
+                "tid": 1,
+                "ts": start + 100,
+                "dur": 3000,
+            },
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": "cudaLaunchKernel",
+                "pid": 1,
+                "tid": 1,
+                "ts": start + 200,
+                "dur": 20,
+                "args": {"correlation": step + 1},
+            },
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": BREAKOUT,
+                "pid": 0,
+                "tid": 7,
+                "ts": start + 300,
+                "dur": 2000,
+                "args": {"correlation": step + 1, "device": 0, "stream": 7},
+            },
+        ]
+    document = {
+        "schemaVersion": 1,
+        "deviceProperties": [
+            {
+                "id": 0,
+                "name": HOSTILE,
+                "totalGlobalMem": 1 << 34,
+                "computeMajor": 8,
+                "computeMinor": 0,
+            }
+        ],
+        "traceEvents": events,
+    }
+    # "/" cannot be in a file name, so the file name carries an attribute-based payload.
+    path = tmp_path / "<img src=x onerror=alert(1)>.json"
+    path.write_text(json.dumps(document))
+    return path

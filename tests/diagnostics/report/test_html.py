@@ -139,6 +139,31 @@ def test_hostile_names_are_escaped_and_never_executable(hostile_result):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in json.dumps(figures, ensure_ascii=False)
 
 
+def test_hostile_real_trace_through_the_analyser(hostile_trace_file):
+    from diagnostics.analyze import analyze
+
+    report = build_report(analyze(hostile_trace_file))
+    document = render_html(report)
+    page = parse(document)
+    assert [s.get("id") for s in page.scripts] == [
+        PLOTLY_SCRIPT_ID,
+        FIGURES_SCRIPT_ID,
+        BOOTSTRAP_SCRIPT_ID,
+    ]
+    assert page.event_handlers == []
+    without_library = document.replace(page.script_text[0], "")
+    for raw in (HOSTILE, "</script><script>", "<!--", "<img src=x"):
+        assert raw not in without_library
+    text = "".join(page.text)
+    # The file name and the GPU name are shown, literally, as text.
+    assert "<img src=x onerror=alert(1)>.json" in text and HOSTILE in text
+    # The operator and kernel names reach the top-N charts, escaped for plotly.
+    figures = json.loads(page.script_text[1])
+    labels = json.dumps(figures, ensure_ascii=False)
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in labels
+    assert "&lt;/script&gt;&lt;script&gt;alert(&quot;x&quot;)" in labels
+
+
 def test_json_for_script_cannot_close_the_block():
     text = json_for_script({"name": BREAKOUT, "amp": "a&b", "sep": "\u2028"})
     assert "<" not in text and ">" not in text and "&" not in text
