@@ -240,10 +240,7 @@ def _optional_inner(hint: Any) -> tuple[Any, bool]:
 
 def _describe_type(hint: Any) -> str:
     inner, optional = _optional_inner(hint)
-    if get_origin(inner) is Literal:
-        name = "choice"
-    else:
-        name = inner.__name__
+    name = "choice" if get_origin(inner) is Literal else inner.__name__
     return f"{name} or null" if optional else name
 
 

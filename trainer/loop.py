@@ -518,9 +518,9 @@ class Trainer:
 
     def _stop(self, status: str, reason: str) -> Outcome:
         log.warning("stopping at step %d: %s", self.position.step, reason)
-        if status == "preempted" or self.position.step > 0:
-            if not self.checkpoint_path(self.position.step).exists():
-                self.save_checkpoint()
+        wanted = status == "preempted" or self.position.step > 0
+        if wanted and not self.checkpoint_path(self.position.step).exists():
+            self.save_checkpoint()
         return Outcome(status, reason, self.position.step)
 
     def _finish_notes(self, outcome: Outcome) -> None:

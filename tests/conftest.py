@@ -1,0 +1,65 @@
+"""Shared fixtures. Keep this file small and additive: append fixtures, never change one.
+
+- ``repo_root``: the project root.
+- ``shared_traces_dir``: the real traces, read in place (``<repo>/../shared/traces``).
+- ``tiny_run``: one real, completed, instrumented run of the trainer CLI (healthy scenario,
+  a few steps, CPU), made once per session; its folder path (treat it as read-only).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# Small enough for a few seconds on a shared 2-core CPU, big enough to cross the profiler's
+# active window (wait 1 + warmup 1 + active 3 = 5 fine-tuning steps) and one checkpoint.
+TINY_RUN_ARGS = (
+    "--scenario",
+    "healthy",
+    "--device",
+    "cpu",
+    "--steps",
+    "8",
+    "--set",
+    "data.rows=400",
+    "--set",
+    "train.pretrain_steps=2",
+    "--set",
+    "train.checkpoint_every=4",
+    "--set",
+    "train.batch_size=16",
+)
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO_ROOT
+
+
+@pytest.fixture(scope="session")
+def shared_traces_dir(repo_root: Path) -> Path:
+    return repo_root.parent / "shared" / "traces"
+
+
+def run_trainer_cli(args: list[str] | tuple[str, ...], timeout_s: float = 180.0):
+    """``python -m trainer ...`` from the repo root; the CompletedProcess (text)."""
+    return subprocess.run(
+        [sys.executable, "-m", "trainer", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    runs_dir = tmp_path_factory.mktemp("tiny_runs")
+    result = run_trainer_cli(["run", *TINY_RUN_ARGS, "--runs-dir", str(runs_dir)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    return Path(result.stdout.strip().splitlines()[-1])

@@ -1,0 +1,171 @@
+"""Start, cancel and list trainer runs as subprocesses. Imports no torch: the app uses it.
+
+A run is ``python -m trainer run ... --run-id ID`` in its own session (so it outlives the
+app's request and a Ctrl-C in the app's terminal does not reach it). Its stdout/stderr go
+to ``<runs_dir>/.launch/<run_id>.log``: the run folder does not exist until the trainer
+creates it (it refuses to start into an existing folder); the trainer writes its own
+``log.txt`` inside the folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from diagnostics.runs import RunFolder, RunListing, list_runs, new_run_id
+from trainer.config import SCENARIOS, FieldInfo, build_config
+from trainer.config import config_fields as _config_fields
+from trainer.config import validate_overrides as _validate_overrides
+
+DEFAULT_RUNS_DIR = Path(os.environ.get("PIPELINE_DOCTOR_RUNS_DIR", "runs"))
+LAUNCH_LOG_DIR = ".launch"
+CANCEL_FILE = "cancel.request"
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+__all__ = [
+    "DEFAULT_RUNS_DIR",
+    "SCENARIOS",
+    "LaunchError",
+    "LaunchedRun",
+    "active_runs",
+    "cancel_run",
+    "config_fields",
+    "start_run",
+    "validate_overrides",
+]
+
+
+class LaunchError(RuntimeError):
+    """The trainer refused the run or died before creating its folder (message says why)."""
+
+
+@dataclass(frozen=True)
+class LaunchedRun:
+    run_id: str
+    run_dir: Path
+    pid: int
+
+
+def config_fields() -> list[FieldInfo]:
+    """Every config key with type, default, allowed values and help (for the form)."""
+    return _config_fields()
+
+
+def validate_overrides(
+    overrides: Mapping[str, object], scenario: str = "healthy"
+) -> dict[str, str]:
+    """Field -> one-line error for each bad override; empty when the form is fine."""
+    return _validate_overrides(overrides, scenario)
+
+
+def _format_value(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def start_run(
+    *,
+    scenario: str,
+    overrides: Mapping[str, object],
+    runs_dir: str | os.PathLike[str] = DEFAULT_RUNS_DIR,
+    steps: int | None = None,
+    device: str = "auto",
+    instruments: bool = True,
+    parent_run_id: str | None = None,
+    applied_patch: Mapping[str, Any] | None = None,
+    memory_lines: bool = False,
+    timeout_s: float = 90.0,
+) -> LaunchedRun:
+    """Starts a detached trainer; returns once its run.json and status.json exist.
+
+    Raises ``trainer.config.ConfigError`` (a ValueError) for a bad override (before anything starts) and ``LaunchError``
+    when the trainer exits or stays silent without creating its folder (with its log tail).
+    """
+    # the same checks the trainer makes, here, so a bad form never starts a process
+    build_config(scenario, dict(overrides), steps=steps, device=device)
+    if applied_patch:
+        build_config(scenario, {**overrides, **applied_patch})
+    root = Path(runs_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    run_id = new_run_id(scenario)
+    while (root / run_id).exists():  # two starts in the same millisecond
+        time.sleep(0.002)
+        run_id = new_run_id(scenario)
+    run_dir = root / run_id
+    command = [sys.executable, "-m", "trainer", "run", "--scenario", scenario]
+    command += ["--runs-dir", str(root), "--run-id", run_id, "--device", device]
+    if steps is not None:
+        command += ["--steps", str(steps)]
+    for key, value in overrides.items():
+        command += ["--set", f"{key}={_format_value(value)}"]
+    if not instruments:
+        command += ["--instruments", "off"]
+    if memory_lines:
+        command.append("--memory-lines")
+    if parent_run_id:
+        command += ["--parent-run-id", parent_run_id]
+    if applied_patch:
+        command += ["--patch-json", json.dumps(dict(applied_patch))]
+
+    log_dir = root / LAUNCH_LOG_DIR
+    log_dir.mkdir(exist_ok=True)
+    log_path = log_dir / f"{run_id}.log"
+    # the child must import this checkout's trainer whatever the caller's cwd
+    pythonpath = [str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in pythonpath if p)}
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(
+            command,
+            cwd=PROJECT_ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+        )
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (run_dir / "run.json").is_file() and (run_dir / "status.json").is_file():
+            return LaunchedRun(run_id=run_id, run_dir=run_dir, pid=process.pid)
+        code = process.poll()
+        if code is not None:
+            tail = _tail(log_path)
+            raise LaunchError(
+                f"trainer exited with code {code} before creating {run_dir}: "
+                + (tail.splitlines()[-1] if tail else "no output")
+            )
+        time.sleep(0.05)
+    raise LaunchError(
+        f"trainer (pid {process.pid}) did not create {run_dir} within {timeout_s:g} s; "
+        f"log tail: {_tail(log_path, 5)}"
+    )
+
+
+def cancel_run(run_dir: str | os.PathLike[str]) -> None:
+    """Asks a run to stop: the trainer checks for this file every step."""
+    path = Path(run_dir)
+    if not RunFolder.is_run_folder(path):
+        raise ValueError(f"{path}: not a run folder")
+    (path / CANCEL_FILE).touch()
+
+
+def active_runs(runs_dir: str | os.PathLike[str] = DEFAULT_RUNS_DIR) -> list[RunListing]:
+    """Runs whose status is running with a live heartbeat, newest first."""
+    return [run for run in list_runs(runs_dir) if run.status.is_active]
