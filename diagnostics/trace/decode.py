@@ -137,9 +137,19 @@ class DecodedTrace:
     skipped: Counter[str] = field(default_factory=Counter)
 
 
+def _to_series(name: str, values: list[Any]) -> pl.Series:
+    dtype = RAW_SCHEMA[name]
+    if name in _MIXED:  # numeric strings parse, label strings ("Spans") become null
+        return pl.Series(name, values, dtype=dtype, strict=False)
+    try:
+        return pl.Series(name, values, dtype=dtype)
+    except (OverflowError, TypeError, ValueError, pl.exceptions.PolarsError):
+        # an integer beyond int64 (JSON allows any size): null rather than a crash
+        return pl.Series(name, values, dtype=dtype, strict=False)
+
+
 def _series(name: str, items: list[Any]) -> pl.Series:
-    values = list(map(_GETTERS[name], items))
-    return pl.Series(name, values, dtype=RAW_SCHEMA[name], strict=name not in _MIXED)
+    return _to_series(name, list(map(_GETTERS[name], items)))
 
 
 def _columns(
@@ -164,7 +174,7 @@ def _columns(
     data = [phases] + [_series(name, events) for name in _EVENT_FIELDS[1:] if name != "id"]
     args = list(map(_GET_ARGS, events))
     for name in _ARG_FIELDS:
-        data.append(pl.Series(name, list(map(_GETTERS[name], args)), dtype=RAW_SCHEMA[name]))
+        data.append(_to_series(name, list(map(_GETTERS[name], args))))
     frame = pl.DataFrame(data)
     return frame, flows_frame, _metadata_names(events, frame)
 
@@ -180,6 +190,23 @@ def _metadata_names(events: list[Event], frame: pl.DataFrame) -> list[tuple[str,
 
 def _one_line(message: str) -> str:
     return " ".join(str(message).split())
+
+
+_TYPE_ERROR = re.compile(
+    r"Expected `(?P<want>[^`]+)`, got `(?P<got>[^`]+)`( - at `\$\.?(?P<at>[^`]*)`)?"
+)
+
+
+def _reason(message: str) -> str:
+    """msgspec's "Expected `float | null`, got `str` - at `$.ts`" -> "ts is str, expected float"."""
+    message = _one_line(message)
+    match = _TYPE_ERROR.fullmatch(message)
+    if match is None:
+        return message
+    if not match["at"]:
+        return "not a JSON object"
+    want = match["want"].replace(" | null", "")
+    return f"{match['at']} is {match['got']}, expected {want}"
 
 
 class _Chunker:
@@ -240,10 +267,12 @@ class _Chunker:
             return "object"
         sample = bytes(self.buf[:16])
         if all(32 <= b < 127 or b in b"\t\r\n" for b in sample):
-            what = f"starts with {sample.decode('ascii')[:12]!r}"
-        else:
-            what = "looks like binary data"
-        raise InputError(self.display, f"is not JSON ({what}); expected a Chrome trace")
+            raise InputError(
+                self.display,
+                f"is not a Chrome trace: expected a JSON object or list, found "
+                f"{sample.decode('ascii')[:12]!r}",
+            )
+        raise InputError(self.display, "is not JSON (it looks like binary data)")
 
     def head(self) -> dict[str, Any]:
         """Finds the top-level "traceEvents" key; returns the keys before it.
@@ -374,10 +403,7 @@ class _Chunker:
             try:
                 events.append(_EVENT_DECODER.decode(raw))
             except msgspec.ValidationError as exc:
-                reason = _one_line(str(exc))
-                if reason.startswith("Expected `object`"):
-                    reason = "not a JSON object"
-                self.skipped[reason] += 1
+                self.skipped[_reason(str(exc))] += 1
         return events
 
     def add(self, events: list[Event]) -> None:

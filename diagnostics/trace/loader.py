@@ -68,7 +68,7 @@ def _plural(n: int, word: str) -> str:
     return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"
 
 
-def _summarise(counter: Counter[str], limit: int = 3) -> str:
+def _summarise(counter: Counter[str], limit: int = 5) -> str:
     parts = [f"{count:,} {reason}" for reason, count in counter.most_common(limit)]
     if len(counter) > limit:
         parts.append("...")
@@ -193,7 +193,7 @@ def load_trace_file(
             f"({_summarise(skipped)})"
         )
     if table.ignored_phases:
-        phases = ", ".join(f"{count:,} '{ph}'" for ph, count in table.ignored_phases.items())
+        phases = ", ".join(f"{n:,} '{ph}'" for ph, n in sorted(table.ignored_phases.items()))
         notes.append(f"{display}: ignored events of phases the analyser does not use ({phases})")
     # Kineto's own rows ("Spans"/"Traces" span and iteration markers) have label pids
     unnumbered = int(

@@ -1,0 +1,65 @@
+"""Small hand-made Chrome traces for the loader tests."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+SHARED_TRACES = Path(__file__).resolve().parents[3].parent / "shared" / "traces"
+
+
+def kernel(ts: float, dur: float, *, correlation: int = 1, stream: int = 7) -> dict[str, Any]:
+    return {
+        "ph": "X",
+        "cat": "kernel",
+        "name": "volta_sgemm_128x64_nn",
+        "pid": 0,
+        "tid": stream,
+        "ts": ts,
+        "dur": dur,
+        "args": {"device": 0, "stream": stream, "correlation": correlation, "External id": 5},
+    }
+
+
+def cpu_op(name: str, ts: float, dur: float, *, cat: str = "cpu_op") -> dict[str, Any]:
+    return {"ph": "X", "cat": cat, "name": name, "pid": 100, "tid": 100, "ts": ts, "dur": dur}
+
+
+def runtime(ts: float, dur: float, *, correlation: int = 1) -> dict[str, Any]:
+    return {
+        "ph": "X",
+        "cat": "cuda_runtime",
+        "name": "cudaLaunchKernel",
+        "pid": 100,
+        "tid": 100,
+        "ts": ts,
+        "dur": dur,
+        "args": {"correlation": correlation, "External id": 5},
+    }
+
+
+def small_events() -> list[dict[str, Any]]:
+    """One profiler step: an operator launching one kernel, plus a flow pair and metadata."""
+    return [
+        {"name": "process_name", "ph": "M", "pid": 100, "tid": 0, "args": {"name": "python"}},
+        {"name": "thread_name", "ph": "M", "pid": 100, "tid": 100, "args": {"name": "main"}},
+        cpu_op("ProfilerStep#1", 0.0, 100.0, cat="user_annotation"),
+        cpu_op("aten::mm", 10.0, 30.0),
+        runtime(15.0, 5.0),
+        {"ph": "s", "id": 1, "pid": 100, "tid": 100, "ts": 15.0, "cat": "ac2g", "name": "ac2g"},
+        {"ph": "f", "id": 1, "pid": 0, "tid": 7, "ts": 25.0, "cat": "ac2g", "name": "ac2g"},
+        kernel(25.0, 50.0),
+    ]
+
+
+def trace_doc(events: list[Any], **top: Any) -> dict[str, Any]:
+    return {"schemaVersion": 1, **top, "traceEvents": events}
+
+
+def write_json(path: Path, doc: Any, *, indent: int | None = None, gz: bool = False) -> Path:
+    text = json.dumps(doc, indent=indent).encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(gzip.compress(text) if gz else text)
+    return path
