@@ -26,9 +26,12 @@ class TraceFacts:
     # other_us, total_us: torch-tb-profiler's categories and priority; parts add up to total
     breakdown: pl.DataFrame
     # device, busy_us, span_us, utilization_pct: union of kernel/memcpy/memset over streams
+    # (busy_us, within the steps' span); utilization_pct is torch-tb-profiler's definition
+    # (kernels only / span), with kernel_busy_us and busy_pct (copies included) beside it
     gpu: pl.DataFrame
     # device, stream, start_us, end_us, dur_us, idle_kind (host_wait|kernel_wait|other),
     # host_activity (dataloader|sync|pageable_copy|cpu_ops|none): what the host did meanwhile
+    # (+ dataloader_us, sync_us, pageable_copy_us, cpu_ops_us, step); device-wide gaps
     idle_gaps: pl.DataFrame
     # name, calls, host_us, device_us (device time linked through correlation ids)
     operators: pl.DataFrame
