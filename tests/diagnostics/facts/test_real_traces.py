@@ -179,3 +179,20 @@ def test_modern_traces_give_operators_device_time(path: Path):
     linked = facts.operators.filter(pl.col("device_us") > 0)
     assert linked.height >= 5
     assert facts.operators["device_total_us"].max() >= facts.operators["device_us"].max() > 0
+
+
+@pytest.mark.parametrize("name", sorted(RESNET))
+def test_kernel_table_matches_torch_tb_profiler(name: str):
+    answers = [
+        a for a in golden_answers() if a.get("metadata", {}).get("sort") == "Total Duration (us)"
+    ]
+    table = answers[RESNET[name]]["data"]
+    columns = [c["name"] for c in table["columns"]]
+    ours = {r["name"]: r for r in facts_of(name).kernels.iter_rows(named=True)}
+    assert len(ours) == len(table["rows"])
+    for row in (dict(zip(columns, r, strict=True)) for r in table["rows"]):
+        mine = ours[row["Name"]]
+        assert mine["calls"] == row["Calls"]
+        assert abs(mine["device_us"] - row["Total Duration (us)"]) <= 1
+        # An fp32 ResNet on a V100: no Tensor Core kernels, by their list and ours.
+        assert mine["tensor_core"] is (row["Tensor Cores Used"] == "Yes")
