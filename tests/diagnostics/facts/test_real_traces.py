@@ -87,6 +87,12 @@ def test_facts_hold_together_on_every_real_trace(path: Path):
         <= facts.kernels["device_us"].sum() + facts.copies["dur_us"].sum() + 1e-6
     )
     assert facts.kernels["calls"].sum() > 0 and facts.launches["count"].sum() > 0
+    # A GPU's memory peak is read against its deviceProperties.totalGlobalMem.
+    for peak in facts.memory_peak.filter(pl.col("device") >= 0).iter_rows(named=True):
+        assert (
+            peak["device_total_bytes"] == facts.device_properties[peak["device"]]["totalGlobalMem"]
+        )
+        assert 0 < peak["peak_allocated_pct"] < 100
 
 
 @pytest.mark.parametrize("name", sorted(RESNET))
