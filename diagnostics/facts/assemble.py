@@ -20,6 +20,10 @@ from diagnostics.facts.steps import find_steps
 from diagnostics.facts.syncs import sync_per_step, sync_table
 from diagnostics.model import TraceFacts
 
+# Some GPU work always predates the profiling window (launched before it started); warn only
+# when a large share cannot be traced back to its launch.
+UNLINKED_WARN_SHARE = 0.25
+
 
 def _metadata(
     metadata: Any,
@@ -39,6 +43,13 @@ def _one_rank(events: pl.DataFrame, metadata: Any, rank: int) -> TraceFacts:
     index = build_index(events)
     steps = find_steps(events, index)
     warnings = list(meta_warnings) + list(steps.warnings)
+    unlinked = index.gpu.filter(pl.col("rt_id").is_null()).height
+    if index.gpu.height and unlinked > UNLINKED_WARN_SHARE * index.gpu.height:
+        warnings.append(
+            f"{unlinked} of {index.gpu.height} GPU events have no launching runtime call in the "
+            "trace (no matching correlation id): step ends, device time per operator and "
+            "launch statistics count only the linked ones"
+        )
     memory = memory_curve(events)
     return TraceFacts(
         device="cuda" if index.gpu.height else "cpu",

@@ -32,9 +32,6 @@ SYNC_OP_NAMES: frozenset[str] = frozenset({"aten::item", "aten::_local_scalar_de
 PAGEABLE_DTOH_COPY = "Memcpy DtoH (Device -> Pageable)"
 
 GPU_CATS = pl.col("cat").is_in(sorted(GPU_CATEGORIES))
-KERNEL = pl.col("cat") == Category.KERNEL.value
-MEMCPY = pl.col("cat") == Category.GPU_MEMCPY.value
-MEMSET = pl.col("cat") == Category.GPU_MEMSET.value
 # Driver calls (cuLaunchKernel from Triton, ...) launch GPU work like runtime calls do.
 RUNTIME = pl.col("cat").is_in([Category.CUDA_RUNTIME.value, Category.CUDA_DRIVER.value])
 CPU_OP = pl.col("cat") == Category.CPU_OP.value
@@ -56,15 +53,7 @@ DATALOADER = (CPU_OP | ANNOTATION) & DURATION & DATALOADER_NAME
 # drops user_annotation events before this point; we keep them.
 HOST_EXEC_NAME = ~pl.col("name").str.starts_with(STEP_PREFIX) & ~DATALOADER_NAME
 HOST_OP = (CPU_OP | ANNOTATION) & DURATION & ~pl.col("name").str.starts_with(STEP_PREFIX)
-HOST_EXEC = (CPU_OP | ANNOTATION) & DURATION & HOST_EXEC_NAME
 
 END_US = (pl.col("ts") + pl.col("dur").fill_null(0.0)).alias("end_us")
 # Kineto puts the GPU index in args.device and, for GPU rows, in pid; prefer the former.
 GPU_DEVICE = pl.coalesce(pl.col("device"), pl.col("pid")).alias("device")
-
-
-def intervals(events: pl.DataFrame, predicate: pl.Expr) -> pl.DataFrame:
-    """start_us/end_us of the duration events matching ``predicate``."""
-    return events.filter(predicate & pl.col("dur").is_not_null()).select(
-        pl.col("ts").alias("start_us"), END_US
-    )

@@ -131,3 +131,27 @@ def test_trace_summary_has_every_key_with_its_numbers():
     cpu = trace_summary(compute_facts(events_of(step(1, 0, 100)), None))
     assert cpu["device"] == "cpu" and cpu["gpu_utilization_pct"] is None
     assert cpu["gpu_idle_breakdown_pct"] is None
+
+
+def test_compute_facts_warns_when_gpu_work_cannot_be_traced_to_its_launch():
+    linked = compute_facts(rank_trace(0, 100, 50), metadata())
+    assert not any("no launching runtime call" in w for w in linked.warnings)
+    # Three linked kernels plus two with unknown correlation ids: 2 of 5 > 25%.
+    events = events_of(
+        *[
+            step(1, 0, 500),
+            runtime("cudaLaunchKernel", 1, 1, corr=1),
+            gpu("k", 2, 10, corr=1),
+            runtime("cudaLaunchKernel", 3, 1, corr=2),
+            gpu("k", 20, 10, corr=2),
+            runtime("cudaLaunchKernel", 4, 1, corr=3),
+            gpu("k", 40, 10, corr=3),
+            gpu("k", 60, 10, corr=77),
+            gpu("k", 80, 10, corr=None),
+        ]
+    )
+    facts = compute_facts(events, metadata(warnings=("loader said so",)))
+    assert "loader said so" in facts.warnings
+    assert any(
+        w.startswith("2 of 5 GPU events have no launching runtime call") for w in facts.warnings
+    )
