@@ -3,8 +3,11 @@
 What it finds
     Synchronisation calls inside the profiled steps (``cudaStreamSynchronize``,
     ``cudaDeviceSynchronize``, ``aten::item``, ``aten::_local_scalar_dense``, copies to
-    pageable host memory) whose blocked time is more than a threshold share of step time,
-    with the calls by name and the blocked time per step.
+    pageable host memory) that leave the GPU idle: the GPU idle time during which the host
+    sat in a sync (the analyser's gap attribution), as a share of step time, above a
+    threshold. A host that blocks while the GPU is still busy with queued work loses
+    nothing, so blocked time alone does not fire (it is reported); without gap attribution
+    the blocked share is used. The calls are listed by name with the time per step.
 
 Why it matters
     A sync empties the GPU's queue: the host waits for every launched kernel, and the GPU
@@ -69,14 +72,19 @@ class HostDeviceSync(Rule):
         joined = joined.with_columns(pl.col("sync_us").fill_null(0.0))
         sync_us = float(joined["sync_us"].sum())
         step_us = float(joined["dur_us"].sum())
-        share = 100.0 * sync_us / step_us if step_us > 0 else 0.0
-        if share < thresholds.sync_share_min_pct:
-            return []
+        blocked_pct = 100.0 * sync_us / step_us if step_us > 0 else 0.0
         idle_sync_us = 0.0
         if trace.idle_gaps.height:
             idle_sync_us = float(
                 trace.idle_gaps.filter(pl.col("host_activity") == "sync")["dur_us"].sum()
             )
+            share = 100.0 * idle_sync_us / step_us if step_us > 0 else 0.0
+            measure = "GPU idle while the host was in a sync, share of step time"
+        else:
+            share = blocked_pct
+            measure = "host time blocked in sync calls, share of step time (no gap attribution)"
+        if share < thresholds.sync_share_min_pct:
+            return []
         # the GPU idles during the bubble a sync creates; removing the sync removes that idle
         saving = 100.0 * idle_sync_us / step_us if step_us > 0 and idle_sync_us else None
         top = trace.syncs.sort("total_us", descending=True).head(8) if trace.syncs.height else None
@@ -91,6 +99,8 @@ class HostDeviceSync(Rule):
         evidence: dict[str, Any] = {
             "source": "trace: synchronisation calls inside profiler steps",
             "sync_share_pct": r(share, 1),
+            "measure": measure,
+            "host_blocked_pct": r(blocked_pct, 1),
             "sync_us_per_step": r(sync_us / joined.height, 0),
             "sync_calls_per_step": r(float(joined["sync_count"].fill_null(0).mean()), 1),
             "gpu_idle_during_sync_us": r(idle_sync_us, 0),
@@ -113,11 +123,12 @@ class HostDeviceSync(Rule):
                 severity=Severity.HIGH
                 if share >= 4 * thresholds.sync_share_min_pct
                 else self.severity,
-                title=f"{share:.0f}% of step time is blocked in host-device synchronisation",
+                title=f"Host-device syncs leave the GPU idle {share:.0f}% of step time",
                 evidence=evidence,
                 recommendation=(
                     f"The host blocks {sync_us / joined.height / 1000:.2f} ms per step waiting for "
-                    f"the GPU, mostly in {worst}. Move .item()/.cpu() reads out of the step or "
+                    f"the GPU, mostly in {worst}, and the GPU sits idle "
+                    f"{idle_sync_us / joined.height / 1000:.2f} ms per step meanwhile. Move .item()/.cpu() reads out of the step or "
                     "do them every N steps; run once with torch.cuda.set_sync_debug_mode('warn') "
                     "to find each one."
                 ),
@@ -147,6 +158,31 @@ class HostDeviceSync(Rule):
                             "dur_us": 5000.0,
                             "idle_kind": "host_wait",
                             "host_activity": "sync",
+                        }
+                    ],
+                )
+            ),
+        ),
+        Example(
+            "trace: host blocked 2 ms per step but the GPU stays busy (no idle during syncs)",
+            False,
+            lambda: ex.inputs(
+                trace=ex.trace(
+                    sync_per_step={
+                        "step": [1, 2, 3, 4, 5],
+                        "sync_us": [2000.0] * 5,
+                        "sync_count": [3] * 5,
+                    },
+                    syncs=[{"name": "cudaStreamSynchronize", "count": 15, "total_us": 10_000.0}],
+                    idle_gaps=[
+                        {
+                            "device": 0,
+                            "stream": 7,
+                            "start_us": 0.0,
+                            "end_us": 100.0,
+                            "dur_us": 100.0,
+                            "idle_kind": "kernel_wait",
+                            "host_activity": "cpu_ops",
                         }
                     ],
                 )

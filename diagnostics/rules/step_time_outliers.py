@@ -1,7 +1,7 @@
 """step-time-outliers: some steps take far longer than the rest.
 
 What it finds
-    Steps slower than the median plus a multiple of the robust standard deviation
+    Within each training phase, steps slower than the median plus a multiple of the robust standard deviation
     (1.4826 x MAD; SageMaker Debugger's StepOutlier uses mean + 3 sigma, which the outliers
     themselves inflate), after the first step and outside the profiler's active
     window (profiled steps are slower by design), when the time they lose beyond the median
@@ -58,6 +58,15 @@ loader = DataLoader(dataset, num_workers=4, persistent_workers=True)
 """
 
 
+def _phase_frames(steps: pl.DataFrame) -> list[tuple[str, pl.DataFrame]]:
+    if "phase" not in steps.columns or steps["phase"].null_count() == steps.height:
+        return [("all", steps)]
+    return [
+        (str(name), steps.filter(pl.col("phase") == name))
+        for name in steps["phase"].unique(maintain_order=True).to_list()
+    ]
+
+
 class StepTimeOutliers(Rule):
     id = "step-time-outliers"
     title = "Some steps are far slower than the rest"
@@ -75,16 +84,31 @@ class StepTimeOutliers(Rule):
     def check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:
         run = inputs.run
         if has_steps(run, "step_time_ms") and run is not None and run.steps.height >= MIN_STEPS:
-            frame = run.steps.slice(1)
-            if "profiled" in frame.columns:
-                frame = frame.filter(~pl.col("profiled").fill_null(False))
-            times = numeric(frame, "step_time_ms")
-            source = "run step records (first step and profiled steps excluded)"
-        else:
-            assert inputs.trace is not None
-            frame = inputs.trace.steps
-            times = [v / 1000 for v in numeric(frame, "dur_us")]
-            source = "trace profiler steps"
+            findings = []
+            for phase, frame in _phase_frames(run.steps):
+                # a phase's first step builds optimiser state and caches: not an outlier
+                frame = frame.slice(1)
+                if "profiled" in frame.columns:
+                    frame = frame.filter(~pl.col("profiled").fill_null(False))
+                source = f"run step records, phase {phase} (first and profiled steps excluded)"
+                found = self._judge(frame, numeric(frame, "step_time_ms"), source, run, thresholds)
+                findings.extend(found)
+            # one finding: the phase whose outliers cost most
+            findings.sort(key=lambda f: -(f.estimated_saving_pct or 0.0))
+            return findings[:1]
+        assert inputs.trace is not None
+        frame = inputs.trace.steps
+        times = [v / 1000 for v in numeric(frame, "dur_us")]
+        return self._judge(frame, times, "trace profiler steps", None, thresholds)
+
+    def _judge(
+        self,
+        frame: pl.DataFrame,
+        times: list[float],
+        source: str,
+        run: Any,
+        thresholds: Thresholds,
+    ) -> list[Finding]:
         if len(times) < MIN_STEPS:
             return []
         idx = robust_sigma_outliers(times, thresholds.step_outlier_sigma)

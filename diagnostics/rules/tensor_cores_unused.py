@@ -1,8 +1,10 @@
 """tensor-cores-unused: matrix multiplies and convolutions run without Tensor Cores.
 
 What it finds
-    A CUDA trace from a GPU of compute capability 7.0 or newer in which GEMM and convolution
-    kernels take a material share of kernel time but almost none of the kernel time is on
+    A CUDA trace from a GPU of compute capability 7.0 or newer in which Tensor-Core-eligible
+    work (kernels launched by matmul, linear and convolution operators, as torch-tb-profiler
+    counts it; GEMM/conv kernels by name when kernels are not linked to operators) takes a
+    material share of GPU time but almost none of the kernel time is on
     Tensor Core kernels (recognised by name, with patterns covering Volta, Turing, Ampere
     and Hopper kernels: ``884``/``1688``/``16816``, ``xmma``, ``tensorop``, ``wgmma``/``gmma``,
     ``sm90_``, ``cutlass3x``, ``nvjet``). That is fp32 training without AMP or TF32.
@@ -32,6 +34,13 @@ from diagnostics.thresholds import Thresholds
 # Kernel names of the matrix-multiply and convolution work Tensor Cores can take.
 ELIGIBLE_KERNEL = pl.col("name").str.contains(
     "(?i)gemm|conv|cutlass|cublas|implicit|winograd|xmma|nvjet|matmul|_mma"
+)
+# Operators whose kernels Tensor Cores can run (torch-tb-profiler's allow-list, with the
+# backward and newer fused variants); matched on the op's own (self) device time.
+ELIGIBLE_OP = pl.col("name").str.contains(
+    "(?i)^aten::(_?convolution|conv|cudnn_convolution|miopen_convolution|mkldnn_convolution|"
+    "thnn_conv|slow_conv|addmm|addmv|addbmm|baddbmm|bmm|mm|mv|matmul|linear|einsum|"
+    "_scaled_mm|_scaled_dot_product)"
 )
 # Names a Tensor Core kernel carries on Volta..Hopper, used when the facts have no flag.
 TENSOR_CORE_KERNEL = pl.col("name").str.contains(
@@ -86,9 +95,19 @@ class TensorCoresUnused(Rule):
             return []
         tc_us = float(flagged.filter(pl.col("tc"))["device_us"].sum())
         eligible = flagged.filter(pl.col("eligible") & ~pl.col("tc"))
-        eligible_us = float(eligible["device_us"].sum())
         tc_pct = 100.0 * tc_us / kernel_us
-        eligible_pct = 100.0 * eligible_us / kernel_us
+        # as torch-tb-profiler: GPU time of kernels launched by eligible operators, when the
+        # facts link kernels to operators; else GEMM/conv kernels recognised by name
+        ops = trace.operators
+        op_device_us = float(ops["device_us"].sum()) if ops.height else 0.0
+        if op_device_us > 0:
+            eligible_us = float(ops.filter(ELIGIBLE_OP)["device_us"].sum())
+            eligible_pct = 100.0 * eligible_us / op_device_us
+            method = "kernels launched by Tensor-Core-eligible operators (self device time)"
+        else:
+            eligible_us = float(eligible["device_us"].sum())
+            eligible_pct = 100.0 * eligible_us / kernel_us
+            method = "GEMM/convolution kernels recognised by name"
         if (
             tc_pct >= thresholds.tensor_core_used_max_pct
             or eligible_pct < thresholds.tensor_core_eligible_min_pct
@@ -105,8 +124,9 @@ class TensorCoresUnused(Rule):
             "source": "trace: kernel names and GPU time",
             "compute_capability": f"{major}.{minor}",
             "tensor_core_kernel_pct": r(tc_pct, 1),
-            "eligible_fp32_kernel_pct": r(eligible_pct, 1),
-            "eligible_fp32_kernel_us": r(eligible_us, 0),
+            "eligible_pct": r(eligible_pct, 1),
+            "eligible_us": r(eligible_us, 0),
+            "eligible_method": method,
             "kernel_us": r(kernel_us, 0),
             "top_eligible_kernels": [
                 {"name": row["name"], "calls": row["calls"], "device_us": r(row["device_us"], 0)}
@@ -118,9 +138,15 @@ class TensorCoresUnused(Rule):
                 "Kernel time by kind",
                 "kind",
                 "GPU time (µs)",
-                ["Tensor Core", "eligible, fp32", "other"],
-                {"GPU time (µs)": [tc_us, eligible_us, kernel_us - tc_us - eligible_us]},
-                highlight_x=["eligible, fp32"],
+                ["Tensor Core", "eligible, not on Tensor Cores", "other"],
+                {
+                    "GPU time (µs)": [
+                        tc_us,
+                        eligible_us,
+                        max(kernel_us - tc_us - eligible_us, 0.0),
+                    ]
+                },
+                highlight_x=["eligible, not on Tensor Cores"],
             ),
         }
         dtype = "bf16" if major >= 8 else "fp16 with a GradScaler"
@@ -128,11 +154,11 @@ class TensorCoresUnused(Rule):
             Finding(
                 rule=self.id,
                 severity=self.severity,
-                title=f"{eligible_pct:.0f}% of GPU time is fp32 GEMM/conv without Tensor Cores",
+                title=f"{eligible_pct:.0f}% of GPU time is Tensor-Core-eligible work run without them",
                 evidence=evidence,
                 recommendation=(
                     f"On this compute capability {major}.{minor} GPU only {tc_pct:.1f}% of "
-                    f"kernel time used Tensor Cores while GEMM/convolution kernels took "
+                    f"kernel time used Tensor Cores while matmul/convolution work took "
                     f"{eligible_pct:.0f}%. Train with autocast in {dtype}."
                 ),
                 fix=Fix(code=FIX_CODE, config_patch=patch),

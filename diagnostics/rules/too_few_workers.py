@@ -91,6 +91,13 @@ def _current_workers_from_events(inputs: AnalysisInputs) -> int | None:
     return None
 
 
+def _median_share(wait_ms: list[float], step_ms: list[float]) -> float:
+    """Median over steps of the waiting share, %: one stalled step (an epoch boundary that
+    restarts the workers, a busy neighbour) does not make a loader slow."""
+    shares = [100.0 * w / s for w, s in zip(wait_ms, step_ms, strict=True) if s > 0]
+    return median(shares) if shares else 0.0
+
+
 class TooFewWorkers(Rule):
     id = "too-few-workers"
     title = "The training step waits for the DataLoader"
@@ -142,7 +149,7 @@ class TooFewWorkers(Rule):
         compute = [t - w for t, w in zip(total, wait, strict=True)]
         return {
             "source": "run step records (data_wait_ms / step_time_ms)",
-            "wait_share_pct": 100.0 * sum(wait) / max(sum(total), 1e-9),
+            "wait_share_pct": _median_share(wait, total),
             "wait_ms_median": median(wait),
             "step_ms_median": median(total),
             "compute_ms_median": median(compute),
@@ -166,7 +173,7 @@ class TooFewWorkers(Rule):
             workers = _current_workers_from_events(inputs)
         return {
             "source": "trace DataLoader ranges inside profiler steps",
-            "wait_share_pct": 100.0 * sum(wait_ms) / max(sum(total_ms), 1e-9),
+            "wait_share_pct": _median_share(wait_ms, total_ms),
             "wait_ms_median": median(wait_ms),
             "step_ms_median": median(total_ms),
             "compute_ms_median": median(compute),
@@ -196,7 +203,10 @@ class TooFewWorkers(Rule):
             reserved_cores=thresholds.cores_reserved_for_main,
             io_ms=io_ms,
         )
+        at_cap = bool(workers) and cap is not None and int(workers) >= cap
         if workers:
+            # more workers than now, even at the core cap: the wait is measured, and the
+            # recommendation says the cores are the limit
             recommended = max(recommended, int(workers) + 1)
         step_now = wait + compute
         step_after = max(compute, load / recommended)
@@ -248,6 +258,12 @@ class TooFewWorkers(Rule):
                 f"{compute:.1f} ms; num_workers is {worker_text}. Loading one batch takes "
                 f"about {load:.1f} ms, so {recommended} worker(s) would deliver a batch per "
                 f"step ({cap_text}). Set num_workers={recommended} with persistent_workers=True."
+                + (
+                    f" The {workers} worker(s) already use the cores this machine can spare, "
+                    "so also make loading cheaper (pre-tokenise, cache) or batches larger."
+                    if at_cap
+                    else ""
+                )
             ),
             fix=Fix(
                 code=FIX_CODE.format(workers=recommended),

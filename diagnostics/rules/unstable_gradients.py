@@ -41,9 +41,10 @@ from diagnostics.rules.stats import rolling_median_before, rolling_robust_z
 from diagnostics.thresholds import Thresholds
 
 UNSCALE_OPS = ("_amp_foreach_non_finite_check_and_unscale_", "_amp_update_scale")
-# Lowering the learning rate by 10x is the usual first move after instability (and what the
-# reference trainer's fix-and-verify check applies).
+# The first move after instability: a tenth of the learning rate, and never above AdamW's
+# own default (torch.optim.AdamW lr=1e-3) when the configured one is far beyond it.
 LR_FACTOR = 0.1
+LR_CEILING = 1e-3
 # signals whose "steps" list the offending steps (the others give a range)
 POINT_SIGNALS = frozenset({"non_finite", "grad_spikes", "scaler_skipped_steps"})
 CLIP_NORM = 1.0
@@ -269,7 +270,7 @@ class UnstableGradients(Rule):
             patch["train.grad_clip"] = CLIP_NORM
             lr = config_value(inputs.run, "train.lr")
             if isinstance(lr, int | float) and lr > 0:
-                patch["train.lr"] = float(f"{lr * LR_FACTOR:.3g}")
+                patch["train.lr"] = float(f"{min(lr * LR_FACTOR, LR_CEILING):.3g}")
         if fp16_unscaled:
             patch["train.grad_scaler"] = True
         return patch
