@@ -63,3 +63,57 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     result = run_trainer_cli(["run", *TINY_RUN_ARGS, "--runs-dir", str(runs_dir)])
     assert result.returncode == 0, result.stderr[-3000:]
     return Path(result.stdout.strip().splitlines()[-1])
+
+
+# One tiny real run per trainer scenario (the reports build for each; other suites may read
+# them too). Scenario presets are kept: no batch-size override, so small-batch stays small.
+SCENARIO_RUN_ARGS = (
+    "--device",
+    "cpu",
+    "--steps",
+    "6",
+    "--set",
+    "data.rows=240",
+    "--set",
+    "train.pretrain_steps=0",
+    "--set",
+    "train.checkpoint_every=1000",
+    "--set",
+    "runtime.threads=1",
+)
+SCENARIO_NAMES = ("healthy", "slow-loader", "no-pin-memory", "unstable", "leak", "small-batch")
+
+
+@pytest.fixture(scope="session")
+def scenario_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """scenario name -> a completed run folder, all six started at once (one thread each)."""
+    runs_dir = tmp_path_factory.mktemp("scenario_runs")
+    logs = runs_dir / "_logs"
+    logs.mkdir()
+    procs = {}
+    for name in SCENARIO_NAMES:
+        # Output to files, not pipes: a full pipe would stall a run while another is awaited.
+        with (logs / f"{name}.out").open("w") as out, (logs / f"{name}.err").open("w") as err:
+            procs[name] = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "trainer",
+                    "run",
+                    "--scenario",
+                    name,
+                    *SCENARIO_RUN_ARGS,
+                    "--runs-dir",
+                    str(runs_dir),
+                ],
+                cwd=REPO_ROOT,
+                stdout=out,
+                stderr=err,
+            )
+    runs: dict[str, Path] = {}
+    for name, proc in procs.items():
+        returncode = proc.wait(timeout=600)
+        stderr = (logs / f"{name}.err").read_text()
+        assert returncode == 0, f"{name}: {stderr[-3000:]}"
+        runs[name] = Path((logs / f"{name}.out").read_text().strip().splitlines()[-1])
+    return runs
