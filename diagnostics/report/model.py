@@ -288,7 +288,7 @@ def _ranks_table(
     return head, rows
 
 
-def _spike_steps(findings: Iterable[Any]) -> list[int]:
+def spike_steps(findings: Iterable[Any]) -> list[int]:
     """Steps the unstable-gradients rule points at (its evidence "steps" lists them when a
     point signal fired; otherwise it holds a range, which is not a spike)."""
     for finding in findings:
@@ -301,7 +301,7 @@ def _spike_steps(findings: Iterable[Any]) -> list[int]:
     return []
 
 
-def _leak_slope(findings: Iterable[Any]) -> tuple[float | None, str]:
+def leak_slope(findings: Iterable[Any]) -> tuple[float | None, str]:
     """The memory-leak rule's slope and the step column it was fitted on."""
     for finding in findings:
         evidence = finding.evidence or {}
@@ -326,10 +326,10 @@ def _charts(result: Any) -> list[Chart]:
             Chart(
                 "loss_gradnorm",
                 "Loss and gradient norm",
-                plots.loss_gradnorm_figure(run.steps, _spike_steps(findings)),
+                plots.loss_gradnorm_figure(run.steps, spike_steps(findings)),
             )
         )
-        slope, column = _leak_slope(findings)
+        slope, column = leak_slope(findings)
         charts.append(
             Chart(
                 "memory",

@@ -288,7 +288,12 @@ def memory_figure(
             strategy="backward",
         ).filter(pl.col("step").is_not_null())
         joined = _thin(joined.group_by("step").agg(pl.col("workers_rss_bytes").max()).sort("step"))
-        if joined.height and _has(joined, "workers_rss_bytes"):
+        # No workers (num_workers=0) records 0 bytes: a flat line at zero says nothing.
+        if (
+            joined.height
+            and _has(joined, "workers_rss_bytes")
+            and joined["workers_rss_bytes"].max()
+        ):
             fig.add_trace(
                 go.Scatter(
                     x=joined["step"].to_list(),
@@ -334,14 +339,14 @@ def system_figure(samples: pl.DataFrame) -> go.Figure:
     start = float(frame["wall_time"].min())
     frame = frame.with_columns(elapsed_s=pl.col("wall_time") - start)
     has_gpu = _has(frame, "gpu_util_pct") and _has(frame, "gpu_index")
-    fig = make_subplots(
-        rows=2,
-        cols=1,
-        shared_xaxes=True,
-        vertical_spacing=0.1,
-        subplot_titles=("GPU utilisation", "host CPU"),
-    )
     if has_gpu:
+        fig = make_subplots(
+            rows=2,
+            cols=1,
+            shared_xaxes=True,
+            vertical_spacing=0.1,
+            subplot_titles=("GPU utilisation", "host CPU"),
+        )
         gpu_rows = frame.filter(pl.col("gpu_index").is_not_null())
         for (index,), part in gpu_rows.group_by(["gpu_index"], maintain_order=True):
             part = _thin(part)
@@ -356,17 +361,12 @@ def system_figure(samples: pl.DataFrame) -> go.Figure:
                 row=1,
                 col=1,
             )
+        cpu_row: dict[str, int] = {"row": 2, "col": 1}
     else:
-        fig.add_annotation(
-            text="no GPU samples (CPU run or NVML unavailable)",
-            showarrow=False,
-            xref="x domain",
-            yref="y domain",
-            x=0.5,
-            y=0.5,
-            row=1,
-            col=1,
-        )
+        # A CPU run (or no NVML): one panel, and the title says why there is no GPU line.
+        fig = go.Figure()
+        title = "Host CPU utilisation (no GPU samples: CPU run or NVML unavailable)"
+        cpu_row = {}
     if _has(frame, "cpu_percent"):
         # One sample row per GPU per tick repeats the host CPU figure; keep one a tick.
         cpu = _thin(frame.unique("wall_time", keep="first", maintain_order=True))
@@ -379,13 +379,18 @@ def system_figure(samples: pl.DataFrame) -> go.Figure:
                 line={"color": "#2ca02c"},
                 hovertemplate="%{y:.0f} %",
             ),
-            row=2,
-            col=1,
+            **cpu_row,
         )
-    _layout(fig, title, "", "", height=460)
-    fig.update_xaxes(title_text="time since first sample (s)", row=2, col=1)
-    fig.update_yaxes(title_text="GPU util (%)", range=[0, 105], row=1, col=1)
-    fig.update_yaxes(title_text="CPU (% of one core)", rangemode="tozero", row=2, col=1)
+    if not fig.data:
+        return _empty(title, "No utilisation recorded", "time (s)", "utilisation (%)")
+    if has_gpu:
+        _layout(fig, title, "", "", height=460)
+        fig.update_xaxes(title_text="time since first sample (s)", row=2, col=1)
+        fig.update_yaxes(title_text="GPU util (%)", range=[0, 105], row=1, col=1)
+        fig.update_yaxes(title_text="CPU (% of one core)", rangemode="tozero", row=2, col=1)
+    else:
+        _layout(fig, title, "time since first sample (s)", "CPU (% of one core)")
+        fig.update_yaxes(rangemode="tozero")
     return fig
 
 

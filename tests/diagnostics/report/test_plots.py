@@ -118,9 +118,22 @@ def test_system_figure_one_series_per_gpu_and_cpu_once_per_tick():
 
 
 def test_system_figure_on_cpu_says_there_is_no_gpu():
-    fig = plots.system_figure(sample_frame([{"wall_time": 1.0, "cpu_percent": 90.0}]))
+    fig = plots.system_figure(
+        sample_frame(
+            [{"wall_time": 1.0, "cpu_percent": 90.0}, {"wall_time": 2.0, "cpu_percent": 80.0}]
+        )
+    )
     assert [t.name for t in fig.data] == ["host CPU"]
-    assert any("no GPU samples" in a.text for a in fig.layout.annotations)
+    assert list(fig.data[0].y) == [90.0, 80.0]
+    title, x_title, y_title = plots.figure_titles(fig)
+    assert "no GPU samples" in title and "(s)" in x_title and "%" in y_title
+
+
+def test_memory_leaves_out_workers_when_there_are_none():
+    samples = sample_frame([{"wall_time": 1000.10, "workers_rss_bytes": 0, "cpu_percent": 50.0}])
+    assert "DataLoader workers RSS" not in plots.series_names(
+        plots.memory_figure(simple_steps(3), samples)
+    )
 
 
 def test_breakdown_converts_us_to_ms():
