@@ -204,3 +204,24 @@ def test_hostile_report_runs_nothing_in_a_real_browser(hostile_result, tmp_path)
     # operators, top kernels; plus the finding's evidence chart: 3 + 3 + 1.
     assert drawn == 7
     assert any(HOSTILE in label for label in labels)
+
+
+@pytest.mark.browser
+def test_price_input_recomputes_cost_and_print_hides_controls(run_result, tmp_path):
+    from playwright import sync_api as playwright
+
+    path = tmp_path / "run.html"
+    path.write_text(render_html(build_report(run_result)), encoding="utf-8")
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        page = browser.new_page()
+        page.goto(path.as_uri())
+        page.fill("#price-input", "72")
+        cells = page.locator("[data-gpu-hours]").all_text_contents()
+        page.emulate_media(media="print")
+        nav_display = page.eval_on_selector("nav", "el => getComputedStyle(el).display")
+        browser.close()
+    # Now: 1,000 steps x 100 ms = 100 s, and 125 steps x 100 ms = 12.5 s an epoch, on one
+    # GPU at $72/h ($0.02 a second): $2.00 and $0.25.
+    assert cells[0] == "$2.00" and cells[2] == "$0.25"
+    assert nav_display == "none"
