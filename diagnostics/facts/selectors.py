@@ -49,8 +49,9 @@ DATALOADER_NAME = (
 ) | pl.col("name").str.starts_with("enumerate(DataPipe)#")
 DATALOADER = (CPU_OP | ANNOTATION) & DURATION & DATALOADER_NAME
 # Host-side work that is neither a step marker nor the DataLoader: torch-tb-profiler's
-# "CPU Exec" role (Operator, Python and user_annotation events). torch-tb-profiler 0.4.3
-# drops user_annotation events before this point; we keep them.
+# "CPU Exec" role (operators and user annotations; python_function stack frames are left
+# out, as the plugin leaves them out). torch-tb-profiler 0.4.3 drops user_annotation events
+# before this point; we keep them.
 HOST_EXEC_NAME = ~pl.col("name").str.starts_with(STEP_PREFIX) & ~DATALOADER_NAME
 HOST_OP = (CPU_OP | ANNOTATION) & DURATION & ~pl.col("name").str.starts_with(STEP_PREFIX)
 
