@@ -1,0 +1,84 @@
+"""python -m trainer: one-line errors with exit 2 and no run folder; list."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import run_trainer_cli
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--set", "data.num_workers=x"],
+            "error: data.num_workers: 'x' is not an integer; allowed: integer from 0 to 64",
+        ),
+        (
+            ["--scenario", "nope"],
+            "error: scenario: 'nope' is unknown; allowed: healthy, slow-loader, no-pin-memory, "
+            "unstable, leak, small-batch",
+        ),
+        (["--steps", "0"], "error: train.steps: '0' is out of range; allowed: integer >= 1"),
+        (["--device", "tpu"], "error: device: 'tpu' is not one of the choices; allowed: auto"),
+        (["--set", "train.amp=fp8"], "error: train.amp: 'fp8' is not one of the choices"),
+        (["--set", "train.lr"], "error: --set: 'train.lr' is not key=value"),
+        (["--instruments", "maybe"], "error: --instruments: 'maybe'; allowed: on, off"),
+        (["--patch-json", "[1]"], "error: --patch-json: not a JSON object"),
+        (["--patch-json", "{"], "error: --patch-json: not JSON"),
+        (["--patch-json", '{"train.grad_clip": "big"}'], "error: train.grad_clip: 'big' is not"),
+        (["--run-id", "../escape"], "error: --run-id: '../escape'; allowed: letters, digits"),
+        (["--frobnicate"], "error: unrecognized arguments: --frobnicate"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_leaves_no_folder(tmp_path, args, message):
+    runs_dir = tmp_path / "runs"
+    result = run_trainer_cli(["run", "--runs-dir", str(runs_dir), *args])
+    assert result.returncode == 2
+    assert result.stderr.startswith(message), result.stderr
+    assert result.stderr.count("\n") == 1  # one line, no traceback
+    assert result.stdout == ""
+    assert not runs_dir.exists() or not any(runs_dir.iterdir())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_requested_without_cuda_is_refused_before_the_folder(tmp_path):
+    result = run_trainer_cli(["run", "--runs-dir", str(tmp_path), "--device", "cuda"])
+    assert result.returncode == 2
+    assert result.stderr == (
+        "error: device: cuda requested but no CUDA device is available; allowed: auto, cpu\n"
+    )
+    assert not any(tmp_path.iterdir())
+
+
+def test_existing_run_id_is_refused(tmp_path):
+    (tmp_path / "taken").mkdir()
+    result = run_trainer_cli(["run", "--runs-dir", str(tmp_path), "--run-id", "taken"])
+    assert result.returncode == 2
+    assert "error: --run-id:" in result.stderr and "already exists" in result.stderr
+
+
+def test_resume_refuses_what_is_not_a_resumable_run(tmp_path, tiny_run):
+    result = run_trainer_cli(["resume", str(tmp_path)])
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"error: RUN_DIR: {tmp_path} is not a run folder (no run.json); allowed: a run folder\n"
+    )
+    done = run_trainer_cli(["resume", str(tiny_run)])
+    assert done.returncode == 2
+    assert done.stderr == f"error: RUN_DIR: {tiny_run} already completed\n"
+
+
+def test_list_shows_runs_with_status_and_steps(tiny_run):
+    result = run_trainer_cli(["list", "--runs-dir", str(tiny_run.parent)])
+    assert result.returncode == 0
+    fields = result.stdout.strip().split("\t")
+    # id, scenario, status, steps done/total (8 fine-tuning + 2 pre-training), created
+    assert fields[:4] == [tiny_run.name, "healthy", "completed", "10/10"]
+
+
+def test_list_of_an_empty_dir_says_so(tmp_path):
+    result = run_trainer_cli(["list", "--runs-dir", str(tmp_path)])
+    assert (result.returncode, result.stdout) == (0, "")
+    assert result.stderr == f"no runs in {tmp_path}\n"

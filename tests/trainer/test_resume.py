@@ -1,0 +1,158 @@
+"""kill -9 and SIGTERM mid-run, then resume: the records survive and the losses after the
+checkpoint equal those of an uninterrupted run with the same seed, exactly (CPU).
+
+These runs use ``data.num_workers=0``: with workers the batches are the same (data order is
+a function of seed and epoch, and nothing in a worker draws from a global RNG) but the
+worker count changes the trainer's torch thread count (cores left over by the workers),
+and the reference, killed and resumed runs must all use the same one for bitwise-equal
+floating point. 0 workers keeps that trivially true.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from diagnostics.runs import RunFolder
+from tests.conftest import REPO_ROOT, run_trainer_cli
+
+# 2 masked-LM + 12 fine-tuning steps, a checkpoint every 4; 5 ms simulated latency per
+# sample (16 a batch: >= 80 ms a step) so a signal reliably lands mid-run
+ARGS = [
+    "--device",
+    "cpu",
+    "--steps",
+    "12",
+    "--instruments",
+    "off",
+    "--set",
+    "data.rows=400",
+    "--set",
+    "data.num_workers=0",
+    "--set",
+    "data.sample_latency_ms=5",
+    "--set",
+    "train.batch_size=16",
+    "--set",
+    "train.pretrain_steps=2",
+    "--set",
+    "train.checkpoint_every=4",
+]
+TOTAL = 14
+
+
+def _start(runs_dir: Path, run_id: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "trainer", "run", *ARGS, "--runs-dir", str(runs_dir)]
+        + ["--run-id", run_id],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout_s=240.0) -> int:
+    deadline = time.monotonic() + timeout_s
+    lines = run_dir / "steps.jsonl"
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the run ended before it could be interrupted"
+        if lines.exists():
+            done = [json.loads(x)["step"] for x in lines.read_text().splitlines() if x.strip()]
+            if done and max(done) >= step:
+                return max(done)
+        time.sleep(0.02)
+    raise AssertionError(f"no step {step} within {timeout_s} s")
+
+
+def _losses(run: RunFolder) -> dict[int, float]:
+    steps = run.steps()
+    return dict(zip(steps["step"].to_list(), steps["loss"].to_list(), strict=True))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The uninterrupted reference, a run killed with SIGKILL and one sent SIGTERM."""
+    runs_dir = tmp_path_factory.mktemp("resume")
+    reference = _start(runs_dir, "reference")
+    killed = _start(runs_dir, "killed")
+    # the first checkpoint is at step 4; wait for step 6 so there is work to redo
+    _wait_for_step(runs_dir / "killed", 6, killed)
+    os.kill(killed.pid, signal.SIGKILL)
+    killed.wait(timeout=30)
+    after_kill = {
+        "steps": RunFolder(runs_dir / "killed").steps()["step"].to_list(),
+        "status": RunFolder(runs_dir / "killed").status().status,
+        "checkpoints": [p.name for p in RunFolder(runs_dir / "killed").checkpoints()],
+    }
+    termed = _start(runs_dir, "termed")
+    at_term = _wait_for_step(runs_dir / "termed", 6, termed)
+    termed.send_signal(signal.SIGTERM)
+    out, err = termed.communicate(timeout=60)
+    after_term = {
+        "returncode": termed.returncode,
+        "stdout": out,
+        "status": RunFolder(runs_dir / "termed").status(),
+        "checkpoints": [p.name for p in RunFolder(runs_dir / "termed").checkpoints()],
+        "at_term": at_term,
+    }
+    ref_out, ref_err = reference.communicate(timeout=240)
+    assert reference.returncode == 0, ref_err[-3000:]
+    return {
+        "dir": runs_dir,
+        "reference": RunFolder(runs_dir / "reference"),
+        "after_kill": after_kill,
+        "after_term": after_term,
+    }
+
+
+def test_killed_run_is_readable_with_its_records_up_to_the_kill(runs):
+    after = runs["after_kill"]
+    # steps 1..k, no gap, k at least the step the test waited for
+    assert after["steps"] == list(range(1, len(after["steps"]) + 1))
+    assert len(after["steps"]) >= 6
+    # a SIGKILLed run cannot say so: it reads "running" until its heartbeat goes stale
+    assert after["status"] in ("running", "dead")
+    assert "step_00000004.pt" in after["checkpoints"]
+
+
+def test_resume_after_kill_matches_the_uninterrupted_losses_exactly(runs):
+    run_dir = runs["dir"] / "killed"
+    result = run_trainer_cli(["resume", str(run_dir)], timeout_s=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == str(run_dir)
+    run = RunFolder(run_dir)
+    assert run.status().status == "completed"
+    resumed, reference = _losses(run), _losses(runs["reference"])
+    assert list(resumed) == list(range(1, TOTAL + 1))
+    # bitwise: the steps redone after the last checkpoint and all later ones
+    assert resumed == reference
+    assert "resumed from step_" in run.log_tail()
+
+
+def test_sigterm_preempts_with_a_checkpoint_and_exit_0(runs):
+    after = runs["after_term"]
+    assert after["returncode"] == 0
+    assert after["stdout"].strip().splitlines()[-1] == str(runs["dir"] / "termed")
+    status = after["status"]
+    assert status.status == "preempted"
+    assert "SIGTERM" in status.reason
+    # checkpointed at the step it stopped after
+    assert f"step_{status.step:08d}.pt" in after["checkpoints"]
+    assert status.step >= after["at_term"]
+
+
+def test_resume_after_sigterm_completes_with_the_same_losses(runs):
+    run_dir = runs["dir"] / "termed"
+    result = run_trainer_cli(["resume", str(run_dir)], timeout_s=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = RunFolder(run_dir)
+    assert run.status().status == "completed"
+    assert _losses(run) == _losses(runs["reference"])

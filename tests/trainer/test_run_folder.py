@@ -1,0 +1,118 @@
+"""A real run's folder: status, step records, samples, trace, checkpoints, manifest."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+from torch_tb_profiler.profiler.data import RunProfileData
+
+from diagnostics.runs import STEP_SCHEMA, RunFolder
+from trainer.config import TrainerConfig
+
+# tiny_run (tests/conftest.py): 2 masked-LM steps, then 8 fine-tuning steps, batches of 16,
+# checkpoints every 4 steps, profiler schedule wait=1, warmup=1, active=3 from fine-tuning.
+PRETRAIN, FINETUNE = 2, 8
+TOTAL = PRETRAIN + FINETUNE
+
+
+@pytest.fixture(scope="module")
+def run(tiny_run):
+    return RunFolder(tiny_run)
+
+
+def test_status_is_completed_with_every_step(run):
+    status = run.status()
+    assert status.status == "completed"
+    assert status.reason is None
+    assert (status.step, status.total_steps) == (TOTAL, TOTAL)
+    assert status.started_at <= status.ended_at
+
+
+def test_a_record_for_every_step_with_every_cpu_field(run):
+    steps = run.steps()
+    assert steps["step"].to_list() == list(range(1, TOTAL + 1))
+    assert steps["phase"].to_list() == ["pretrain"] * PRETRAIN + ["finetune"] * FINETUNE
+    cpu_fields = [
+        name
+        for name in STEP_SCHEMA
+        if not name.startswith("cuda_") and name != "amp_scale"  # CUDA / fp16 only
+    ]
+    assert steps.select(cpu_fields).null_count().sum_horizontal().item() == 0
+    assert steps["amp_scale"].null_count() == TOTAL
+    assert (steps["batch_size"] == 16).all()
+    # the phases add up to the step: wait + copy + compute + optimiser (ms, float rounding)
+    parts = steps["data_wait_ms"] + steps["h2d_ms"] + steps["compute_ms"] + steps["optimizer_ms"]
+    assert ((parts - steps["step_time_ms"]).abs() < 1e-6).all()
+    # samples/s is the batch over the step time
+    expected = 16 / (steps["step_time_ms"] / 1000)
+    assert ((steps["samples_per_s"] - expected).abs() < 1e-6 * expected).all()
+    assert steps["wall_time"].is_sorted()
+    assert (steps["rss_bytes"] > 0).all()
+    assert (steps["lr"] == 1e-3).all()
+
+
+def test_profiled_steps_are_the_schedules_active_window(run):
+    # fine-tuning starts at global step 3: step 3 waits, step 4 warms up, 5-7 are recorded
+    profiled = run.steps().filter(pl.col("profiled"))["step"].to_list()
+    assert profiled == [PRETRAIN + 3, PRETRAIN + 4, PRETRAIN + 5]
+
+
+def test_trace_parses_with_torch_tb_profilers_own_loader(run, tmp_path):
+    traces = run.trace_files()
+    assert len(traces) == 1  # repeat=1: one window, one file
+    assert traces[0].name.endswith(".pt.trace.json.gz")
+    profile = RunProfileData.parse("worker0", "span", str(traces[0]), str(tmp_path))
+    assert len(profile.steps_names) == 3  # the three active steps
+    assert profile.events
+
+
+def test_system_samples_join_the_step_clock(run):
+    samples = run.samples()
+    status = run.status()
+    assert samples.height >= 5  # 10 Hz over a run of several seconds
+    assert samples["wall_time"].min() >= status.started_at
+    assert samples["wall_time"].max() <= status.ended_at
+    assert (samples["trainer_rss_bytes"] > 0).all()
+    assert (samples["cpu_percent"] >= 0).all()
+    # healthy has one DataLoader worker: seen (with its own RSS) while an epoch is loading
+    with_workers = samples.filter(pl.col("worker_count") >= 1)
+    assert with_workers.height > 0
+    assert (with_workers["workers_rss_bytes"] > 0).all()
+
+
+def test_no_nvml_is_noted_once_and_samples_carry_no_gpu(run):
+    if run.samples()["gpu_index"].null_count() == 0:
+        pytest.skip("NVML present: covered by the gpu tests")
+    notes = [n for n in run.manifest().notes if n.startswith("NVML unavailable")]
+    assert len(notes) == 1
+    assert run.samples()["gpu_util_pct"].null_count() == run.samples().height
+
+
+def test_checkpoints_every_n_steps_keep_the_newest_two(run):
+    # saved at 4, 8 and the final step 10; the two newest stay
+    assert [p.name for p in run.checkpoints()] == ["step_00000008.pt", "step_00000010.pt"]
+
+
+def test_manifest_holds_the_config_to_rerun_and_the_environment(run):
+    manifest = run.manifest()
+    config = TrainerConfig.from_dict(manifest.config)
+    assert config.scenario == "healthy"
+    assert (config.train.steps, config.train.pretrain_steps, config.data.rows) == (8, 2, 400)
+    env = manifest.environment
+    assert env["device"] == "cpu"
+    assert env["cpu_count"] >= 1
+    assert env["pytorch_version"].startswith("2.")
+    assert env["torch_threads"] >= 1
+    raw = json.loads((run.path / "run.json").read_text())
+    assert raw["model_parameters"] > 100_000
+    assert raw["evaluations"][-1]["step"] == TOTAL
+    assert 0.0 <= raw["evaluations"][-1]["category_accuracy"] <= 1.0
+
+
+def test_parquet_is_written_and_log_kept(run):
+    assert (run.path / "steps.parquet").is_file()
+    assert (run.path / "samples.parquet").is_file()
+    assert pl.read_parquet(run.path / "steps.parquet").height == TOTAL
+    assert "completed after" in run.log_tail()
