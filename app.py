@@ -11,7 +11,7 @@ from diagnostics.runs import list_runs
 session.setup_page("Home")
 runs_dir = session.runs_dir()
 
-st.title("🩺 Pipeline Doctor")
+st.title(":material/medical_services: Pipeline Doctor")
 st.markdown(
     "Finds why a PyTorch training job is slow, unstable or leaking memory — an idle GPU, a "
     "starved DataLoader, pageable copies, exploding gradients, a leak.  \n"
@@ -20,14 +20,21 @@ st.markdown(
 )
 
 launch, upload, rules = st.columns(3)
-launch.page_link("pages/1_Launch.py", label="**Launch a profiled run**", icon="🚀", width="stretch")
+launch.page_link(
+    "pages/1_Launch.py",
+    label="**Launch a profiled run**",
+    icon=":material/rocket_launch:",
+    width="stretch",
+)
 upload.page_link(
     "pages/4_Upload_trace.py",
     label="**Upload a trace from your job**",
-    icon="📤",
+    icon=":material/upload_file:",
     width="stretch",
 )
-rules.page_link("pages/6_Rules.py", label="**What it checks**", icon="📖", width="stretch")
+rules.page_link(
+    "pages/6_Rules.py", label="**What it checks**", icon=":material/menu_book:", width="stretch"
+)
 
 listings = list_runs(runs_dir)
 active = [run for run in listings if run.status.is_active]
@@ -36,10 +43,13 @@ for run in active:
         f"**{run.run_id}** is running ({run.status.step:,}"
         + (f" of {run.status.total_steps:,}" if run.status.total_steps else "")
         + " steps).",
-        icon="🔵",
+        icon=":material/sync:",
     )
     st.page_link(
-        "pages/1_Launch.py", label="Watch it live", icon="📈", query_params={"run": run.run_id}
+        "pages/1_Launch.py",
+        label="Watch it live",
+        icon=":material/monitoring:",
+        query_params={"run": run.run_id},
     )
 
 st.subheader("Recent runs")
@@ -49,4 +59,4 @@ if not listings:
     )
 else:
     render.runs_table(views.runs_table(listings[:8]), key="home-runs")
-    st.page_link("pages/2_Runs.py", label=f"All {len(listings)} runs", icon="🗂️")
+    st.page_link("pages/2_Runs.py", label=f"All {len(listings)} runs", icon=":material/table_rows:")

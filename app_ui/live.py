@@ -16,10 +16,16 @@ from diagnostics import views
 from diagnostics.report import plots
 from diagnostics.runs import RunFolder, RunFolderError
 from trainer import launch
+from trainer.config import build_config
 
 REFRESH_S = 1.5
 # Live charts show the most recent steps only: enough to see the pattern, cheap to redraw.
 LIVE_WINDOW_STEPS = 400
+
+
+def preset_values(scenario: str) -> dict[str, Any]:
+    """Every dotted key's value under a scenario's preset (what the form starts at)."""
+    return build_config(scenario).to_flat()
 
 
 def field_widget(form_field: views.FormField, info: Any, preset_value: Any, scenario: str) -> Any:
@@ -70,7 +76,7 @@ def _panel_body(runs_dir: Path, run: RunFolder) -> None:
         steps = run.steps()
         samples = run.samples()
     except RunFolderError as exc:
-        st.error(str(exc), icon="🚫")
+        st.error(str(exc), icon=":material/error:")
         return
     progress = views.progress(status, steps)
     seen_key = f"live-status-{run.run_id}"
@@ -82,38 +88,49 @@ def _panel_body(runs_dir: Path, run: RunFolder) -> None:
 
     with st.container(border=True):
         head, action = st.columns([5, 1])
-        head.markdown(f"### {views.status_label(status.status)} · {run.run_id}")
+        head.markdown(f"#### {run.run_id} &nbsp; {views.status_badge(status.status)}")
         if status.is_active:
             cancel_requested = (run.path / "cancel.request").exists()
             if action.button(
                 "Cancel run",
-                icon="⏹️",
+                icon=":material/stop_circle:",
                 key=f"cancel-{run.run_id}",
                 disabled=cancel_requested,
                 help="Stops cleanly at the end of the current step; the data is kept.",
                 width="stretch",
             ):
                 launch.cancel_run(run.path)
-                st.toast("Cancel requested: the run stops after its current step.", icon="⏹️")
+                st.toast(
+                    "Cancel requested: the run stops after its current step.",
+                    icon=":material/stop_circle:",
+                )
             if cancel_requested:
                 st.caption("Cancel requested: stopping after the current step…")
         else:
             action.page_link(
                 "pages/3_Run_detail.py",
                 label="Open diagnosis",
-                icon="🔬",
+                icon=":material/biotech:",
                 query_params={"run": run.run_id},
             )
         st.progress(progress.fraction, text=progress.text)
         if status.status == "completed":
-            st.success("Finished. Open the diagnosis to see the findings.", icon="✅")
+            st.success(
+                "Finished. Open the diagnosis to see the findings.", icon=":material/check_circle:"
+            )
         elif status.status in {"failed", "dead"}:
-            st.error(f"The run {status.status}: {status.reason or 'no reason recorded'}", icon="🚫")
+            st.error(
+                f"The run {status.status}: {status.reason or 'no reason recorded'}",
+                icon=":material/error:",
+            )
             tail = run.log_tail(3000)
             if tail:
                 st.code(tail, language="text")
         elif status.status in {"cancelled", "preempted"}:
-            st.warning(f"The run was {status.status}; its records so far are kept.", icon="⏹️")
+            st.warning(
+                f"The run was {status.status}; its records so far are kept.",
+                icon=":material/stop_circle:",
+            )
 
         if steps.height == 0:
             st.caption("Waiting for the first step (building the model and the data)…")

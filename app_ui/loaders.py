@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import streamlit as st
 
+from diagnostics.analyze import analyze
 from diagnostics.runs import RunFolder
 
 CACHE_ENTRIES = 32
@@ -24,8 +25,6 @@ if TYPE_CHECKING:
 @st.cache_data(max_entries=CACHE_ENTRIES, ttl=CACHE_TTL_S, show_spinner="Analysing the run…")
 def _analyse_run_cached(run_path: str, mtime_key: float) -> AnalysisResult:
     del mtime_key  # part of the cache key only: a new record or trace means a new analysis
-    from diagnostics.analyze import analyze
-
     return analyze(Path(run_path))
 
 

@@ -6,7 +6,7 @@ anything a test would want to check (that lives in diagnostics.views).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
@@ -14,7 +14,11 @@ import streamlit as st
 
 from diagnostics import views
 from diagnostics.report import plots
+from diagnostics.report.html import render_html
+from diagnostics.report.json_report import render_json
+from diagnostics.report.markdown import render_markdown
 from diagnostics.report.metrics import key_metrics
+from diagnostics.report.model import build_comparison_report, build_report
 from diagnostics.rules.base import Finding
 
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
@@ -36,7 +40,7 @@ def cards(result: AnalysisResult) -> None:
 def notes(result: AnalysisResult) -> None:
     """The analyser's warnings and the rules it could not apply, folded away."""
     for warning in result.warnings:
-        st.warning(warning, icon="⚠️")
+        st.warning(warning, icon=":material/warning:")
     if result.skipped:
         with st.expander(f"{len(result.skipped)} checks did not apply to this input"):
             st.dataframe(
@@ -65,7 +69,9 @@ def findings(
     """
     pressed: Finding | None = None
     if not result.findings:
-        st.success("No problems found: every check that applies passed.", icon="✅")
+        st.success(
+            "No problems found: every check that applies passed.", icon=":material/check_circle:"
+        )
         return None
     ranked = sorted(
         result.findings, key=lambda f: (f.severity.rank, -(f.estimated_saving_pct or 0.0))
@@ -82,9 +88,7 @@ def findings(
             if finding.estimated_saving_pct
             else ""
         )
-        header = (
-            f"{views.SEVERITY_ICONS.get(severity, '')} **{finding.title}** · {severity}{saving}"
-        )
+        header = f"{views.severity_badge(severity)} **{finding.title}** · `{finding.rule}`{saving}"
         with st.expander(header, expanded=index < 2):
             left, right = st.columns([3, 2])
             with left:
@@ -96,12 +100,13 @@ def findings(
                 rows = views.evidence_rows(finding.evidence)
                 if rows:
                     st.markdown("**Evidence**")
-                    st.dataframe(
+                    st.table(
                         pl.DataFrame(
                             {"measure": [r[0] for r in rows], "value": [r[1] for r in rows]}
                         ),
                         hide_index=True,
-                        width="stretch",
+                        hide_header=True,
+                        border="horizontal",
                     )
                 if finding.estimated_saving_pct is not None:
                     st.metric(
@@ -114,15 +119,14 @@ def findings(
             patch = finding.fix.config_patch
             if patch:
                 st.markdown("**Config patch for the reference trainer**")
-                st.dataframe(views.patch_rows(patch, config), hide_index=True, width="stretch")
-                cli = " ".join(f"--set {k}={views._config_text(v)}" for k, v in patch.items())
-                st.code(f"python -m trainer run {cli}", language="bash")
+                st.table(views.patch_rows(patch, config), hide_index=True, border="horizontal")
+                st.code(views.patch_command(patch, config), language="bash")
                 if can_rerun:
                     clicked = st.button(
                         "Re-run with fix",
                         key=f"{key_prefix}-rerun-{finding.rule}-{index}",
                         type="primary",
-                        icon="🔁",
+                        icon=":material/replay:",
                         disabled=rerun_disabled_reason is not None,
                         help=rerun_disabled_reason
                         or "Launch the same config with this patch; the runs are linked.",
@@ -133,87 +137,56 @@ def findings(
 
 
 def run_charts(result: AnalysisResult, key_prefix: str) -> None:
-    """Plotly charts with units: run records first, then what the trace shows."""
+    """Plotly charts with units, in tabs: run records first, then what the trace shows."""
     run, facts = result.run, result.facts
-    tabs: list[tuple[str, Callable[[], None]]] = []
+    charts: list[tuple[str, Any]] = []
     if run is not None and run.steps.height:
-        spikes = _evidence_list(result.findings, "unstable-gradients", "spike_steps")
-        slope = _evidence_number(result.findings, "memory-leak", "slope_bytes_per_step")
-        tabs.append(
-            ("Step time", lambda: chart(plots.step_time_figure(run.steps), f"{key_prefix}-steps"))
-        )
-        tabs.append(
+        slope, slope_column = views.leak_slope(result.findings)
+        charts += [
+            ("Step time", lambda: plots.step_time_figure(run.steps)),
             (
                 "Loss and gradients",
-                lambda: chart(plots.loss_gradnorm_figure(run.steps, spikes), f"{key_prefix}-loss"),
-            )
-        )
-        tabs.append(
+                lambda: plots.loss_gradnorm_figure(run.steps, views.spike_steps(result.findings)),
+            ),
             (
                 "Memory",
-                lambda: chart(
-                    plots.memory_figure(run.steps, run.samples, slope), f"{key_prefix}-memory"
+                lambda: plots.memory_figure(
+                    run.steps, run.samples, slope, slope_column=slope_column
                 ),
-            )
-        )
+            ),
+        ]
     if run is not None and run.samples.height:
-        tabs.append(
-            ("GPU and CPU", lambda: chart(plots.system_figure(run.samples), f"{key_prefix}-system"))
-        )
+        charts.append(("GPU and CPU", lambda: plots.system_figure(run.samples)))
     if facts is not None:
-        tabs.append(
-            (
-                "Trace breakdown",
-                lambda: chart(plots.breakdown_figure(facts.breakdown), f"{key_prefix}-breakdown"),
-            )
-        )
-        if facts.operators.height:
-            tabs.append(
+        charts.append(("Trace breakdown", lambda: plots.breakdown_figure(facts.breakdown)))
+        operators, kernels = facts.operators, facts.kernels
+        if operators.height:
+            value = views.operator_time_column(operators)
+            charts.append(
                 (
                     "Top operators",
-                    lambda: chart(
-                        plots.top_figure(
-                            facts.operators,
-                            "device_us" if facts.device == "cuda" else "host_us",
-                            title="Top operators by "
-                            + ("GPU time (ms)" if facts.device == "cuda" else "CPU time (ms)"),
-                        ),
-                        f"{key_prefix}-operators",
+                    lambda: plots.top_figure(
+                        operators, value, title=f"Top operators by {value[:-3]} time (ms)"
                     ),
                 )
             )
-        if facts.kernels.height:
-            tabs.append(
+        if kernels.height:
+            charts.append(
                 (
                     "Top kernels",
-                    lambda: chart(
-                        plots.top_figure(
-                            facts.kernels, "device_us", title="Top GPU kernels by time (ms)"
-                        ),
-                        f"{key_prefix}-kernels",
+                    lambda: plots.top_figure(
+                        kernels, "device_us", title="Top GPU kernels by time (ms)"
                     ),
                 )
             )
-    if not tabs:
-        st.info("Nothing to chart yet: no step records, samples or trace.")
+    if not charts:
+        st.info("Nothing to chart yet: no step records, samples or trace.", icon=":material/info:")
         return
-    for tab, (_, draw) in zip(st.tabs([name for name, _ in tabs]), tabs, strict=True):
+    for index, (tab, (_, figure)) in enumerate(
+        zip(st.tabs([name for name, _ in charts]), charts, strict=True)
+    ):
         with tab:
-            draw()
-
-
-def _evidence_for(findings_: Sequence[Finding], rule: str) -> dict[str, Any]:
-    return next((f.evidence for f in findings_ if f.rule == rule), {})
-
-
-def _evidence_list(findings_: Sequence[Finding], rule: str, key: str) -> list[int]:
-    value = _evidence_for(findings_, rule).get(key)
-    return [int(v) for v in value if isinstance(v, int | float)] if isinstance(value, list) else []
-
-
-def _evidence_number(findings_: Sequence[Finding], rule: str, key: str) -> float | None:
-    value = _evidence_for(findings_, rule).get(key)
-    return float(value) if isinstance(value, int | float) else None
+            chart(figure(), key=f"{key_prefix}-chart-{index}")
 
 
 REPORT_FORMATS: tuple[tuple[str, str, str], ...] = (
@@ -234,7 +207,7 @@ def downloads(make: Callable[[str], str], base_name: str, key_prefix: str) -> No
                 file_name=f"{base_name}.{extension}",
                 mime=mime,
                 key=f"{key_prefix}-download-{extension}",
-                icon="⬇️",
+                icon=":material/download:",
                 on_click="ignore",
                 width="stretch",
             )
@@ -272,18 +245,12 @@ def runs_table(table: pl.DataFrame, key: str) -> None:
 
 def report_text(result: AnalysisResult, fmt: str) -> str:
     """A finished report in one of REPORT_FORMATS' extensions (html, md, json)."""
-    from diagnostics.report import render_html, render_json, render_markdown
-    from diagnostics.report.model import build_report
-
     report = build_report(result)
     renderer = {"html": render_html, "md": render_markdown, "json": render_json}[fmt]
     return renderer(report)
 
 
 def comparison_report_text(comparison: Any, fmt: str) -> str:
-    from diagnostics.report import render_html, render_json, render_markdown
-    from diagnostics.report.model import build_comparison_report
-
     report = build_comparison_report(comparison)
     renderer = {"html": render_html, "md": render_markdown, "json": render_json}[fmt]
     return renderer(report)

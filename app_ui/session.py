@@ -26,10 +26,28 @@ def init_session() -> None:
         st.session_state.setdefault(key, value.copy() if isinstance(value, dict) else value)
 
 
-def setup_page(title: str, icon: str = "🩺") -> None:
-    """Page config and session defaults; the first call on every page (each page runs alone)."""
+# The sidebar menu (Streamlit's own is turned off in .streamlit/config.toml so that the
+# entry file reads "Home" rather than "app").
+NAVIGATION: tuple[tuple[str, str, str], ...] = (
+    ("app.py", "Home", ":material/home:"),
+    ("pages/1_Launch.py", "Launch", ":material/rocket_launch:"),
+    ("pages/2_Runs.py", "Runs", ":material/table_rows:"),
+    ("pages/3_Run_detail.py", "Run detail", ":material/biotech:"),
+    ("pages/4_Upload_trace.py", "Upload trace", ":material/upload_file:"),
+    ("pages/5_Compare.py", "Compare", ":material/compare_arrows:"),
+    ("pages/6_Rules.py", "Rules", ":material/menu_book:"),
+)
+
+
+def setup_page(title: str, icon: str = ":material/medical_services:") -> None:
+    """Page config, session defaults and the menu: the first call on every page (each
+    page script runs on its own, so each calls it)."""
     st.set_page_config(page_title=f"{title} · Pipeline Doctor", page_icon=icon, layout="wide")
     init_session()
+    with st.sidebar:
+        st.markdown("### :material/medical_services: Pipeline Doctor")
+        for page, label, page_icon in NAVIGATION:
+            st.page_link(page, label=label, icon=page_icon)
 
 
 def runs_dir() -> Path:

@@ -20,6 +20,7 @@ from typing import Any, BinaryIO
 
 import polars as pl
 
+from diagnostics.report import fmt as report_fmt
 from diagnostics.report.metrics import KeyMetrics
 from diagnostics.runs import RunFolder, RunListing, RunStatus
 
@@ -122,106 +123,61 @@ def fmt_when(timestamp: float | None, now: float | None = None) -> str:
     return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(float(timestamp)))
 
 
-# Evidence keys carry their unit as a suffix (data_wait_ms, gpu_busy_us, peak_bytes):
-# the suffix picks the formatter, the rest becomes the label.
-_UNIT_SUFFIXES: tuple[tuple[str, Any], ...] = (
-    ("_pct", fmt_pct),
-    ("_percent", fmt_pct),
-    ("_ms", fmt_ms),
-    ("_us", lambda v: fmt_ms(None if _missing(v) else float(v) / 1000.0)),
-    ("_ns", lambda v: fmt_ms(None if _missing(v) else float(v) / 1e6)),
-    ("_s", fmt_seconds),
-    ("_bytes", fmt_bytes),
-    ("_mib", lambda v: fmt_bytes(None if _missing(v) else float(v) * 1024**2)),
-    ("_gb_s", lambda v: "—" if _missing(v) else f"{float(v):.3g} GB/s"),
-    ("_per_s", lambda v: fmt_rate(v, "/s")),
-    ("_x", fmt_ratio),
-    ("_ratio", fmt_ratio),
-)
-
-_ACRONYMS = {"gpu": "GPU", "cpu": "CPU", "h2d": "H2D", "d2h": "D2H", "amp": "AMP", "lr": "LR"}
-
-
-def label_for(key: str) -> str:
-    """'data_wait_share_pct' -> 'Data wait share'; units are left to the value."""
-    for suffix, _ in _UNIT_SUFFIXES:
-        if key.endswith(suffix) and len(key) > len(suffix):
-            key = key[: -len(suffix)]
-            break
-    words = [w for w in re.split(r"[_.\s]+", key) if w]
-    words = [_ACRONYMS.get(w.lower(), w) for w in words]
-    if not words:
-        return key
-    first = words[0]
-    return " ".join([first[:1].upper() + first[1:], *words[1:]])
-
-
-def fmt_value(key: str, value: Any) -> str:
-    """A value formatted by its key's unit suffix; lists and mappings are summarised."""
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if value is None:
-        return "—"
-    if isinstance(value, int | float):
-        for suffix, formatter in _UNIT_SUFFIXES:
-            if key.endswith(suffix):
-                return formatter(value)
-        return fmt_number(value)
-    if isinstance(value, str):
-        return value
-    if isinstance(value, Mapping):
-        return ", ".join(f"{label_for(str(k))}: {fmt_value(str(k), v)}" for k, v in value.items())
-    if isinstance(value, Sequence):
-        items = list(value)
-        if len(items) <= 6 and all(isinstance(v, int | float | str) for v in items):
-            return ", ".join(fmt_value(key, v) for v in items)
-        return f"{len(items)} values"
-    return str(value)
-
-
 def _is_scalar(value: Any) -> bool:
     return value is None or isinstance(value, bool | int | float | str)
 
 
-def evidence_rows(evidence: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """The evidence a person reads: (label, formatted value) for scalars and short lists.
+_ACRONYMS = {"gpu": "GPU", "cpu": "CPU", "h2d": "H2D", "amp": "AMP", "lr": "LR", "rss": "RSS"}
 
-    Series meant for charts (long lists, nested frames) are left to the evidence chart.
+
+def evidence_rows(evidence: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The evidence a person reads: (label, formatted value), worded as in the reports.
+
+    Scalars are formatted by the unit in their key (``report.fmt``); short lists of
+    scalars are joined; series and nested data meant for charts are left to the chart.
     """
     rows: list[tuple[str, str]] = []
     for key, value in evidence.items():
+        label = " ".join(_ACRONYMS.get(w, w) for w in report_fmt.label(key).split(" "))
+        label = label[:1].upper() + label[1:]
         if _is_scalar(value):
-            rows.append((label_for(key), fmt_value(key, value)))
-        elif isinstance(value, Sequence) and not isinstance(value, str):
+            rows.append((label, report_fmt.evidence_value(key, value)))
+        elif isinstance(value, list | tuple):
             items = list(value)
-            if len(items) <= 6 and all(_is_scalar(v) for v in items):
-                rows.append((label_for(key), fmt_value(key, items)))
-        elif (
-            isinstance(value, Mapping)
-            and len(value) <= 6
-            and all(_is_scalar(v) for v in value.values())
-        ):
-            rows.append((label_for(key), fmt_value(key, value)))
+            if 0 < len(items) <= 8 and all(_is_scalar(v) for v in items):
+                rows.append((label, ", ".join(report_fmt.evidence_value(key, v) for v in items)))
     return rows
 
 
 # ---------------------------------------------------------------------------------------
 # runs
 
-STATUS_ICONS: dict[str, str] = {
-    "running": "🔵",
-    "completed": "🟢",
-    "failed": "🔴",
-    "cancelled": "⚪",
-    "preempted": "🟠",
-    "dead": "⚫",
+# Streamlit markdown badges (colour and a Material icon) for statuses and severities;
+# tables get the plain word, as their cells do not render markdown.
+STATUS_BADGES: dict[str, str] = {
+    "running": ":blue-badge[:material/sync: running]",
+    "completed": ":green-badge[:material/check_circle: completed]",
+    "failed": ":red-badge[:material/error: failed]",
+    "cancelled": ":gray-badge[:material/stop_circle: cancelled]",
+    "preempted": ":orange-badge[:material/pause_circle: preempted]",
+    "dead": ":red-badge[:material/heart_broken: dead]",
+}
+SEVERITY_BADGES: dict[str, str] = {
+    "high": ":red-badge[:material/error: high]",
+    "medium": ":orange-badge[:material/warning: medium]",
+    "low": ":blue-badge[:material/info: low]",
 }
 
-SEVERITY_ICONS: dict[str, str] = {"high": "🔴", "medium": "🟠", "low": "🟡"}
+
+RUN_STATES: tuple[str, ...] = tuple(STATUS_BADGES)
 
 
-def status_label(status: str) -> str:
-    return f"{STATUS_ICONS.get(status, '❔')} {status}"
+def status_badge(status: str) -> str:
+    return STATUS_BADGES.get(status, f":gray-badge[{status}]")
+
+
+def severity_badge(severity: str) -> str:
+    return SEVERITY_BADGES.get(severity, f":gray-badge[{severity}]")
 
 
 def run_duration_s(status: RunStatus, now: float | None = None) -> float | None:
@@ -260,7 +216,7 @@ def runs_table(listings: Iterable[RunListing], now: float | None = None) -> pl.D
             {
                 "run": run.run_id,
                 "scenario": run.scenario or "—",
-                "status": status_label(status.status),
+                "status": status.status,
                 "progress": (min(1.0, status.step / total) if total else None),
                 "steps": f"{status.step:,}" + (f" / {total:,}" if total else ""),
                 "started": fmt_when(run.created_at, now),
@@ -326,12 +282,13 @@ class Card:
 def summary_cards(metrics: KeyMetrics) -> list[Card]:
     """The five cards at the top of a run or trace, formatted (KeyMetrics is shared with
     the reports and the comparison, so the page and a downloaded report agree)."""
+    # the unit goes in the label: a value like "1,234 samples/s" does not fit a card
     if metrics.samples_per_s is not None:
-        throughput = fmt_rate(metrics.samples_per_s, "samples/s")
-        throughput_help = "Samples per second of step time (the first step's start-up left out)."
+        throughput_label, throughput = "Samples/s", fmt_rate(metrics.samples_per_s, "").strip()
+        throughput_help = "Throughput: samples per second of step time (first step left out)."
     else:
-        throughput = fmt_rate(metrics.steps_per_s, "steps/s")
-        throughput_help = "Steps per second of step time (the trace has no batch size)."
+        throughput_label, throughput = "Steps/s", fmt_rate(metrics.steps_per_s, "").strip()
+        throughput_help = "Throughput: steps per second of step time (a trace has no batch size)."
     memory_kind = metrics.peak_memory_kind or "memory"
     return [
         Card(
@@ -339,7 +296,7 @@ def summary_cards(metrics: KeyMetrics) -> list[Card]:
             fmt_ms(metrics.median_step_time_ms),
             "Half the steps were faster than this (data wait + copy + compute + optimiser).",
         ),
-        Card("Throughput", throughput, throughput_help),
+        Card(throughput_label, throughput, throughput_help),
         Card(
             "GPU utilisation",
             fmt_pct(metrics.gpu_utilization_pct),
@@ -489,6 +446,13 @@ def patch_summary(patch: Mapping[str, Any] | None) -> str:
 def resolve_runs_dir(environ: Mapping[str, str]) -> Path:
     """The runs directory the app reads and launches into (same rule as trainer.launch)."""
     return Path(environ.get("PIPELINE_DOCTOR_RUNS_DIR") or "runs")
+
+
+def patch_command(patch: Mapping[str, Any], config: Mapping[str, Any] | None = None) -> str:
+    """The trainer command that re-runs a scenario with a patch."""
+    scenario = (config or {}).get("scenario")
+    head = "python -m trainer run" + (f" --scenario {scenario}" if scenario else "")
+    return " ".join([head, *(f"--set {k}={_config_text(v)}" for k, v in patch.items())])
 
 
 def tensorboard_command(run_path: str | Path) -> str:
@@ -712,6 +676,7 @@ LAUNCH_FORM: tuple[tuple[str, tuple[FormField, ...]], ...] = (
             FormField("device", "Device", "choice", "auto = CUDA when present, else CPU"),
             FormField("train.steps", "Fine-tuning steps", "int"),
             FormField("train.batch_size", "Batch size", "int"),
+            FormField("train.pretrain_steps", "Masked-LM steps first (0 = none)", "int"),
         ),
     ),
     (
@@ -735,7 +700,7 @@ LAUNCH_FORM: tuple[tuple[str, tuple[FormField, ...]], ...] = (
     (
         "Profiler schedule",
         (
-            FormField("profiler.enabled", "Record a torch.profiler trace", "bool"),
+            FormField("profiler.enabled", "Record a trace", "bool"),
             FormField("profiler.wait", "Wait steps", "int"),
             FormField("profiler.warmup", "Warm-up steps", "int"),
             FormField("profiler.active", "Active (recorded) steps", "int"),
@@ -760,3 +725,35 @@ def form_overrides(values: Mapping[str, Any]) -> dict[str, Any]:
     return {
         key: (None if key in clip_keys and value == 0 else value) for key, value in values.items()
     }
+
+
+# ---------------------------------------------------------------------------------------
+# chart inputs taken from findings (the same choices as the reports make)
+
+
+def spike_steps(findings: Iterable[Any]) -> list[int]:
+    """Steps an unstable-gradients finding marks, for the loss/grad-norm chart."""
+    for finding in findings:
+        for key in ("spike_steps", "outlier_steps"):
+            values = (finding.evidence or {}).get(key)
+            if isinstance(values, list | tuple):
+                return [int(v) for v in values if isinstance(v, int | float)]
+    return []
+
+
+def leak_slope(findings: Iterable[Any]) -> tuple[float | None, str]:
+    """A leak finding's fitted growth (bytes/step) and the memory column it was fitted on."""
+    for finding in findings:
+        if "leak" not in finding.rule:
+            continue
+        for key, value in (finding.evidence or {}).items():
+            if key.endswith("bytes_per_step") and isinstance(value, int | float):
+                return float(value), "cuda_allocated_bytes" if "cuda" in key else "rss_bytes"
+    return None, "rss_bytes"
+
+
+def operator_time_column(operators: pl.DataFrame) -> str:
+    """device_us when the trace has GPU time for its operators, else host_us."""
+    if "device_us" in operators.columns and (operators["device_us"].fill_null(0) > 0).any():
+        return "device_us"
+    return "host_us"

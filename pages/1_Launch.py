@@ -13,9 +13,9 @@ from app_ui import live, session
 from diagnostics import views
 from trainer import launch
 
-session.setup_page("Launch", "🚀")
+session.setup_page("Launch", ":material/rocket_launch:")
 runs_dir = session.runs_dir()
-st.title("🚀 Launch a profiled run")
+st.title(":material/rocket_launch: Launch a profiled run")
 
 watched = live.watched_run(runs_dir)
 if watched is not None:
@@ -28,7 +28,7 @@ scenario = st.selectbox(
     format_func=lambda name: f"{name} — {launch.SCENARIOS[name]}",
     help="A preset of the settings below; change any of them before starting.",
 )
-preset = launch.preset_values(scenario)
+preset = live.preset_values(scenario)
 fields = {info.key: info for info in launch.config_fields()}
 errors: dict[str, str] = st.session_state["launch_errors"]
 
@@ -43,15 +43,19 @@ with st.form(f"launch-{scenario}"):
                     form_field, fields[form_field.key], preset[form_field.key], scenario
                 )
                 if form_field.key in errors:
-                    st.error(errors[form_field.key], icon="⚠️")
+                    st.error(errors[form_field.key], icon=":material/warning:")
     if busy:
         st.warning(
             f"**{busy[0].run_id}** is using the device (step {busy[0].status.step:,}). "
             "One run at a time: wait for it to finish or cancel it above.",
-            icon="⏳",
+            icon=":material/hourglass_top:",
         )
     submitted = st.form_submit_button(
-        "Start run", type="primary", icon="▶️", disabled=bool(busy), width="stretch"
+        "Start run",
+        type="primary",
+        icon=":material/play_arrow:",
+        disabled=bool(busy),
+        width="stretch",
     )
 
 if submitted:
@@ -59,19 +63,22 @@ if submitted:
     errors = launch.validate_overrides(overrides, scenario=scenario)
     st.session_state["launch_errors"] = errors
     if not errors:
+        device = str(overrides.pop("device"))
         try:
-            launched = launch.start_run(scenario=scenario, overrides=overrides, runs_dir=runs_dir)
-        except launch.LaunchError as exc:
+            launched = launch.start_run(
+                scenario=scenario, overrides=overrides, runs_dir=runs_dir, device=device
+            )
+        except (launch.LaunchError, ValueError) as exc:
             st.session_state["launch_errors"] = {"": str(exc)}
         else:
             st.session_state["watched_run_id"] = launched.run_id
             st.query_params["run"] = launched.run_id
     st.rerun()
 if "" in errors:
-    st.error(errors[""], icon="🚫")
+    st.error(errors[""], icon=":material/error:")
 elif errors:
     st.error(
         f"{len(errors)} setting{'s' if len(errors) > 1 else ''} need{'' if len(errors) > 1 else 's'} "
         "fixing: see the messages next to the fields.",
-        icon="⚠️",
+        icon=":material/warning:",
     )

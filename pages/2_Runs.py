@@ -8,19 +8,19 @@ from app_ui import render, session
 from diagnostics import views
 from diagnostics.runs import list_runs
 
-session.setup_page("Runs", "🗂️")
-st.title("🗂️ Runs")
+session.setup_page("Runs", ":material/table_rows:")
+st.title(":material/table_rows: Runs")
 
 listings = list_runs(session.runs_dir())
 if not listings:
-    st.info("No runs yet. Launch one to see it here.", icon="ℹ️")
-    st.page_link("pages/1_Launch.py", label="Launch a run", icon="🚀")
+    st.info("No runs yet. Launch one to see it here.", icon=":material/info:")
+    st.page_link("pages/1_Launch.py", label="Launch a run", icon=":material/rocket_launch:")
     st.stop()
 
 status_col, scenario_col = st.columns(2)
 statuses = status_col.multiselect(
     "Status",
-    sorted({run.status.status for run in listings}),
+    views.RUN_STATES,
     placeholder="All statuses",
 )
 scenarios = scenario_col.multiselect(

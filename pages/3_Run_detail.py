@@ -14,23 +14,23 @@ from diagnostics.errors import InputError
 from diagnostics.runs import RunFolder, list_runs
 from trainer import launch
 
-session.setup_page("Run detail", "🔬")
+session.setup_page("Run detail", ":material/biotech:")
 runs_dir = session.runs_dir()
 listings = list_runs(runs_dir)
 
+st.title(":material/biotech: Run detail")
 if not listings:
-    st.title("🔬 Run detail")
-    st.info("No runs yet. Launch one to see its diagnosis here.", icon="ℹ️")
-    st.page_link("pages/1_Launch.py", label="Launch a run", icon="🚀")
+    st.info("No runs yet. Launch one to see its diagnosis here.", icon=":material/info:")
+    st.page_link("pages/1_Launch.py", label="Launch a run", icon=":material/rocket_launch:")
     st.stop()
 
 requested = st.query_params.get("run")
 run = views.find_run(listings, requested)
 if requested and run is None:
-    st.error(f"Run `{requested}` was not found in {runs_dir}.", icon="🚫")
+    st.error(f"Run `{requested}` was not found in {runs_dir}.", icon=":material/error:")
 ids = [r.run_id for r in listings]
 chosen = st.selectbox(
-    "Run",
+    "Run (newest first)",
     ids,
     index=ids.index(run.run_id) if run else 0,
     format_func=lambda run_id: views.run_choice_label(views.find_run(listings, run_id)),
@@ -42,9 +42,9 @@ folder = RunFolder(run.path)
 manifest = folder.manifest()
 status = folder.status()
 
-st.title(f"🔬 {run.run_id}")
-st.caption(
-    f"Scenario **{run.scenario or '—'}** · {views.status_label(status.status)}"
+st.subheader(run.run_id, divider="gray")
+st.markdown(
+    f"Scenario **{run.scenario or '—'}** · {views.status_badge(status.status)}"
     + (f" ({status.reason})" if status.reason else "")
     + f" · started {views.fmt_when(run.created_at)}"
     + f" · {views.fmt_seconds(views.run_duration_s(status))}"
@@ -52,39 +52,44 @@ st.caption(
 )
 if manifest.parent_run_id:
     st.markdown(
-        f"🔁 Re-run of **{manifest.parent_run_id}** with "
+        f":material/replay: Re-run of **{manifest.parent_run_id}** with "
         f"`{views.patch_summary(manifest.applied_patch)}`"
     )
     left, right = st.columns(2)
     left.page_link(
         "pages/3_Run_detail.py",
         label="Open the original run",
-        icon="⬅️",
+        icon=":material/arrow_back:",
         query_params={"run": manifest.parent_run_id},
     )
     right.page_link(
         "pages/5_Compare.py",
         label="Compare with the original",
-        icon="⚖️",
+        icon=":material/compare_arrows:",
         query_params={"a": manifest.parent_run_id, "b": run.run_id},
     )
 for child in views.children_of(listings, run.run_id):
     st.page_link(
         "pages/5_Compare.py",
         label=f"Compare with its re-run {child.run_id} ({child.status.status})",
-        icon="⚖️",
+        icon=":material/compare_arrows:",
         query_params={"a": run.run_id, "b": child.run_id},
     )
 if status.is_active:
-    st.info("This run is still going; the figures below cover the steps so far.", icon="🔵")
+    st.info(
+        "This run is still going; the figures below cover the steps so far.", icon=":material/sync:"
+    )
     st.page_link(
-        "pages/1_Launch.py", label="Watch it live", icon="📈", query_params={"run": run.run_id}
+        "pages/1_Launch.py",
+        label="Watch it live",
+        icon=":material/monitoring:",
+        query_params={"run": run.run_id},
     )
 
 try:
     result = loaders.analyse_run(run.path)
 except InputError as exc:
-    st.error(str(exc), icon="🚫")
+    st.error(str(exc), icon=":material/error:")
     st.stop()
 
 render.cards(result)
@@ -101,20 +106,23 @@ pressed = render.findings(
     ),
 )
 if pressed is not None and pressed.fix.config_patch:
+    overrides = views.rerun_overrides(
+        manifest.config,
+        pressed.fix.config_patch,
+        [field.key for field in launch.config_fields()],
+    )
+    device = str(overrides.pop("device", "auto"))
     try:
         launched = launch.start_run(
             scenario=str(manifest.scenario),
-            overrides=views.rerun_overrides(
-                manifest.config,
-                pressed.fix.config_patch,
-                [field.key for field in launch.config_fields()],
-            ),
+            overrides=overrides,
             runs_dir=runs_dir,
+            device=device,
             parent_run_id=run.run_id,
             applied_patch=pressed.fix.config_patch,
         )
     except (launch.LaunchError, ValueError) as exc:
-        st.error(f"Could not start the re-run: {exc}", icon="🚫")
+        st.error(f"Could not start the re-run: {exc}", icon=":material/error:")
     else:
         st.session_state["watched_run_id"] = launched.run_id
         st.switch_page("pages/1_Launch.py", query_params={"run": launched.run_id})

@@ -7,14 +7,14 @@ are kept only when the user presses "Save upload" (into <runs dir>/uploads/).
 from __future__ import annotations
 
 import streamlit as st
-from diagnostics.analyze import DEFAULT_MAX_DECOMPRESSED_BYTES, analyze_files
 
 from app_ui import render, session
 from diagnostics import views
+from diagnostics.analyze import DEFAULT_MAX_DECOMPRESSED_BYTES, analyze_files
 from diagnostics.errors import InputError
 
-session.setup_page("Upload trace", "📤")
-st.title("📤 Upload a trace")
+session.setup_page("Upload trace", ":material/upload_file:")
+st.title(":material/upload_file: Upload a trace")
 max_upload_mb = int(st.get_option("server.maxUploadSize"))
 st.markdown(
     "Drop a Chrome trace written by `torch.profiler` (`tensorboard_trace_handler` or "
@@ -35,7 +35,10 @@ uploads = st.file_uploader(
 if not uploads:
     st.session_state["upload_analysis"] = None
     st.session_state["saved_upload_dir"] = None
-    st.info("Waiting for a trace. Nothing is kept until you choose to save it.", icon="⏳")
+    st.info(
+        "Waiting for a trace. Nothing is kept until you choose to save it.",
+        icon=":material/hourglass_top:",
+    )
     st.stop()
 
 files = [(upload.name, upload) for upload in uploads]
@@ -52,7 +55,7 @@ if cached is None or cached[0] != key:
 _, result, error = cached
 
 if error is not None:
-    st.error(error, icon="🚫")
+    st.error(error, icon=":material/error:")
     st.stop()
 
 names = ", ".join(name for name, _ in files)
@@ -60,8 +63,10 @@ info, save = st.columns([4, 1])
 info.markdown(f"**{names}** · {views.source_caption(result.source, result.environment)}")
 saved_to = st.session_state["saved_upload_dir"]
 if saved_to:
-    save.success(f"Saved to `{saved_to}`", icon="💾")
-elif save.button("Save upload", icon="💾", help="Keep these files under the runs folder."):
+    save.success(f"Saved to `{saved_to}`", icon=":material/save:")
+elif save.button(
+    "Save upload", icon=":material/save:", help="Keep these files under the runs folder."
+):
     st.session_state["saved_upload_dir"] = str(views.save_uploads(files, session.runs_dir()))
     st.rerun()
 

@@ -14,12 +14,15 @@ from diagnostics.errors import InputError
 from diagnostics.report import plots
 from diagnostics.runs import list_runs
 
-session.setup_page("Compare", "⚖️")
-st.title("⚖️ Compare two runs")
+session.setup_page("Compare", ":material/compare_arrows:")
+st.title(":material/compare_arrows: Compare two runs")
 listings = list_runs(session.runs_dir())
 if len(listings) < 2:
-    st.info("Comparing needs two runs. Launch another, or re-run one with a fix.", icon="ℹ️")
-    st.page_link("pages/1_Launch.py", label="Launch a run", icon="🚀")
+    st.info(
+        "Comparing needs two runs. Launch another, or re-run one with a fix.",
+        icon=":material/info:",
+    )
+    st.page_link("pages/1_Launch.py", label="Launch a run", icon=":material/rocket_launch:")
     st.stop()
 
 ids = [run.run_id for run in listings]
@@ -32,14 +35,14 @@ run_a = pick_a.selectbox("A (before)", ids, index=ids.index(wanted_a), format_fu
 run_b = pick_b.selectbox("B (after)", ids, index=ids.index(wanted_b), format_func=label)
 st.query_params.update({"a": run_a, "b": run_b})
 if run_a == run_b:
-    st.warning("Pick two different runs.", icon="⚠️")
+    st.warning("Pick two different runs.", icon=":material/warning:")
     st.stop()
 
 try:
     result_a = loaders.analyse_run(views.find_run(listings, run_a).path)
     result_b = loaders.analyse_run(views.find_run(listings, run_b).path)
 except InputError as exc:
-    st.error(str(exc), icon="🚫")
+    st.error(str(exc), icon=":material/error:")
     st.stop()
 comparison = compare(result_a, result_b, label_a=run_a, label_b=run_b)
 
@@ -62,15 +65,15 @@ if comparison.config_changes:
 st.subheader("Findings")
 gone, new, kept = st.columns(3)
 with gone:
-    st.markdown(f"**✅ Gone in B ({len(comparison.findings_gone)})**")
+    st.markdown(f"**:material/check_circle: Gone in B ({len(comparison.findings_gone)})**")
     for finding in comparison.findings_gone:
         st.markdown(f"- {finding.title}")
 with new:
-    st.markdown(f"**🆕 New in B ({len(comparison.findings_new)})**")
+    st.markdown(f"**:material/fiber_new: New in B ({len(comparison.findings_new)})**")
     for finding in comparison.findings_new:
         st.markdown(f"- {finding.title}")
 with kept:
-    st.markdown(f"**↔️ In both ({len(comparison.findings_kept)})**")
+    st.markdown(f"**:material/sync_alt: In both ({len(comparison.findings_kept)})**")
     for finding, _ in comparison.findings_kept:
         st.markdown(f"- {finding.title}")
 

@@ -9,8 +9,8 @@ from app_ui import session
 from diagnostics import views
 from diagnostics.rules.docs import NEEDS_TEXT, SECTIONS, rule_reference
 
-session.setup_page("Rules", "📖")
-st.title("📖 What Pipeline Doctor checks")
+session.setup_page("Rules", ":material/menu_book:")
+st.title(":material/menu_book: What Pipeline Doctor checks")
 st.markdown(
     "Every finding comes from one of these rules. This page is generated from the rules "
     "themselves (`python -m diagnostics rules` prints the same reference)."
@@ -21,7 +21,7 @@ st.dataframe(
     pl.DataFrame(
         {
             "rule": [d.id for d in docs],
-            "severity": [f"{views.SEVERITY_ICONS.get(d.severity, '')} {d.severity}" for d in docs],
+            "severity": [d.severity for d in docs],
             "title": [d.title for d in docs],
             "reads": [", ".join(NEEDS_TEXT.get(n, n) for n in d.needs) for d in docs],
         }
@@ -31,8 +31,8 @@ st.dataframe(
 )
 
 for doc in docs:
-    st.subheader(f"{views.SEVERITY_ICONS.get(doc.severity, '')} {doc.title}", anchor=doc.id)
-    st.caption(f"`{doc.id}` · severity {doc.severity}")
+    st.subheader(doc.title, anchor=doc.id)
+    st.markdown(f"`{doc.id}` &nbsp; {views.severity_badge(doc.severity)}")
     st.markdown(doc.summary)
     tabs = st.tabs([name for name in SECTIONS if name in doc.sections] + ["Thresholds", "Examples"])
     for tab, name in zip(tabs, [n for n in SECTIONS if n in doc.sections], strict=False):
@@ -56,7 +56,7 @@ for doc in docs:
     with tabs[-1]:
         st.markdown(
             "\n".join(
-                f"- {'🔥 fires' if fires else '🤫 stays quiet'}: {name}"
+                f"- {':material/local_fire_department: fires' if fires else ':material/do_not_disturb_on: stays quiet'}: {name}"
                 for name, fires in doc.examples
             )
             or "No examples."

@@ -36,20 +36,24 @@ def shared_traces_dir() -> Path:
     return REPO_ROOT.parent / "shared" / "traces"
 
 
-def run_trainer(runs_dir: Path, *args: str, timeout_s: float = 240.0) -> Path:
-    """Runs the real reference trainer to completion; returns the run folder."""
+def start_trainer(runs_dir: Path, *args: str) -> subprocess.Popen[str]:
+    """Starts the real reference trainer (`python -m trainer run`) as its own process."""
     env = {**os.environ, "PIPELINE_DOCTOR_RUNS_DIR": str(runs_dir)}
-    done = subprocess.run(
+    return subprocess.Popen(
         [sys.executable, "-m", "trainer", "run", "--runs-dir", str(runs_dir), *args],
         cwd=REPO_ROOT,
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout_s,
-        check=False,
     )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def finish_trainer(process: subprocess.Popen[str], timeout_s: float = 240.0) -> Path:
+    """Waits for a trainer to exit cleanly; returns its run folder (stdout's last line)."""
+    stdout, stderr = process.communicate(timeout=timeout_s)
+    assert process.returncode == 0, stderr[-2000:]
+    return Path(stdout.strip().splitlines()[-1])
 
 
 @dataclass(frozen=True)
@@ -63,29 +67,36 @@ class TrainedRuns:
 def trained_runs(tmp_path_factory: pytest.TempPathFactory) -> TrainedRuns:
     """Two short real runs: slow-loader and its re-run with more workers (linked)."""
     runs_dir = tmp_path_factory.mktemp("runs")
+    # small and quick, with a loader slow enough (20 ms of simulated storage latency per
+    # sample) that data wait dominates even on a busy machine
     common = (
-        "--steps",
-        "6",
-        "--device",
-        "cpu",
-        "--set",
-        "profiler.wait=1",
-        "--set",
-        "profiler.active=2",
+        "--steps", "6", "--device", "cpu",
+        "--set", "train.pretrain_steps=0", "--set", "data.rows=256",
+        "--set", "data.sample_latency_ms=20", "--set", "model.hidden_size=64",
+        "--set", "model.intermediate_size=128", "--set", "model.layers=1",
+        "--set", "profiler.wait=1", "--set", "profiler.active=2",
+    )  # fmt: skip
+    # both at once (they are independent) to halve the wait; the re-run's link to the
+    # first is by id, fixed up front
+    slow_id, fixed_id = "slow-loader-first", "slow-loader-with-fix"
+    slow_process = start_trainer(
+        runs_dir, "--scenario", "slow-loader", "--run-id", slow_id, *common
     )
-    slow = run_trainer(runs_dir, "--scenario", "slow-loader", *common)
-    fixed = run_trainer(
+    fixed_process = start_trainer(
         runs_dir,
         "--scenario",
         "slow-loader",
+        "--run-id",
+        fixed_id,
         *common,
         "--set",
         "data.num_workers=2",
         "--parent-run-id",
-        slow.name,
+        slow_id,
         "--patch-json",
         '{"data.num_workers": 2}',
     )
+    slow, fixed = finish_trainer(slow_process), finish_trainer(fixed_process)
     return TrainedRuns(runs_dir, slow, fixed)
 
 
@@ -188,8 +199,22 @@ def page(browser):
         context.close()
 
 
-def screenshot(page, name: str) -> Path:
+def screenshot(page, name: str, *, full_page: bool = True) -> Path:
+    """A PNG of the page. Streamlit scrolls inside its main block, not the document, so a
+    full-page shot first grows the viewport to the content's height."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     path = SCREENSHOTS / f"{name}.png"
-    page.screenshot(path=str(path), full_page=True)
+    size = page.viewport_size
+    if full_page:
+        height = page.evaluate(
+            "() => { const m = document.querySelector('[data-testid=\"stMain\"]');"
+            " return Math.max(m ? m.scrollHeight : 0, document.body.scrollHeight); }"
+        )
+        page.set_viewport_size(
+            {"width": size["width"], "height": min(max(height, size["height"]), 8000)}
+        )
+        page.wait_for_timeout(3000)  # charts re-lay out to the new size
+    page.screenshot(path=str(path))
+    if full_page:
+        page.set_viewport_size(size)
     return path

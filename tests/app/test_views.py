@@ -66,25 +66,27 @@ def test_fmt_when_is_relative_then_absolute():
     assert views.fmt_when(now - 3 * 86400, now).endswith("UTC")
 
 
-def test_evidence_rows_use_the_unit_suffix_and_skip_chart_series():
+def test_evidence_rows_use_the_unit_in_the_key_and_skip_chart_series():
     evidence = {
         "data_wait_share_pct": 61.25,
         "median_data_wait_ms": 41.0,
         "gpu_idle_us": 2500.0,
         "num_workers": 0,
-        "peak_bytes": 2 * 1024**2,
+        "slope_bytes_per_step": 3 * 1024**2,
         "pin_memory": False,
+        "spike_steps": [3, 4],
         "chart": {"kind": "line", "x": list(range(100)), "series": {"a": list(range(100))}},
         "per_step_ms": list(range(50)),  # a long series: left to the chart
     }
     rows = dict(views.evidence_rows(evidence))
     assert rows == {
-        "Data wait share": "61.2 %",  # 61.25 formatted with one decimal (banker's rounding)
+        "Data wait share (%)": "61.2 %",  # 61.25 to one decimal (round half to even)
         "Median data wait": "41.0 ms",
         "GPU idle": "2.5 ms",  # 2500 µs / 1000
         "Num workers": "0",
-        "Peak": "2 MiB",
-        "Pin memory": "no",
+        "Slope per step": "3.00 MiB",  # 3 * 1024**2 bytes
+        "Pin memory": "false",
+        "Spike steps": "3, 4",
     }
 
 
@@ -125,7 +127,7 @@ def test_runs_table_filter_and_links(tmp_path):
     table = views.runs_table(listings)
     assert table.height == 2
     row = table.filter(pl.col("run") == "run-healthy-cancelled").row(0, named=True)
-    assert row["status"] == "⚪ cancelled"
+    assert row["status"] == "cancelled"
     assert row["steps"] == "2 / 2"
     assert row["progress"] == 1.0  # 2 of 2 steps
     assert row["re-run of"] == "run-slow-loader-completed"
@@ -195,7 +197,7 @@ def test_summary_cards_format_key_metrics():
     cards = {card.label: card.value for card in views.summary_cards(metrics)}
     assert cards == {
         "Median step time": "123 ms",
-        "Throughput": "256 samples/s",
+        "Samples/s": "256",
         "GPU utilisation": "—",
         "Data-wait share": "61.0 %",
         "Peak memory": "512 MiB",

@@ -1,0 +1,160 @@
+"""End to end in a real headless Chromium against `streamlit run app.py`.
+
+One story, in order, on one server: launch a slow-loader run from the form and watch it
+finish, read its too-few-workers finding, re-run it with the fix, compare the two and see
+the gain, download a report; then upload a real trace and a broken one. A screenshot of
+every page goes to test-artifacts/screenshots/.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from diagnostics.runs import RunFolder, list_runs
+from tests.app.conftest import screenshot
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+# A slow-loader run short enough for CI (~20-30 s here): few steps, one profiled step.
+STEPS = 8
+RUN_TIMEOUT_MS = 180_000
+
+
+def wait_idle(page) -> None:
+    """Streamlit shows a running indicator while the script runs; wait until it is gone."""
+    page.wait_for_selector('[data-testid="stApp"]', state="attached")
+    page.wait_for_function(
+        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')"
+        " || document.querySelector('[data-testid=\"stStatusWidget\"]').innerText.trim() === ''",
+        timeout=60_000,
+    )
+
+
+def goto(page, server, path: str) -> None:
+    page.goto(f"{server.url}/{path}")
+    page.get_by_role("heading", level=1).first.wait_for()
+    wait_idle(page)
+
+
+def set_number(page, label: str, value: int) -> None:
+    field = page.get_by_label(label, exact=True)
+    field.fill(str(value))
+    field.press("Tab")
+
+
+def choose(page, label: str, option_text: str) -> None:
+    box = page.locator('[data-testid="stSelectbox"]').filter(has_text=label).first
+    box.click()
+    page.get_by_role("option", name=re.compile(re.escape(option_text))).first.click()
+    wait_idle(page)
+
+
+def wait_for_run_to_finish(page, runs_dir: Path, run_id: str) -> None:
+    page.get_by_text("Finished. Open the diagnosis").wait_for(timeout=RUN_TIMEOUT_MS)
+    status = RunFolder(runs_dir / run_id).status()
+    assert status.status == "completed", status
+
+
+def newest_run_id(runs_dir: Path) -> str:
+    return list_runs(runs_dir)[0].run_id
+
+
+def test_launch_watch_diagnose_rerun_compare_download(app_server, page, tmp_path):
+    runs_dir = app_server.runs_dir
+
+    goto(page, app_server, "")
+    screenshot(page, "home-empty")
+
+    # --- launch from the form and watch it live -------------------------------------------
+    goto(page, app_server, "Launch")
+    choose(page, "Scenario", "slow-loader")
+    assert page.get_by_label("DataLoader workers", exact=True).input_value() == "0"
+    set_number(page, "Fine-tuning steps", STEPS)
+    set_number(page, "Active (recorded) steps", 1)
+    screenshot(page, "launch-form")
+    page.get_by_role("button", name="Start run").click()
+    page.get_by_text(re.compile(r"step \d+ of \d+")).first.wait_for(timeout=60_000)
+    first_id = newest_run_id(runs_dir)
+    assert f"run={first_id}" in page.url  # a reload finds the run again
+    page.get_by_text(re.compile(r"steps/s")).first.wait_for(timeout=RUN_TIMEOUT_MS)
+    screenshot(page, "launch-live")
+    wait_for_run_to_finish(page, runs_dir, first_id)
+
+    # --- the diagnosis ---------------------------------------------------------------------
+    page.get_by_role("link", name="Open diagnosis").click()
+    page.get_by_text("too-few-workers").first.wait_for(timeout=60_000)
+    wait_idle(page)
+    assert page.get_by_text("Median step time").first.is_visible()
+    page.get_by_text(f"tensorboard --logdir {runs_dir / first_id / 'trace'}").wait_for()
+    screenshot(page, "run-detail")
+
+    with page.expect_download() as download_info:
+        page.get_by_role("button", name="HTML report").click()
+    report = tmp_path / "report.html"
+    download_info.value.save_as(report)
+    html = report.read_text()
+    assert html.lstrip().lower().startswith("<!doctype html")
+    assert first_id in html
+
+    # --- re-run with the fix -----------------------------------------------------------------
+    finding = page.locator('[data-testid="stExpander"]').filter(has_text="too-few-workers").first
+    if not finding.get_by_role("button", name="Re-run with fix").is_visible():
+        finding.locator("summary").click()
+    finding.get_by_role("button", name="Re-run with fix").click()
+    page.wait_for_url(re.compile(r"/Launch\?run="), timeout=60_000)
+    second_id = page.url.split("run=")[-1]
+    assert second_id != first_id
+    manifest = RunFolder(runs_dir / second_id).manifest()
+    assert manifest.parent_run_id == first_id
+    assert manifest.applied_patch and manifest.applied_patch["data.num_workers"] > 0
+    wait_for_run_to_finish(page, runs_dir, second_id)
+
+    # --- compare: the fix removed the finding and raised throughput ------------------------
+    goto(page, app_server, f"Compare?a={first_id}&b={second_id}")
+    headline = page.get_by_text(re.compile(r"B has [0-9.]+× the throughput of A"))
+    headline.wait_for(timeout=60_000)
+    ratio = float(re.search(r"B has ([0-9.]+)×", headline.inner_text()).group(1))
+    assert ratio > 1.0, f"the fix should raise throughput, got {ratio}×"
+    gone = page.locator('[data-testid="stColumn"]').filter(has_text="Gone in B").first
+    assert "DataLoader" in gone.inner_text()
+    screenshot(page, "compare")
+
+    # --- the other pages with these runs ---------------------------------------------------
+    goto(page, app_server, "Runs")
+    page.get_by_text(second_id).first.wait_for()
+    screenshot(page, "runs")
+    goto(page, app_server, "")
+    screenshot(page, "home")
+    goto(page, app_server, "Rules")
+    page.get_by_text("too-few-workers").first.wait_for()
+    screenshot(page, "rules")
+
+
+def test_upload_a_real_trace_then_a_broken_one(app_server, page, shared_traces_dir, tmp_path):
+    goto(page, app_server, "Upload_trace")
+    page.get_by_text("MB per file").first.wait_for()
+    trace = shared_traces_dir / "kineto_resnet50_num_workers_0.pt.trace.json.gz"
+    page.locator('input[type="file"]').set_input_files(str(trace))
+    page.get_by_role("heading", name="Findings").wait_for(timeout=120_000)
+    wait_idle(page)
+    assert page.get_by_text("Median step time").first.is_visible()
+    assert not (app_server.runs_dir / "uploads").exists()  # nothing kept unless saved
+    screenshot(page, "upload")
+
+    broken = tmp_path / "broken.json.gz"
+    broken.write_bytes(gzip.compress(b'{"traceEvents": [ {"ph": "X", '))
+    page.locator('input[type="file"]').set_input_files(str(broken))
+    alert = page.locator('[data-testid="stAlertContentError"]').first
+    alert.wait_for(timeout=60_000)
+    assert alert.inner_text().startswith("broken.json.gz: ")
+    screenshot(page, "upload-error")
+
+    not_json = tmp_path / "empty.json"
+    not_json.write_text(json.dumps({"hello": "world"}))
+    page.locator('input[type="file"]').set_input_files(str(not_json))
+    page.get_by_text("empty.json: ").first.wait_for(timeout=60_000)
