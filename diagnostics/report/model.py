@@ -11,7 +11,6 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import plotly.graph_objects as go
@@ -21,6 +20,18 @@ from diagnostics.compare import Comparison, result_label
 from diagnostics.report import fmt, plots
 from diagnostics.report.metrics import KeyMetrics, key_metrics
 from diagnostics.report.pricing import CostEstimate, Pricing, estimate_cost
+from diagnostics.report.sections import (
+    environment_rows,
+    flat_config,
+    gpu_name,
+    leak_slope,
+    ranks_table,
+    set_args,
+    source_rows,
+    spike_steps,
+    summary_rows,
+    world_size,
+)
 
 REPORT_SCHEMA = "pipeline-doctor/report/v1"
 SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2}
@@ -117,10 +128,6 @@ def sort_findings(findings: Iterable[Any]) -> list[Any]:
     )
 
 
-def _set_args(patch: Mapping[str, Any] | None) -> tuple[str, ...]:
-    return tuple(f"{key}={fmt.config_literal(value)}" for key, value in (patch or {}).items())
-
-
 def _evidence_rows(evidence: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     rows: list[tuple[str, str]] = []
     seen: set[str] = set()
@@ -146,173 +153,11 @@ def report_finding(finding: Any, status: str | None = None) -> ReportFinding:
         evidence_rows=_evidence_rows(shown),
         fix_code=str(finding.fix.code or ""),
         config_patch=dict(finding.fix.config_patch) if finding.fix.config_patch else None,
-        set_args=_set_args(finding.fix.config_patch),
+        set_args=set_args(finding.fix.config_patch),
         estimated_saving_pct=finding.estimated_saving_pct,
         figure=figure,
         status=status,
     )
-
-
-def _flat_config(config: Mapping[str, Any] | None, prefix: str = "") -> list[tuple[str, str]]:
-    rows: list[tuple[str, str]] = []
-    for key, value in (config or {}).items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            rows.extend(_flat_config(value, f"{dotted}."))
-        else:
-            rows.append((dotted, fmt.config_literal(value)))
-    return rows
-
-
-def _gpu_name(result: Any) -> str | None:
-    env = getattr(result, "environment", None) or {}
-    if env.get("gpu_name"):
-        return str(env["gpu_name"])
-    facts = getattr(result, "facts", None)
-    for props in getattr(facts, "device_properties", ()) or ():
-        if props.get("name"):
-            return str(props["name"])
-    return None
-
-
-def _world_size(result: Any) -> int | None:
-    facts = getattr(result, "facts", None)
-    distributed = getattr(facts, "distributed", None) or {}
-    size = distributed.get("world_size")
-    return int(size) if isinstance(size, int | float) and size > 0 else None
-
-
-def _environment_rows(result: Any) -> list[tuple[str, str]]:
-    env = dict(getattr(result, "environment", None) or {})
-    facts = getattr(result, "facts", None)
-    rows = [
-        ("PyTorch", env.get("pytorch_version") or getattr(facts, "pytorch_version", None)),
-        ("device", env.get("device") or getattr(facts, "device", None)),
-        ("GPU", _gpu_name(result)),
-        ("CPU cores", env.get("cpu_count")),
-    ]
-    world = _world_size(result)
-    if world:
-        rows.append(("ranks in the job", world))
-    shown = {"pytorch_version", "device", "gpu_name", "cpu_count"}
-    rows.extend((key.replace("_", " "), value) for key, value in env.items() if key not in shown)
-    return [
-        (label, fmt.evidence_value("", value))
-        for label, value in rows
-        if value is not None and value != ""
-    ]
-
-
-def _source_rows(result: Any) -> list[tuple[str, str]]:
-    source = dict(getattr(result, "source", None) or {})
-    rows = [("kind", str(source.get("kind", "")))]
-    if source.get("path"):
-        rows.append(("path", str(source["path"])))
-    files = source.get("files") or []
-    if files:
-        shown = ", ".join(Path(str(f)).name for f in list(files)[:8])
-        more = f" and {len(files) - 8} more" if len(files) > 8 else ""
-        rows.append(("files", shown + more))
-    if source.get("ranks"):
-        rows.append(("ranks", fmt.evidence_value("", source["ranks"])))
-    run = getattr(result, "run", None)
-    if run is not None:
-        rows.append(("run id", str(run.manifest.run_id)))
-        rows.append(("status", str(run.status.status)))
-        if run.status.reason:
-            rows.append(("status reason", str(run.status.reason)))
-        if run.manifest.parent_run_id:
-            rows.append(("re-run of", str(run.manifest.parent_run_id)))
-        if run.manifest.applied_patch:
-            rows.append(("applied patch", ", ".join(_set_args(run.manifest.applied_patch))))
-    return rows
-
-
-def _summary_rows(metrics: KeyMetrics, summary: Mapping[str, Any]) -> list[tuple[str, str]]:
-    rows = [
-        ("steps analysed", fmt.number(metrics.steps)),
-        ("median step time", fmt.ms(metrics.median_step_time_ms)),
-        ("mean step time", fmt.ms(metrics.mean_step_time_ms)),
-        ("p95 step time", fmt.ms(metrics.p95_step_time_ms)),
-        (
-            "throughput",
-            f"{fmt.number(metrics.samples_per_s)} samples/s"
-            if metrics.samples_per_s is not None
-            else f"{fmt.number(metrics.steps_per_s)} steps/s",
-        ),
-        ("data-wait share of step time", fmt.pct(metrics.data_wait_pct)),
-        ("GPU utilisation", fmt.pct(metrics.gpu_utilization_pct)),
-        (
-            f"peak memory ({metrics.peak_memory_kind or 'unknown'})",
-            fmt.bytes_(metrics.peak_memory_bytes),
-        ),
-    ]
-    breakdown = summary.get("breakdown_pct") or {}
-    if breakdown:
-        parts = ", ".join(
-            f"{name.replace('_', ' ')} {fmt.pct(value)}"
-            for name, value in breakdown.items()
-            if value is not None
-        )
-        rows.append(("trace time breakdown", parts))
-    idle = summary.get("gpu_idle_breakdown_pct") or {}
-    if isinstance(idle, Mapping) and idle:
-        parts = ", ".join(
-            f"{name.replace('_', ' ')} {fmt.pct(value)}"
-            for name, value in idle.items()
-            if value is not None
-        )
-        rows.append(("GPU idle time by cause", parts))
-    if summary.get("gpu_busy_us") is not None:
-        rows.append(("GPU busy time (trace)", fmt.ms(float(summary["gpu_busy_us"]) / 1000.0)))
-    return rows
-
-
-POINT_SIGNALS = ("grad_spikes", "non_finite", "scaler_skipped_steps")
-
-
-def _ranks_table(
-    summary: Mapping[str, Any],
-) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]] | None:
-    ranks = summary.get("ranks")
-    table = ranks.get("table") if isinstance(ranks, Mapping) else None
-    if not isinstance(table, list) or not table or not isinstance(table[0], Mapping):
-        return None
-    keys = list(table[0].keys())
-    head = tuple(fmt.label(str(k)) for k in keys)
-    rows = tuple(
-        tuple(fmt.evidence_value(str(k), row.get(k)) for k in keys)
-        for row in table
-        if isinstance(row, Mapping)
-    )
-    return head, rows
-
-
-def spike_steps(findings: Iterable[Any]) -> list[int]:
-    """Steps the unstable-gradients rule points at (its evidence "steps" lists them when a
-    point signal fired; otherwise it holds a range, which is not a spike)."""
-    for finding in findings:
-        evidence = finding.evidence or {}
-        if finding.rule != "unstable-gradients" or not any(k in evidence for k in POINT_SIGNALS):
-            continue
-        values = evidence.get("steps")
-        if isinstance(values, list | tuple):
-            return [int(v) for v in values if isinstance(v, int | float)]
-    return []
-
-
-def leak_slope(findings: Iterable[Any]) -> tuple[float | None, str]:
-    """The memory-leak rule's slope and the step column it was fitted on."""
-    for finding in findings:
-        evidence = finding.evidence or {}
-        slope = evidence.get("slope_bytes_per_step")
-        if finding.rule == "memory-leak" and isinstance(slope, int | float):
-            series = str(evidence.get("series", "")).lower()
-            if "cuda" in series:
-                return float(slope), "cuda_allocated_bytes"
-            if "rss" in series:
-                return float(slope), "rss_bytes"
-    return None, "rss_bytes"
 
 
 def _charts(result: Any) -> list[Chart]:
@@ -378,9 +223,9 @@ def _cost(result: Any, metrics: KeyMetrics, pricing: Pricing | None) -> CostEsti
         step_time_ms=metrics.mean_step_time_ms,
         config=run.config if run is not None else None,
         savings_pct=[f.estimated_saving_pct for f in getattr(result, "findings", ()) or ()],
-        gpu_name=_gpu_name(result),
+        gpu_name=gpu_name(result),
         device=metrics.device,
-        world_size=_world_size(result),
+        world_size=world_size(result),
         pricing=pricing,
     )
 
@@ -412,16 +257,16 @@ def build_report(result: Any, *, pricing: Pricing | None = None) -> Report:
         kind=kind,
         title=f"Pipeline Doctor report: {noun} {result_label(result)}",
         generated_at=_now(),
-        source_rows=tuple(_source_rows(result)),
-        environment_rows=tuple(_environment_rows(result)),
-        summary_rows=tuple(_summary_rows(metrics, getattr(result, "summary", None) or {})),
+        source_rows=tuple(source_rows(result)),
+        environment_rows=tuple(environment_rows(result)),
+        summary_rows=tuple(summary_rows(metrics, getattr(result, "summary", None) or {})),
         findings=tuple(report_finding(f) for f in sort_findings(result.findings)),
         charts=tuple(_charts(result)),
         cost=_cost(result, metrics, pricing),
         skipped=tuple((str(s.rule), str(s.reason)) for s in getattr(result, "skipped", ()) or ()),
         warnings=tuple(str(w) for w in getattr(result, "warnings", ()) or ()),
-        config_rows=tuple(_flat_config(run.config)) if run is not None else (),
-        ranks_table=_ranks_table(getattr(result, "summary", None) or {}),
+        config_rows=tuple(flat_config(run.config)) if run is not None else (),
+        ranks_table=ranks_table(getattr(result, "summary", None) or {}),
         notes=tuple(str(n) for n in getattr(result, "notes", ()) or ()),
         metrics=_metrics_dict(metrics),
         analysis=_analysis_json(result),
@@ -469,8 +314,8 @@ def build_comparison_report(comparison: Comparison, *, pricing: Pricing | None =
         data=comparison.to_dict(),
         cost_a=_cost(a, comparison.metrics_a, pricing),
     )
-    env_a, env_b = dict(_environment_rows(a)), dict(_environment_rows(b))
-    environment_rows = tuple(
+    env_a, env_b = dict(environment_rows(a)), dict(environment_rows(b))
+    env_rows = tuple(
         (
             label,
             env_a.get(label, MISSING_VERDICT)
@@ -497,19 +342,19 @@ def build_comparison_report(comparison: Comparison, *, pricing: Pricing | None =
             for chart in _charts(result)
             if chart.key in ("step_time", "system", "breakdown")
         )
-    source_rows = (
+    sources = (
         ("before (a)", comparison.label_a),
         ("after (b)", comparison.label_b),
-        *((f"a: {k}", v) for k, v in _source_rows(a) if k in ("path", "files")),
-        *((f"b: {k}", v) for k, v in _source_rows(b) if k in ("path", "files")),
+        *((f"a: {k}", v) for k, v in source_rows(a) if k in ("path", "files")),
+        *((f"b: {k}", v) for k, v in source_rows(b) if k in ("path", "files")),
     )
     run = getattr(b, "run", None)
     return Report(
         kind="comparison",
         title=f"Pipeline Doctor comparison: {comparison.label_a} vs {comparison.label_b}",
         generated_at=_now(),
-        source_rows=source_rows,
-        environment_rows=environment_rows,
+        source_rows=sources,
+        environment_rows=env_rows,
         summary_rows=tuple(
             (label, f"{va} → {vb} ({ratio_text})") for label, va, vb, ratio_text, _ in rows
         ),
@@ -521,7 +366,7 @@ def build_comparison_report(comparison: Comparison, *, pricing: Pricing | None =
             [f"a: {w}" for w in getattr(a, "warnings", ()) or ()]
             + [f"b: {w}" for w in getattr(b, "warnings", ()) or ()]
         ),
-        config_rows=tuple(_flat_config(run.config)) if run is not None else (),
+        config_rows=tuple(flat_config(run.config)) if run is not None else (),
         comparison=section,
         metrics={
             "a": _metrics_dict(comparison.metrics_a),

@@ -43,21 +43,44 @@ chart can never break a page or a report.
 
 from __future__ import annotations
 
-import html
-import math
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable
 
 import plotly.graph_objects as go
 import polars as pl
 from plotly.subplots import make_subplots
 
-MIB = 1024 * 1024
-# Charts with more points than this are thinned by an even stride: a 100k-step run would
-# otherwise put megabytes of JSON into each report figure without showing more detail.
-MAX_POINTS = 5000
-# Labels longer than this are shortened on the axis; the full (escaped) text stays in the hover.
-MAX_LABEL_CHARS = 60
+from diagnostics.report.evidence_chart import CHART_KINDS, finding_figure
+from diagnostics.report.figure_style import (
+    MAX_LABEL_CHARS,
+    MAX_POINTS,
+    MIB,
+    column_values,
+    empty_figure,
+    figure_titles,
+    has_values,
+    layout,
+    safe_text,
+    series_names,
+    thin,
+)
+
+__all__ = [
+    "CHART_KINDS",
+    "MAX_POINTS",
+    "MIB",
+    "breakdown_figure",
+    "compare_steps_figure",
+    "figure_titles",
+    "finding_figure",
+    "loss_gradnorm_figure",
+    "memory_figure",
+    "safe_text",
+    "series_names",
+    "step_time_figure",
+    "system_figure",
+    "top_figure",
+]
+
 
 STEP_PARTS: tuple[tuple[str, str, str], ...] = (
     ("data_wait_ms", "data wait", "#d62728"),
@@ -74,59 +97,6 @@ BREAKDOWN_PARTS: tuple[tuple[str, str, str], ...] = (
     ("cpu_exec_us", "CPU exec", "#2ca02c"),
     ("other_us", "other", "#7f7f7f"),
 )
-CHART_KINDS = frozenset({"line", "bar"})
-
-
-def safe_text(value: object, max_chars: int | None = None) -> str:
-    """Escape a string from a trace or run for a plotly label, optionally shortened."""
-    text = str(value)
-    if max_chars is not None and len(text) > max_chars:
-        text = text[: max_chars - 1] + "…"
-    return html.escape(text, quote=True)
-
-
-def _layout(fig: go.Figure, title: str, x_title: str, y_title: str, height: int = 380) -> None:
-    fig.update_layout(
-        title={"text": title, "x": 0.01, "xanchor": "left"},
-        template="plotly_white",
-        height=height,
-        margin={"l": 60, "r": 20, "t": 70, "b": 50},
-        legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 0.0},
-        hovermode="x unified",
-        font={"size": 12},
-        showlegend=True,
-    )
-    fig.update_xaxes(title_text=x_title)
-    fig.update_yaxes(title_text=y_title)
-
-
-def _empty(title: str, message: str, x_title: str = "", y_title: str = "") -> go.Figure:
-    fig = go.Figure()
-    _layout(fig, title, x_title, y_title, height=260)
-    fig.add_annotation(
-        text=message, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5, font={"size": 14}
-    )
-    fig.update_xaxes(visible=False)
-    fig.update_yaxes(visible=False)
-    return fig
-
-
-def _thin(frame: pl.DataFrame, max_points: int = MAX_POINTS) -> pl.DataFrame:
-    if frame.height <= max_points:
-        return frame
-    stride = math.ceil(frame.height / max_points)
-    return frame.gather_every(stride)
-
-
-def _has(frame: pl.DataFrame | None, column: str) -> bool:
-    return frame is not None and column in frame.columns and frame[column].null_count() < len(frame)
-
-
-def _values(frame: pl.DataFrame, column: str, scale: float = 1.0) -> list[float | None]:
-    series = frame[column].cast(pl.Float64)
-    if scale != 1.0:
-        series = series / scale
-    return series.to_list()
 
 
 def _step_axis(steps: pl.DataFrame) -> pl.DataFrame:
@@ -142,13 +112,13 @@ def step_time_figure(steps: pl.DataFrame) -> go.Figure:
     """
     title = "Step time breakdown"
     if steps is None or steps.height == 0 or "step" not in steps.columns:
-        return _empty(title, "No step records", "step", "time (ms)")
-    frame = _thin(_step_axis(steps))
+        return empty_figure(title, "No step records", "step", "time (ms)")
+    frame = thin(_step_axis(steps))
     x = frame["step"].to_list()
     fig = go.Figure()
     parts_sum = pl.Series([0.0] * frame.height)
     for column, label, colour in STEP_PARTS:
-        if not _has(frame, column):
+        if not has_values(frame, column):
             continue
         values = frame[column].cast(pl.Float64).fill_null(0.0)
         parts_sum = parts_sum + values
@@ -161,7 +131,7 @@ def step_time_figure(steps: pl.DataFrame) -> go.Figure:
                 hovertemplate="%{y:.1f} ms",
             )
         )
-    if _has(frame, "step_time_ms"):
+    if has_values(frame, "step_time_ms"):
         other = (frame["step_time_ms"].cast(pl.Float64).fill_null(0.0) - parts_sum).clip(
             lower_bound=0.0
         )
@@ -176,8 +146,8 @@ def step_time_figure(steps: pl.DataFrame) -> go.Figure:
                 )
             )
     if not fig.data:
-        return _empty(title, "No step timings recorded", "step", "time (ms)")
-    _layout(fig, title, "step", "time per step (ms)")
+        return empty_figure(title, "No step timings recorded", "step", "time (ms)")
+    layout(fig, title, "step", "time per step (ms)")
     fig.update_layout(barmode="stack", bargap=0.05)
     return fig
 
@@ -186,8 +156,8 @@ def loss_gradnorm_figure(steps: pl.DataFrame, spike_steps: Iterable[int] = ()) -
     """Loss (top) and gradient norm before clipping (bottom) per step, spikes marked."""
     title = "Loss and gradient norm"
     if steps is None or steps.height == 0 or "step" not in steps.columns:
-        return _empty(title, "No step records", "step", "")
-    frame = _thin(_step_axis(steps))
+        return empty_figure(title, "No step records", "step", "")
+    frame = thin(_step_axis(steps))
     spikes = sorted({int(s) for s in spike_steps})
     fig = make_subplots(
         rows=2,
@@ -197,12 +167,12 @@ def loss_gradnorm_figure(steps: pl.DataFrame, spike_steps: Iterable[int] = ()) -
         subplot_titles=("loss", "gradient norm (L2, before clipping)"),
     )
     for row, column, colour in ((1, "loss", "#1f77b4"), (2, "grad_norm", "#ff7f0e")):
-        if not _has(frame, column):
+        if not has_values(frame, column):
             continue
         fig.add_trace(
             go.Scatter(
                 x=frame["step"].to_list(),
-                y=_values(frame, column),
+                y=column_values(frame, column),
                 mode="lines",
                 name=column.replace("_", " "),
                 line={"color": colour, "width": 1.5},
@@ -213,11 +183,11 @@ def loss_gradnorm_figure(steps: pl.DataFrame, spike_steps: Iterable[int] = ()) -
         if spikes:
             # Spikes come from the full frame, not the thinned one, so none is lost.
             marked = steps.filter(pl.col("step").is_in(spikes)).sort("step")
-            if marked.height and _has(marked, column):
+            if marked.height and has_values(marked, column):
                 fig.add_trace(
                     go.Scatter(
                         x=marked["step"].to_list(),
-                        y=_values(marked, column),
+                        y=column_values(marked, column),
                         mode="markers",
                         name=f"spike ({column.replace('_', ' ')})",
                         marker={"color": "#d62728", "size": 10, "symbol": "x"},
@@ -226,8 +196,8 @@ def loss_gradnorm_figure(steps: pl.DataFrame, spike_steps: Iterable[int] = ()) -
                     col=1,
                 )
     if not fig.data:
-        return _empty(title, "No loss or gradient norm recorded", "step", "")
-    _layout(fig, title, "", "", height=480)
+        return empty_figure(title, "No loss or gradient norm recorded", "step", "")
+    layout(fig, title, "", "", height=480)
     fig.update_xaxes(title_text="step", row=2, col=1)
     fig.update_yaxes(title_text="loss (nats)", row=1, col=1)
     fig.update_yaxes(title_text="grad norm", row=2, col=1)
@@ -249,9 +219,9 @@ def memory_figure(
     """
     title = "Memory per step"
     if steps is None or steps.height == 0 or "step" not in steps.columns:
-        return _empty(title, "No step records", "step", "memory (MiB)")
+        return empty_figure(title, "No step records", "step", "memory (MiB)")
     ordered = _step_axis(steps)
-    frame = _thin(ordered)
+    frame = thin(ordered)
     x = frame["step"].to_list()
     fig = go.Figure()
     for column, label, colour in (
@@ -259,11 +229,11 @@ def memory_figure(
         ("cuda_allocated_bytes", "CUDA allocated", "#ff7f0e"),
         ("cuda_reserved_bytes", "CUDA reserved", "#ffbb78"),
     ):
-        if _has(frame, column):
+        if has_values(frame, column):
             fig.add_trace(
                 go.Scatter(
                     x=x,
-                    y=_values(frame, column, MIB),
+                    y=column_values(frame, column, MIB),
                     mode="lines",
                     name=label,
                     line={"color": colour},
@@ -273,8 +243,8 @@ def memory_figure(
     if (
         samples is not None
         and samples.height
-        and _has(samples, "workers_rss_bytes")
-        and _has(ordered, "wall_time")
+        and has_values(samples, "workers_rss_bytes")
+        and has_values(ordered, "wall_time")
     ):
         per_tick = (
             samples.select("wall_time", "workers_rss_bytes")
@@ -287,24 +257,24 @@ def memory_figure(
             on="wall_time",
             strategy="backward",
         ).filter(pl.col("step").is_not_null())
-        joined = _thin(joined.group_by("step").agg(pl.col("workers_rss_bytes").max()).sort("step"))
+        joined = thin(joined.group_by("step").agg(pl.col("workers_rss_bytes").max()).sort("step"))
         # No workers (num_workers=0) records 0 bytes: a flat line at zero says nothing.
         if (
             joined.height
-            and _has(joined, "workers_rss_bytes")
+            and has_values(joined, "workers_rss_bytes")
             and joined["workers_rss_bytes"].max()
         ):
             fig.add_trace(
                 go.Scatter(
                     x=joined["step"].to_list(),
-                    y=_values(joined, "workers_rss_bytes", MIB),
+                    y=column_values(joined, "workers_rss_bytes", MIB),
                     mode="lines",
                     name="DataLoader workers RSS",
                     line={"color": "#2ca02c"},
                     hovertemplate="%{y:.1f} MiB",
                 )
             )
-    if slope_bytes_per_step is not None and _has(ordered, slope_column):
+    if slope_bytes_per_step is not None and has_values(ordered, slope_column):
         fit = ordered.select("step", slope_column).drop_nulls()
         steps_f = fit["step"].cast(pl.Float64)
         values = fit[slope_column].cast(pl.Float64)
@@ -325,20 +295,20 @@ def memory_figure(
             )
         )
     if not fig.data:
-        return _empty(title, "No memory recorded", "step", "memory (MiB)")
-    _layout(fig, title, "step", "memory (MiB)")
+        return empty_figure(title, "No memory recorded", "step", "memory (MiB)")
+    layout(fig, title, "step", "memory (MiB)")
     return fig
 
 
 def system_figure(samples: pl.DataFrame) -> go.Figure:
     """GPU utilisation per GPU (top) and host CPU (bottom) over time since the first sample."""
     title = "GPU and CPU utilisation"
-    if samples is None or samples.height == 0 or not _has(samples, "wall_time"):
-        return _empty(title, "No system samples", "time (s)", "utilisation (%)")
+    if samples is None or samples.height == 0 or not has_values(samples, "wall_time"):
+        return empty_figure(title, "No system samples", "time (s)", "utilisation (%)")
     frame = samples.filter(pl.col("wall_time").is_not_null()).sort("wall_time")
     start = float(frame["wall_time"].min())
     frame = frame.with_columns(elapsed_s=pl.col("wall_time") - start)
-    has_gpu = _has(frame, "gpu_util_pct") and _has(frame, "gpu_index")
+    has_gpu = has_values(frame, "gpu_util_pct") and has_values(frame, "gpu_index")
     if has_gpu:
         fig = make_subplots(
             rows=2,
@@ -349,11 +319,11 @@ def system_figure(samples: pl.DataFrame) -> go.Figure:
         )
         gpu_rows = frame.filter(pl.col("gpu_index").is_not_null())
         for (index,), part in gpu_rows.group_by(["gpu_index"], maintain_order=True):
-            part = _thin(part)
+            part = thin(part)
             fig.add_trace(
                 go.Scatter(
                     x=part["elapsed_s"].to_list(),
-                    y=_values(part, "gpu_util_pct"),
+                    y=column_values(part, "gpu_util_pct"),
                     mode="lines",
                     name=f"GPU {int(index)} util",
                     hovertemplate="%{y:.0f} %",
@@ -367,13 +337,13 @@ def system_figure(samples: pl.DataFrame) -> go.Figure:
         fig = go.Figure()
         title = "Host CPU utilisation (no GPU samples: CPU run or NVML unavailable)"
         cpu_row = {}
-    if _has(frame, "cpu_percent"):
+    if has_values(frame, "cpu_percent"):
         # One sample row per GPU per tick repeats the host CPU figure; keep one a tick.
-        cpu = _thin(frame.unique("wall_time", keep="first", maintain_order=True))
+        cpu = thin(frame.unique("wall_time", keep="first", maintain_order=True))
         fig.add_trace(
             go.Scatter(
                 x=cpu["elapsed_s"].to_list(),
-                y=_values(cpu, "cpu_percent"),
+                y=column_values(cpu, "cpu_percent"),
                 mode="lines",
                 name="host CPU",
                 line={"color": "#2ca02c"},
@@ -382,14 +352,14 @@ def system_figure(samples: pl.DataFrame) -> go.Figure:
             **cpu_row,
         )
     if not fig.data:
-        return _empty(title, "No utilisation recorded", "time (s)", "utilisation (%)")
+        return empty_figure(title, "No utilisation recorded", "time (s)", "utilisation (%)")
     if has_gpu:
-        _layout(fig, title, "", "", height=460)
+        layout(fig, title, "", "", height=460)
         fig.update_xaxes(title_text="time since first sample (s)", row=2, col=1)
         fig.update_yaxes(title_text="GPU util (%)", range=[0, 105], row=1, col=1)
         fig.update_yaxes(title_text="CPU (% of one core)", rangemode="tozero", row=2, col=1)
     else:
-        _layout(fig, title, "time since first sample (s)", "CPU (% of one core)")
+        layout(fig, title, "time since first sample (s)", "CPU (% of one core)")
         fig.update_yaxes(rangemode="tozero")
     return fig
 
@@ -398,24 +368,26 @@ def breakdown_figure(breakdown: pl.DataFrame) -> go.Figure:
     """The trace's per-step time breakdown (TensorBoard profiler categories), in ms."""
     title = "Trace breakdown per profiler step"
     if breakdown is None or breakdown.height == 0 or "step" not in breakdown.columns:
-        return _empty(title, "No profiler steps in the trace", "profiler step", "time (ms)")
-    frame = _thin(breakdown.sort("step"))
+        return empty_figure(title, "No profiler steps in the trace", "profiler step", "time (ms)")
+    frame = thin(breakdown.sort("step"))
     x = [str(s) for s in frame["step"].to_list()]
     fig = go.Figure()
     for column, label, colour in BREAKDOWN_PARTS:
-        if _has(frame, column):
+        if has_values(frame, column):
             fig.add_trace(
                 go.Bar(
                     x=x,
-                    y=_values(frame.with_columns(pl.col(column).fill_null(0)), column, 1000.0),
+                    y=column_values(
+                        frame.with_columns(pl.col(column).fill_null(0)), column, 1000.0
+                    ),
                     name=label,
                     marker_color=colour,
                     hovertemplate="%{y:.2f} ms",
                 )
             )
     if not fig.data:
-        return _empty(title, "No breakdown columns", "profiler step", "time (ms)")
-    _layout(fig, title, "profiler step", "time (ms)")
+        return empty_figure(title, "No breakdown columns", "profiler step", "time (ms)")
+    layout(fig, title, "profiler step", "time (ms)")
     fig.update_layout(barmode="stack", bargap=0.15)
     fig.update_xaxes(type="category")
     return fig
@@ -455,7 +427,7 @@ def top_figure(
         or value_col not in frame.columns
         or label_col not in frame.columns
     ):
-        return _empty(title, "Nothing to rank", axis_title, "")
+        return empty_figure(title, "Nothing to rank", axis_title, "")
     top = (
         frame.select(label_col, value_col)
         .drop_nulls(value_col)
@@ -480,96 +452,9 @@ def top_figure(
             marker_color="#1f77b4",
         )
     )
-    _layout(fig, title, axis_title, "", height=max(300, 60 + 26 * top.height))
+    layout(fig, title, axis_title, "", height=max(300, 60 + 26 * top.height))
     fig.update_layout(hovermode="closest", margin={"l": 20}, showlegend=False)
     fig.update_yaxes(automargin=True, type="category")
-    return fig
-
-
-def _is_number_list(values: Any, length: int) -> bool:
-    return (
-        isinstance(values, list | tuple)
-        and len(values) == length
-        and all(
-            v is None or (isinstance(v, int | float) and not isinstance(v, bool)) for v in values
-        )
-    )
-
-
-def finding_figure(finding: Any) -> go.Figure | None:
-    """The chart in ``finding.evidence["chart"]`` (see the module docstring), or ``None``."""
-    evidence = getattr(finding, "evidence", None)
-    if isinstance(finding, Mapping):
-        evidence = finding.get("evidence")
-    if not isinstance(evidence, Mapping):
-        return None
-    chart = evidence.get("chart")
-    if not isinstance(chart, Mapping) or chart.get("kind") not in CHART_KINDS:
-        return None
-    x = chart.get("x")
-    series = chart.get("series", chart.get("y"))
-    if not isinstance(x, list | tuple) or not x or not isinstance(series, Mapping) or not series:
-        return None
-    if not all(isinstance(v, int | float | str) and not isinstance(v, bool) for v in x):
-        return None
-    if not all(_is_number_list(values, len(x)) for values in series.values()):
-        return None
-    x_values = [safe_text(v) if isinstance(v, str) else v for v in x]
-    horizontal = bool(chart.get("horizontal")) and chart["kind"] == "bar"
-    fig = go.Figure()
-    for name, values in series.items():
-        label = safe_text(name, MAX_LABEL_CHARS)
-        if chart["kind"] == "line":
-            fig.add_trace(go.Scatter(x=x_values, y=list(values), mode="lines", name=label))
-        elif horizontal:
-            fig.add_trace(go.Bar(x=list(values), y=x_values, orientation="h", name=label))
-        else:
-            fig.add_trace(go.Bar(x=x_values, y=list(values), name=label))
-    markers = chart.get("markers")
-    highlight = chart.get("highlight_x")
-    marker_label = "highlighted"
-    if not isinstance(highlight, list | tuple) and isinstance(markers, Mapping):
-        highlight = markers.get("x")
-        marker_label = str(markers.get("label", marker_label))
-    if isinstance(highlight, list | tuple) and highlight:
-        first = list(series.values())[0]
-        lookup = dict(zip(x, first, strict=True))
-        marked = [v for v in highlight if isinstance(v, int | float | str) and v in lookup]
-        if marked:
-            fig.add_trace(
-                go.Scatter(
-                    x=[safe_text(v) if isinstance(v, str) else v for v in marked],
-                    y=[lookup[v] for v in marked],
-                    mode="markers",
-                    name=safe_text(marker_label, MAX_LABEL_CHARS),
-                    marker={"color": "#d62728", "size": 10, "symbol": "x"},
-                )
-            )
-    hlines = chart.get("hlines")
-    if isinstance(hlines, list | tuple):
-        for line in hlines:
-            if isinstance(line, Mapping) and isinstance(line.get("y"), int | float):
-                fig.add_hline(
-                    y=float(line["y"]),
-                    line_dash="dot",
-                    line_color="#7f7f7f",
-                    annotation_text=safe_text(line.get("label", ""), MAX_LABEL_CHARS),
-                )
-    x_title = safe_text(chart.get("x_label", chart.get("x_title", "")))
-    y_title = safe_text(chart.get("y_label", chart.get("y_title", "")))
-    if horizontal:
-        x_title, y_title = y_title, x_title
-    _layout(fig, safe_text(chart.get("title", "Evidence")), x_title, y_title, height=340)
-    if chart["kind"] == "bar":
-        fig.update_layout(barmode="stack" if chart.get("stacked") else "group")
-    if chart.get("log_y"):
-        if horizontal:
-            fig.update_xaxes(type="log")
-        else:
-            fig.update_yaxes(type="log")
-    if horizontal:
-        fig.update_yaxes(automargin=True, type="category")
-        fig.update_layout(hovermode="closest")
     return fig
 
 
@@ -582,24 +467,24 @@ def compare_steps_figure(
     for steps, label, colour in ((steps_a, label_a, "#1f77b4"), (steps_b, label_b, "#ff7f0e")):
         if steps is None or steps.height == 0 or "step" not in steps.columns:
             continue
-        frame = _thin(_step_axis(steps))
+        frame = thin(_step_axis(steps))
         name = safe_text(label, MAX_LABEL_CHARS)
-        if _has(frame, "step_time_ms"):
+        if has_values(frame, "step_time_ms"):
             fig.add_trace(
                 go.Scatter(
                     x=frame["step"].to_list(),
-                    y=_values(frame, "step_time_ms"),
+                    y=column_values(frame, "step_time_ms"),
                     mode="lines",
                     name=f"{name}: step time",
                     line={"color": colour},
                     hovertemplate="%{y:.1f} ms",
                 )
             )
-        if _has(frame, "data_wait_ms"):
+        if has_values(frame, "data_wait_ms"):
             fig.add_trace(
                 go.Scatter(
                     x=frame["step"].to_list(),
-                    y=_values(frame, "data_wait_ms"),
+                    y=column_values(frame, "data_wait_ms"),
                     mode="lines",
                     name=f"{name}: data wait",
                     line={"color": colour, "dash": "dot"},
@@ -607,20 +492,6 @@ def compare_steps_figure(
                 )
             )
     if not fig.data:
-        return _empty(title, "No step records in either run", "step", "time (ms)")
-    _layout(fig, title, "step", "time per step (ms)")
+        return empty_figure(title, "No step records in either run", "step", "time (ms)")
+    layout(fig, title, "step", "time per step (ms)")
     return fig
-
-
-def figure_titles(fig: go.Figure) -> tuple[str, str, str]:
-    """(title, x axis title, y axis title) of a figure, for tests and accessibility text."""
-    layout = fig.layout
-    return (
-        layout.title.text or "",
-        layout.xaxis.title.text or "",
-        layout.yaxis.title.text or "",
-    )
-
-
-def series_names(fig: go.Figure) -> Sequence[str]:
-    return [trace.name for trace in fig.data if trace.name]

@@ -1,0 +1,178 @@
+"""The rows of a report's sections (source, environment, summary, config, ranks) and the
+chart inputs the rules' evidence carries, read from an AnalysisResult. Plain text: the
+renderers escape it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from diagnostics.report import fmt
+from diagnostics.report.metrics import KeyMetrics
+
+
+def set_args(patch: Mapping[str, Any] | None) -> tuple[str, ...]:
+    return tuple(f"{key}={fmt.config_literal(value)}" for key, value in (patch or {}).items())
+
+
+def flat_config(config: Mapping[str, Any] | None, prefix: str = "") -> list[tuple[str, str]]:
+    rows: list[tuple[str, str]] = []
+    for key, value in (config or {}).items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            rows.extend(flat_config(value, f"{dotted}."))
+        else:
+            rows.append((dotted, fmt.config_literal(value)))
+    return rows
+
+
+def gpu_name(result: Any) -> str | None:
+    env = getattr(result, "environment", None) or {}
+    if env.get("gpu_name"):
+        return str(env["gpu_name"])
+    facts = getattr(result, "facts", None)
+    for props in getattr(facts, "device_properties", ()) or ():
+        if props.get("name"):
+            return str(props["name"])
+    return None
+
+
+def world_size(result: Any) -> int | None:
+    facts = getattr(result, "facts", None)
+    distributed = getattr(facts, "distributed", None) or {}
+    size = distributed.get("world_size")
+    return int(size) if isinstance(size, int | float) and size > 0 else None
+
+
+def environment_rows(result: Any) -> list[tuple[str, str]]:
+    env = dict(getattr(result, "environment", None) or {})
+    facts = getattr(result, "facts", None)
+    rows = [
+        ("PyTorch", env.get("pytorch_version") or getattr(facts, "pytorch_version", None)),
+        ("device", env.get("device") or getattr(facts, "device", None)),
+        ("GPU", gpu_name(result)),
+        ("CPU cores", env.get("cpu_count")),
+    ]
+    world = world_size(result)
+    if world:
+        rows.append(("ranks in the job", world))
+    shown = {"pytorch_version", "device", "gpu_name", "cpu_count"}
+    rows.extend((key.replace("_", " "), value) for key, value in env.items() if key not in shown)
+    return [
+        (label, fmt.evidence_value("", value))
+        for label, value in rows
+        if value is not None and value != ""
+    ]
+
+
+def source_rows(result: Any) -> list[tuple[str, str]]:
+    source = dict(getattr(result, "source", None) or {})
+    rows = [("kind", str(source.get("kind", "")))]
+    if source.get("path"):
+        rows.append(("path", str(source["path"])))
+    files = source.get("files") or []
+    if files:
+        shown = ", ".join(Path(str(f)).name for f in list(files)[:8])
+        more = f" and {len(files) - 8} more" if len(files) > 8 else ""
+        rows.append(("files", shown + more))
+    if source.get("ranks"):
+        rows.append(("ranks", fmt.evidence_value("", source["ranks"])))
+    run = getattr(result, "run", None)
+    if run is not None:
+        rows.append(("run id", str(run.manifest.run_id)))
+        rows.append(("status", str(run.status.status)))
+        if run.status.reason:
+            rows.append(("status reason", str(run.status.reason)))
+        if run.manifest.parent_run_id:
+            rows.append(("re-run of", str(run.manifest.parent_run_id)))
+        if run.manifest.applied_patch:
+            rows.append(("applied patch", ", ".join(set_args(run.manifest.applied_patch))))
+    return rows
+
+
+def summary_rows(metrics: KeyMetrics, summary: Mapping[str, Any]) -> list[tuple[str, str]]:
+    rows = [
+        ("steps analysed", fmt.number(metrics.steps)),
+        ("median step time", fmt.ms(metrics.median_step_time_ms)),
+        ("mean step time", fmt.ms(metrics.mean_step_time_ms)),
+        ("p95 step time", fmt.ms(metrics.p95_step_time_ms)),
+        (
+            "throughput",
+            f"{fmt.number(metrics.samples_per_s)} samples/s"
+            if metrics.samples_per_s is not None
+            else f"{fmt.number(metrics.steps_per_s)} steps/s",
+        ),
+        ("data-wait share of step time", fmt.pct(metrics.data_wait_pct)),
+        ("GPU utilisation", fmt.pct(metrics.gpu_utilization_pct)),
+        (
+            f"peak memory ({metrics.peak_memory_kind or 'unknown'})",
+            fmt.bytes_(metrics.peak_memory_bytes),
+        ),
+    ]
+    breakdown = summary.get("breakdown_pct") or {}
+    if breakdown:
+        parts = ", ".join(
+            f"{name.replace('_', ' ')} {fmt.pct(value)}"
+            for name, value in breakdown.items()
+            if value is not None
+        )
+        rows.append(("trace time breakdown", parts))
+    idle = summary.get("gpu_idle_breakdown_pct") or {}
+    if isinstance(idle, Mapping) and idle:
+        parts = ", ".join(
+            f"{name.replace('_', ' ')} {fmt.pct(value)}"
+            for name, value in idle.items()
+            if value is not None
+        )
+        rows.append(("GPU idle time by cause", parts))
+    if summary.get("gpu_busy_us") is not None:
+        rows.append(("GPU busy time (trace)", fmt.ms(float(summary["gpu_busy_us"]) / 1000.0)))
+    return rows
+
+
+def ranks_table(
+    summary: Mapping[str, Any],
+) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]] | None:
+    ranks = summary.get("ranks")
+    table = ranks.get("table") if isinstance(ranks, Mapping) else None
+    if not isinstance(table, list) or not table or not isinstance(table[0], Mapping):
+        return None
+    keys = list(table[0].keys())
+    head = tuple(fmt.label(str(k)) for k in keys)
+    rows = tuple(
+        tuple(fmt.evidence_value(str(k), row.get(k)) for k in keys)
+        for row in table
+        if isinstance(row, Mapping)
+    )
+    return head, rows
+
+
+POINT_SIGNALS = ("grad_spikes", "non_finite", "scaler_skipped_steps")
+
+
+def spike_steps(findings: Iterable[Any]) -> list[int]:
+    """Steps the unstable-gradients rule points at (its evidence "steps" lists them when a
+    point signal fired; otherwise it holds a range, which is not a spike)."""
+    for finding in findings:
+        evidence = finding.evidence or {}
+        if finding.rule != "unstable-gradients" or not any(k in evidence for k in POINT_SIGNALS):
+            continue
+        values = evidence.get("steps")
+        if isinstance(values, list | tuple):
+            return [int(v) for v in values if isinstance(v, int | float)]
+    return []
+
+
+def leak_slope(findings: Iterable[Any]) -> tuple[float | None, str]:
+    """The memory-leak rule's slope and the step column it was fitted on."""
+    for finding in findings:
+        evidence = finding.evidence or {}
+        slope = evidence.get("slope_bytes_per_step")
+        if finding.rule == "memory-leak" and isinstance(slope, int | float):
+            series = str(evidence.get("series", "")).lower()
+            if "cuda" in series:
+                return float(slope), "cuda_allocated_bytes"
+            if "rss" in series:
+                return float(slope), "rss_bytes"
+    return None, "rss_bytes"
