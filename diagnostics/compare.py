@@ -19,6 +19,10 @@ from diagnostics.report.pricing import config_value
 
 Better = Literal["higher", "lower", "neither"]
 
+# Changes smaller than this share of the first value read as "same": two runs of one
+# config differ by a percent or two in step time and memory without anything changing.
+SAME_WITHIN = 0.02
+
 
 @dataclass(frozen=True)
 class MetricRow:
@@ -43,8 +47,11 @@ class MetricRow:
 
     @property
     def improved(self) -> bool | None:
-        """Whether b is better than a (None when unknown, equal or neither is better)."""
+        """Whether b is better than a (None when unknown, within SAME_WITHIN of a, or when
+        neither direction is better)."""
         if self.delta is None or self.delta == 0 or self.better == "neither":
+            return None
+        if self.ratio is not None and abs(self.ratio - 1.0) < SAME_WITHIN:
             return None
         return (self.delta > 0) == (self.better == "higher")
 

@@ -40,6 +40,7 @@ th, td { text-align: left; padding: 5px 8px; border-bottom: 1px solid var(--line
   overflow-wrap: anywhere; }
 th { background: var(--panel); font-weight: 600; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+td.better, td.worse, td.same { white-space: nowrap; }
 table.kv th { width: 30%; }
 .finding { border: 1px solid var(--line); border-left: 6px solid var(--muted); border-radius: 6px;
   padding: 12px 16px; margin: 14px 0; background: var(--bg); }

@@ -275,7 +275,8 @@ def build_report(result: Any, *, pricing: Pricing | None = None) -> Report:
 
 def _verdict(row: Any) -> str:
     if row.improved is None:
-        return "same" if row.delta == 0 else MISSING_VERDICT
+        known = row.delta is not None and row.better != "neither"
+        return "same" if known else MISSING_VERDICT
     return "better" if row.improved else "worse"
 
 

@@ -97,3 +97,14 @@ def test_traces_compare_in_steps_per_second_and_keep_apart_same_names():
     assert comparison.label_a != comparison.label_b
     assert comparison.config_changes == ()
     assert [f.rule for f in comparison.findings_gone] == ["gpu-idle"]
+
+
+def test_changes_within_two_percent_read_as_same(tmp_path):
+    base = fakes.write_run(tmp_path, run_id="a", steps=fakes.steps_records(6, data_wait_ms=40.0))
+    # 40 + 2 + 50 + 5 + 3 = 100 ms against 41 + 60 = 101 ms: 1 % slower, within the noise.
+    near = fakes.write_run(tmp_path, run_id="b", steps=fakes.steps_records(6, data_wait_ms=41.0))
+    far = fakes.write_run(tmp_path, run_id="c", steps=fakes.steps_records(6, data_wait_ms=43.0))
+    a, b, c = (fakes.run_result(run) for run in (base, near, far))
+    assert compare(a, b).row("median_step_time_ms").improved is None
+    # 103 ms is 3 % slower: worse.
+    assert compare(a, c).row("median_step_time_ms").improved is False
