@@ -49,7 +49,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--gpu",
-        choices=[p.name for p in GPU_PRICES],
         metavar="NAME",
         help="price entry for the cost section (default: guessed from the environment); one of: "
         + ", ".join(p.name for p in GPU_PRICES),

@@ -47,7 +47,7 @@ def price_named(name: str) -> GpuPrice:
         if entry.name.lower() == name.lower():
             return entry
     known = ", ".join(p.name for p in GPU_PRICES)
-    raise ValueError(f"unknown GPU price entry {name!r}; known: {known}")
+    raise ValueError(f"gpu: unknown GPU price entry {name!r}; known: {known}")
 
 
 def guess_price(gpu_name: str | None, device: str | None) -> GpuPrice:

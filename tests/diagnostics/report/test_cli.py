@@ -76,9 +76,10 @@ def test_comparison_from_the_cli(tmp_path):
         (lambda d: [str(SMALL_TRACE), "--format", "pdf"], "--format"),
         (lambda d: [str(SMALL_TRACE), "--price", "-1"], "usd_per_gpu_hour"),
         (lambda d: [str(SMALL_TRACE), "--fail-on", "critical"], "--fail-on"),
+        (lambda d: [str(SMALL_TRACE), "--gpu", "TPU v9"], "gpu: unknown GPU price entry"),
         (lambda d: [str(SMALL_TRACE), "-o", str(d / "no" / "such" / "dir" / "r.html")], "r.html"),
     ],
-    ids=["missing", "not-json", "empty", "format", "price", "fail-on", "unwritable"],
+    ids=["missing", "not-json", "empty", "format", "price", "fail-on", "gpu", "unwritable"],
 )
 def test_unusable_input_exits_2_with_one_line(make_args, names, tmp_path, capsys):
     assert main(make_args(tmp_path)) == 2
