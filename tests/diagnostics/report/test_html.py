@@ -164,6 +164,26 @@ def test_hostile_real_trace_through_the_analyser(hostile_trace_file):
     assert "&lt;/script&gt;&lt;script&gt;alert(&quot;x&quot;)" in labels
 
 
+def test_hostile_run_folder_through_the_analyser(hostile_result):
+    from diagnostics.analyze import analyze
+
+    # The hand-made result's run folder is a real one (RunWriter): read it as the app does.
+    report = build_report(analyze(hostile_result.run.folder.path))
+    document = render_html(report)
+    page = parse(document)
+    assert [s.get("id") for s in page.scripts] == [
+        PLOTLY_SCRIPT_ID,
+        FIGURES_SCRIPT_ID,
+        BOOTSTRAP_SCRIPT_ID,
+    ]
+    without_library = document.replace(page.script_text[0], "")
+    assert HOSTILE not in without_library and "</script><script>" not in without_library
+    text = "".join(page.text)
+    # Config keys and values and the environment's GPU name, shown literally.
+    assert (HOSTILE, BREAKOUT) in report.config_rows
+    assert HOSTILE in text and BREAKOUT in text
+
+
 def test_json_for_script_cannot_close_the_block():
     text = json_for_script({"name": BREAKOUT, "amp": "a&b", "sep": "\u2028"})
     assert "<" not in text and ">" not in text and "&" not in text
