@@ -190,19 +190,19 @@ def _charts(result: Any) -> list[Chart]:
         )
         operators = facts.operators
         if isinstance(operators, pl.DataFrame) and operators.height:
-            value = (
-                "device_us"
-                if "device_us" in operators.columns
-                and (operators["device_us"].fill_null(0) > 0).any()
-                else "host_us"
-            )
+            # Self times: a parent's total repeats its children's, so totals rank a chain
+            # of wrappers (autograd::engine -> AddmmBackward0 -> aten::mm) three times.
+            if "device_us" in operators.columns and (operators["device_us"].fill_null(0) > 0).any():
+                value, what = "device_us", "GPU self time"
+            elif "host_self_us" in operators.columns:
+                value, what = "host_self_us", "CPU self time"
+            else:
+                value, what = "host_us", "CPU time"
             charts.append(
                 Chart(
                     "top_operators",
                     "Top operators",
-                    plots.top_figure(
-                        operators, value, title=f"Top operators by {value[:-3]} time (ms)"
-                    ),
+                    plots.top_figure(operators, value, title=f"Top operators by {what} (ms)"),
                 )
             )
         kernels = facts.kernels

@@ -125,3 +125,28 @@ def test_a_range_in_unstable_evidence_is_not_a_spike(run_data):
     )
     charts = {c.key: c.figure for c in build_report(fakes.run_result(run_data, (diverged,))).charts}
     assert not [t for t in charts["loss_gradnorm"].data if (t.name or "").startswith("spike")]
+
+
+def test_cpu_trace_ranks_operators_by_host_self_time():
+    import dataclasses
+
+    import polars as pl
+
+    facts = fakes.trace_facts()
+    cpu_ops = pl.DataFrame(
+        {
+            "name": ["autograd::engine", "aten::mm"],
+            "calls": [1, 1],
+            "host_us": [5000.0, 4000.0],  # the wrapper's total includes aten::mm's 4 ms
+            "host_self_us": [1000.0, 4000.0],
+            "device_us": [0.0, 0.0],
+        }
+    )
+    result = dataclasses.replace(
+        fakes.trace_result(), facts=dataclasses.replace(facts, device="cpu", operators=cpu_ops)
+    )
+    chart = {c.key: c for c in build_report(result).charts}["top_operators"].figure
+    bar = chart.data[0]
+    # Largest self time on top (last): aten::mm 4 ms, then the wrapper's own 1 ms.
+    assert list(bar.x) == [1.0, 4.0] and bar.y[-1] == "1. aten::mm"
+    assert "CPU self time" in chart.layout.title.text
