@@ -112,7 +112,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # torch only now: the checks above stay instant, and cuda is the last one needing it
     import torch
 
-    from trainer.loop import choose_threads, resolve_device, run_notes
+    from trainer.runtime import choose_threads, resolve_device, run_notes
 
     if config.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device", "cuda requested but no CUDA device is available", "auto, cpu")
@@ -156,8 +156,8 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     import torch
 
     from diagnostics.runs import RunWriter
-    from trainer.loop import choose_threads, latest_checkpoint, resolve_device
     from trainer.run_io import cpu_count
+    from trainer.runtime import choose_threads, latest_checkpoint, resolve_device
 
     device = resolve_device(config.device)
     if device == "cuda" and not torch.cuda.is_available():
@@ -169,8 +169,9 @@ def _cmd_resume(args: argparse.Namespace) -> int:
 
 
 def _train(writer: Any, config: TrainerConfig, device: str, runs_dir: Path, resume_from) -> int:
-    from trainer.loop import StopRequests, Trainer
+    from trainer.loop import Trainer
     from trainer.run_io import Heartbeat, SafeWriter
+    from trainer.runtime import StopRequests
 
     safe = SafeWriter(writer)
     _setup_logging(writer.path / "log.txt")

@@ -22,7 +22,6 @@ import logging
 import math
 import os
 import random
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +45,7 @@ from trainer.instruments.steps import cuda_memory, make_step_clock, rss_bytes
 from trainer.instruments.system import make_sampler
 from trainer.model import MultiTaskModel, mask_tokens, parameter_count
 from trainer.run_io import SafeWriter
+from trainer.runtime import StopRequests, seed_everything
 
 log = logging.getLogger("trainer")
 
@@ -70,69 +70,6 @@ class Outcome:
     reason: str | None = None
     steps_done: int = 0
     notes: list[str] = field(default_factory=list)
-
-
-class StopRequests:
-    """SIGTERM/SIGINT handlers that only set flags: the loop stops between steps."""
-
-    def __init__(self) -> None:
-        self.sigterm = False
-        self.sigint = False
-        self._previous: dict[int, Any] = {}
-
-    def install(self) -> None:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            self._previous[signum] = signal.signal(signum, self._handle)
-
-    def uninstall(self) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-
-    def _handle(self, signum: int, _frame: Any) -> None:
-        if signum == signal.SIGTERM:
-            self.sigterm = True
-        else:
-            self.sigint = True
-
-
-def choose_threads(config: TrainerConfig, cores: int, device: str) -> int:
-    """torch intra-op threads: the cores DataLoader workers leave free (at least one).
-
-    torch's default (one thread per core) plus busy workers oversubscribes the CPU; the
-    threads then preempt each other in the middle of every matmul. On CUDA the host does
-    little math, so a couple of threads suffice.
-    """
-    if config.runtime.threads is not None:
-        return config.runtime.threads
-    if device == "cuda":
-        return max(1, min(4, cores - config.data.num_workers))
-    return max(1, cores - config.data.num_workers)
-
-
-def resolve_device(requested: str) -> str:
-    if requested == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return requested
-
-
-def run_notes(config: TrainerConfig, device: str) -> list[str]:
-    """What the config means on this device, said up front in the manifest."""
-    notes = []
-    if device == "cpu" and not config.data.pin_memory:
-        notes.append(
-            "data.pin_memory=false has no effect on CPU: there is no host-to-device copy "
-            "for pinned memory to speed up"
-        )
-    if device == "cpu" and config.train.amp != "off":
-        notes.append(f"train.amp={config.train.amp} applies on CUDA only: this CPU run is fp32")
-    if config.data.dataset == "sharded" and config.data.persistent_workers:
-        notes.append(
-            "data.persistent_workers is ignored for the sharded dataset: its shard order "
-            "changes each epoch, so each epoch gets fresh workers"
-        )
-    if config.train.amp == "fp16" and device == "cuda" and not config.train.grad_scaler:
-        notes.append("fp16 without GradScaler: small gradients underflow to zero")
-    return notes
 
 
 class Trainer:
@@ -533,14 +470,3 @@ class Trainer:
         if rows:
             self.writer.write_memory_lines(rows)
         self.writer.update_manifest(evaluations=self.evaluations)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    checkpoints = sorted((run_dir / "checkpoints").glob("step_*.pt"))
-    return checkpoints[-1] if checkpoints else None

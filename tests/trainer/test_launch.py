@@ -1,0 +1,112 @@
+"""trainer.launch: start a detached run, see it active, cancel it, refuse bad forms."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from diagnostics.runs import RunFolder
+from trainer import launch
+from trainer.config import ConfigError
+
+OVERRIDES = {
+    "data.rows": 300,
+    "data.num_workers": 0,
+    "train.batch_size": 16,
+    "train.pretrain_steps": 0,
+    # slow enough that the run is still going when the cancel arrives
+    "data.sample_latency_ms": 5.0,
+}
+
+
+def _wait(predicate, timeout_s=120.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_start_then_cancel_round_trip(tmp_path):
+    started = launch.start_run(
+        scenario="healthy",
+        overrides=OVERRIDES,
+        runs_dir=tmp_path,
+        steps=400,
+        device="cpu",
+        instruments=False,
+    )
+    # the folder exists when start_run returns
+    run = RunFolder(started.run_dir)
+    assert started.run_dir == tmp_path / started.run_id
+    assert run.manifest().config["data"]["num_workers"] == 0
+    assert run.status().pid == started.pid
+    assert [r.run_id for r in launch.active_runs(tmp_path)] == [started.run_id]
+    assert _wait(lambda: run.status().step >= 1), "no step recorded"
+
+    launch.cancel_run(started.run_dir)
+    assert _wait(lambda: run.status().is_final), "the run did not stop"
+    status = run.status()
+    assert status.status == "cancelled"
+    assert status.reason == "cancel requested"
+    assert status.step < 400 + 0
+    assert launch.active_runs(tmp_path) == []
+    # records were finalised: parquet written, steps up to the cancel kept
+    assert run.steps()["step"].to_list() == list(range(1, status.step + 1))
+    assert (started.run_dir / "steps.parquet").exists()
+
+
+def test_patch_and_parent_are_recorded(tmp_path):
+    started = launch.start_run(
+        scenario="unstable",
+        overrides={**OVERRIDES, "data.sample_latency_ms": 0.0},
+        runs_dir=tmp_path,
+        steps=2,
+        device="cpu",
+        instruments=False,
+        parent_run_id="parent-1",
+        applied_patch={"train.grad_clip": 1.0, "train.lr": 0.001},
+    )
+    manifest = RunFolder(started.run_dir).manifest()
+    assert manifest.parent_run_id == "parent-1"
+    assert manifest.applied_patch == {"train.grad_clip": 1.0, "train.lr": 0.001}
+    # the patch wins over the scenario's preset
+    assert manifest.config["train"]["grad_clip"] == 1.0
+    assert manifest.config["train"]["lr"] == 0.001
+    run = RunFolder(started.run_dir)
+    assert _wait(lambda: run.status().is_final)
+    assert run.status().status == "completed"
+
+
+def test_bad_override_raises_before_anything_starts(tmp_path):
+    with pytest.raises(ConfigError, match="^data.num_workers: 'many' is not an integer"):
+        launch.start_run(
+            scenario="healthy", overrides={"data.num_workers": "many"}, runs_dir=tmp_path
+        )
+    with pytest.raises(ConfigError, match="^scenario: 'fast' is unknown"):
+        launch.start_run(scenario="fast", overrides={}, runs_dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_trainer_that_refuses_reports_its_error(tmp_path):
+    with pytest.raises(launch.LaunchError, match="error: device: cuda requested but no CUDA"):
+        launch.start_run(scenario="healthy", overrides={}, runs_dir=tmp_path, device="cuda")
+    assert [p.name for p in tmp_path.iterdir()] == [".launch"]  # only the launcher's log
+
+
+def test_form_helpers():
+    assert set(launch.SCENARIOS) >= {"healthy", "leak"}
+    keys = [f.key for f in launch.config_fields()]
+    assert "data.num_workers" in keys and "train.grad_clip" in keys
+    assert launch.validate_overrides({"train.amp": "fp8", "train.lr": 0.01}) == {
+        "train.amp": "train.amp: 'fp8' is not one of the choices; allowed: off, bf16, fp16"
+    }
+
+
+def test_cancel_needs_a_run_folder(tmp_path):
+    with pytest.raises(ValueError, match="not a run folder"):
+        launch.cancel_run(tmp_path)
