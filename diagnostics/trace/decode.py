@@ -37,9 +37,9 @@ import polars as pl
 
 from diagnostics.errors import InputError
 
-# Text decoded per step. 16 MiB of Kineto JSON is ~60k events: big enough that per-chunk
+# Text decoded per step. 4 MiB of Kineto JSON is ~15k events: big enough that per-chunk
 # overhead vanishes, small enough that a chunk's Structs stay a few tens of MB.
-DEFAULT_CHUNK_BYTES = 16 << 20
+DEFAULT_CHUNK_BYTES = 4 << 20
 # Metadata before "traceEvents" is a few KB in practice; past this the file is not a trace.
 HEAD_LIMIT_BYTES = 64 << 20
 # Earlier cut candidates tried before waiting for more text (a cut inside an event).
@@ -118,9 +118,24 @@ _GETTERS = {name: attrgetter(name) for name in (*_EVENT_FIELDS, *_ARG_FIELDS)}
 _GET_ARGS = attrgetter("args")
 _MIXED = frozenset({"pid", "tid", "id"})
 _FLOW_FIELDS = ("name", "cat", "ts", "pid", "tid", "id")
+# Which args keys each kind of event carries (raw categories, lower-cased, any Kineto).
+_GPU_CATS = ("kernel", "memcpy", "gpu_memcpy", "memset", "gpu_memset", "cuda_sync")
+_RUNTIME_CATS = ("runtime", "cuda_runtime", "cuda_driver", "driver")
+_CPU_CATS = ("operator", "cpu_op", "user_annotation", "python_function")
+_GPU_ARGS = ("device", "stream", "correlation", "external_id", "external_id_legacy", "bytes")
+_RUNTIME_ARGS = ("correlation", "external_id", "external_id_legacy")
+_CPU_ARGS = ("external_id", "external_id_legacy")
+_MEMORY_ARGS = (
+    "memory_bytes",
+    "bytes",
+    "total_allocated",
+    "total_reserved",
+    "device_type",
+    "device_id",
+)
 FLOW_PHASES = ("s", "f", "t")
 
-_WS = b" \t\r\n"
+_NOT_WS = re.compile(rb"[^ \t\r\n]")
 _CUT = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")
 _KEY = re.compile(rb'"traceEvents"[ \t\r\n]*:[ \t\r\n]*')
 _BYTE_POS = re.compile(r"\(byte (\d+)\)")
@@ -172,11 +187,42 @@ def _columns(
         events = list(compress(events, (~is_flow).to_list()))
         phases = phases.filter(~is_flow)
     data = [phases] + [_series(name, events) for name in _EVENT_FIELDS[1:] if name != "id"]
-    args = list(map(_GET_ARGS, events))
-    for name in _ARG_FIELDS:
-        data.append(_to_series(name, list(map(_GETTERS[name], args))))
-    frame = pl.DataFrame(data)
+    frame = pl.DataFrame(data).with_columns(_arg_columns(events, data[2], data[1]))
     return frame, flows_frame, _metadata_names(events, frame)
+
+
+def _arg_columns(events: list[Event], cats: pl.Series, names: pl.Series) -> list[pl.Series]:
+    """The args columns, each read only from the kinds of event that carry it.
+
+    A kernel has a stream, a [memory] instant has totals, a CPU op has neither: reading
+    every key of every event would cost a pass per key over all rows. Events of a
+    category not listed here are read for every key.
+    """
+    n = len(events)
+    lower = cats.str.to_lowercase()
+    memory = names == "[memory]"
+    kinds = [
+        (memory, _MEMORY_ARGS),
+        (lower.is_in(_GPU_CATS) & ~memory, _GPU_ARGS),
+        (lower.is_in(_RUNTIME_CATS) & ~memory, _RUNTIME_ARGS),
+        (lower.is_in(_CPU_CATS) & ~memory, _CPU_ARGS),
+    ]
+    known = pl.Series([False] * n) if n else pl.Series([], dtype=pl.Boolean)
+    for mask, _ in kinds:
+        known = known | mask.fill_null(False)
+    kinds.append((~known, _ARG_FIELDS))
+    columns = {name: pl.Series(name, [None] * n, dtype=RAW_SCHEMA[name]) for name in _ARG_FIELDS}
+    for mask, fields in kinds:
+        mask = mask.fill_null(False)
+        if not mask.any():
+            continue
+        rows = mask.arg_true()
+        args = list(map(_GET_ARGS, compress(events, mask.to_list())))
+        for name in fields:
+            values = _to_series(name, list(map(_GETTERS[name], args)))
+            if values.null_count() < values.len():
+                columns[name] = columns[name].scatter(rows, values)
+    return list(columns.values())
 
 
 def _metadata_names(events: list[Event], frame: pl.DataFrame) -> list[tuple[str, Any, Any, Any]]:
@@ -249,13 +295,16 @@ class _Chunker:
     def start(self) -> str:
         """Skips to the first value; returns "list" or "object"."""
         while True:
-            stripped = self.buf.lstrip(_WS)
-            if stripped.startswith(b"\xef\xbb\xbf"):  # UTF-8 byte order mark
-                stripped = stripped[3:].lstrip(_WS)
-            if stripped:
-                self.offset += len(self.buf) - len(stripped)
-                self.buf = bytearray(stripped)
-                break
+            if self.buf.startswith(b"\xef\xbb\xbf"):  # UTF-8 byte order mark
+                self.offset += 3
+                del self.buf[:3]
+            first = _NOT_WS.search(self.buf)
+            if first is not None:
+                self.offset += first.start()
+                del self.buf[: first.start()]
+                if not self.buf.startswith(b"\xef\xbb\xbf"):
+                    break
+                continue
             if not self.more():
                 if self.total == 0:
                     raise InputError(self.display, "is empty")

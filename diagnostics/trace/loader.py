@@ -23,7 +23,7 @@ from diagnostics.runs import RunFolder, RunFolderError
 from diagnostics.trace.decode import DEFAULT_CHUNK_BYTES, decode_trace
 from diagnostics.trace.normalise import normalise
 from diagnostics.trace.schema import LoadedTrace, TraceMetadata
-from diagnostics.trace.source import DEFAULT_MAX_DECOMPRESSED_BYTES, iter_blocks
+from diagnostics.trace.source import DEFAULT_MAX_DECOMPRESSED_BYTES, iter_blocks, prefetch
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 # "rank-3", "rank_3", "rank3" (HTA, torchrun layouts) or "worker3" (tb plugin samples)
@@ -152,7 +152,7 @@ def load_trace_file(
     path = Path(path)
     display = display_name or str(path)
     decoded = decode_trace(
-        iter_blocks(path, max_bytes=max_decompressed_bytes, display=display),
+        prefetch(iter_blocks(path, max_bytes=max_decompressed_bytes, display=display)),
         display,
         chunk_bytes=chunk_bytes,
     )

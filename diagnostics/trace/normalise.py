@@ -12,17 +12,10 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from diagnostics.trace.schema import (
-    CATEGORY_ALIASES,
-    EVENT_SCHEMA,
-    FLOW_SCHEMA,
-    Category,
-)
+from diagnostics.trace.schema import EVENT_SCHEMA, FLOW_SCHEMA, Category, normalise_category
 
 EVENT_PHASES = ("X", "i", "I")  # complete events and instants: the rows of the table
 META_PHASE = "M"
-
-_ALIASES = {raw: str(category) for raw, category in CATEGORY_ALIASES.items()}
 
 
 @dataclass(frozen=True)
@@ -53,14 +46,13 @@ def _skip_reason() -> pl.Expr:
     )
 
 
-def _category() -> pl.Expr:
-    # "[memory]" instants carry cat "cpu_instant_event" (2.x) or none at all (1.9)
-    normalised = (
-        pl.col("cat")
-        .str.strip_chars()
-        .str.to_lowercase()
-        .replace_strict(_ALIASES, default=str(Category.OTHER), return_dtype=pl.String)
+def _category(raw_categories: pl.Series) -> pl.Expr:
+    """Normalised category: the few distinct raw spellings are mapped once, in Python."""
+    mapping = {raw: str(normalise_category(raw)) for raw in raw_categories.unique().drop_nulls()}
+    normalised = pl.col("cat").replace_strict(
+        mapping, default=str(Category.OTHER), return_dtype=pl.String
     )
+    # "[memory]" instants carry cat "cpu_instant_event" (2.x) or none at all (1.9)
     return (
         pl.when(pl.col("name") == "[memory]")
         .then(pl.lit(str(Category.MEMORY)))
@@ -93,7 +85,7 @@ def normalise(raw: pl.DataFrame, raw_flows: pl.DataFrame, rank: int) -> Normalis
     events = candidates.select(
         pl.lit(rank, dtype=pl.Int32).alias("rank"),
         pl.col("name"),
-        _category(),
+        _category(candidates["cat"]),
         ph,
         pl.col("ts"),
         pl.col("dur"),

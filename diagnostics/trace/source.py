@@ -10,6 +10,8 @@ recognised by its magic bytes, not the file name (a ``.json.gz`` that is plain J
 from __future__ import annotations
 
 import os
+import queue
+import threading
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +25,7 @@ DEFAULT_MAX_DECOMPRESSED_BYTES = 2 * 1024**3
 GZIP_MAGIC = b"\x1f\x8b"
 # Compressed bytes read per call, and the most decompressed bytes one block may carry.
 _READ_BYTES = 1 << 20
-BLOCK_BYTES = 8 << 20
+BLOCK_BYTES = 1 << 20
 
 
 def _human(n: int) -> str:
@@ -146,3 +148,49 @@ def _gunzip(handle, display: str, max_bytes: int, block_bytes: int) -> Iterator[
         yield out
     if not inflater.eof:
         raise InputError(display, "is a truncated gzip file (the stream ends early)")
+
+
+_DONE = object()
+
+
+def prefetch(blocks: Iterator[bytes], depth: int = 2) -> Iterator[bytes]:
+    """Runs ``blocks`` (reading and inflating) in a thread, ``depth`` blocks ahead.
+
+    zlib releases the GIL while it inflates, so decompression overlaps the JSON decode of
+    the previous block. At most ``depth`` blocks wait in the queue: memory stays bounded.
+    Errors (an InputError for a bomb or a truncated file) reach the consumer in order.
+    """
+    handoff: queue.Queue[object] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item: object) -> bool:
+        while not stop.is_set():
+            try:
+                handoff.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for block in blocks:
+                if not put(block):
+                    return
+            put(_DONE)
+        except BaseException as exc:  # handed over: the consumer raises it in its thread
+            put(exc)
+
+    worker = threading.Thread(target=produce, name="trace-inflate", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item = handoff.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item  # type: ignore[misc]
+    finally:
+        stop.set()
+        worker.join()
