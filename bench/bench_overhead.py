@@ -1,0 +1,137 @@
+"""Instrument overhead: steady-state step time with instruments on vs off.
+
+Runs the same config through the trainer CLI, alternating ``--instruments on`` and
+``--instruments off`` (interleaved, so drift in machine load hits both alike), and compares
+the median ``step_time_ms`` of the steady-state steps: after the first ``--warmup`` steps,
+and outside the profiler's window (the ``profiled`` steps and the step that writes the
+trace). Target: on/off within 3 %.
+
+Step times are wall-clock, so on a machine shared with other work the per-repeat ratios
+scatter; the median over interleaved repeats is the figure to quote, and the whole-run CPU
+seconds (from ``getrusage`` of the finished child, workers included) are a second view
+that other processes' load barely moves.
+
+    .venv/bin/python bench/bench_overhead.py [--repeats 3] [--steps 60] [--scenario healthy]
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import polars as pl
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from diagnostics.runs import RunFolder  # noqa: E402
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_once(runs_dir: Path, instruments: str, args: argparse.Namespace) -> tuple[RunFolder, float]:
+    """One run; with the CPU seconds it (and its DataLoader workers) consumed."""
+    command = [
+        sys.executable,
+        "-m",
+        "trainer",
+        "run",
+        "--scenario",
+        args.scenario,
+        "--steps",
+        str(args.steps),
+        "--device",
+        args.device,
+        "--runs-dir",
+        str(runs_dir),
+        "--instruments",
+        instruments,
+        "--set",
+        "train.pretrain_steps=0",
+        *[item for pair in args.set for item in ("--set", pair)],
+    ]
+    before = _children_cpu_s()
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+    cpu_s = _children_cpu_s() - before
+    if result.returncode != 0:
+        raise SystemExit(f"trainer failed ({instruments}):\n{result.stderr[-2000:]}")
+    return RunFolder(result.stdout.strip().splitlines()[-1]), cpu_s
+
+
+def steady_step_ms(run: RunFolder, warmup: int) -> tuple[float, int]:
+    steps = run.steps()
+    profiled = steps.filter(pl.col("profiled"))["step"].to_list()
+    # the step after the window also pays for writing the trace file
+    excluded = set(profiled) | {s + 1 for s in profiled}
+    steady = steps.filter((pl.col("step") > warmup) & ~pl.col("step").is_in(sorted(excluded)))
+    return float(steady["step_time_ms"].median()), steady.height
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--scenario", default="healthy")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args(argv)
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
+        for repeat in range(1, args.repeats + 1):
+            # alternate which goes first, so neither always runs on a warmer machine
+            order = ("on", "off") if repeat % 2 else ("off", "on")
+            medians = {}
+            for mode in order:
+                run = run_once(Path(tmp), mode, args)
+                medians[mode], counted = steady_step_ms(run, args.warmup)
+                device = run.manifest().environment.get("device")
+            rows.append((repeat, medians["on"], medians["off"], medians["on"] / medians["off"]))
+            print(
+                f"repeat {repeat}: on {medians['on']:.2f} ms, off {medians['off']:.2f} ms",
+                file=sys.stderr,
+            )
+
+    print(
+        f"\nInstrument overhead: {args.scenario}, {args.steps} steps, device {device}, "
+        f"median step time of {counted} steady steps per run\n"
+    )
+    print(
+        "| repeat | step on (ms) | step off (ms) | step on / off "
+        "| run CPU on (s) | run CPU off (s) | CPU on / off |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for repeat, on, off, ratio, cpu_on, cpu_off in rows:
+        print(
+            f"| {repeat} | {on:.2f} | {off:.2f} | {ratio:.3f} "
+            f"| {cpu_on:.1f} | {cpu_off:.1f} | {cpu_on / cpu_off:.3f} |"
+        )
+    medians = [statistics.median(r[i] for r in rows) for i in range(1, 6)]
+    on, off, ratio, cpu_on, cpu_off = medians
+    cpu_ratio = statistics.median(r[4] / r[5] for r in rows)
+    print(
+        f"| median | {on:.2f} | {off:.2f} | {ratio:.3f} | {cpu_on:.1f} | {cpu_off:.1f} "
+        f"| {cpu_ratio:.3f} |"
+    )
+    verdict = "within" if abs(ratio - 1) <= 0.03 else "OUTSIDE"
+    print(
+        f"\nsteady-state step time overhead {100 * (ratio - 1):+.1f} % ({verdict} the 3 % target)"
+    )
+    print(
+        f"whole-run CPU time (trainer + workers, incl. start-up and the profiled window) "
+        f"{100 * (cpu_ratio - 1):+.1f} %"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
