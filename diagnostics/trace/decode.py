@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import attrgetter
@@ -141,12 +141,17 @@ _KEY = re.compile(rb'"traceEvents"[ \t\r\n]*:[ \t\r\n]*')
 _BYTE_POS = re.compile(r"\(byte (\d+)\)")
 
 
+# Receives each decoded chunk: (non-flow rows in RAW_EVENT_SCHEMA, flow rows or None).
+ChunkSink = Callable[[pl.DataFrame, "pl.DataFrame | None"], None]
+
+
 @dataclass
 class DecodedTrace:
-    """Raw columns of every event (RAW_SCHEMA), the other top-level keys, what was dropped."""
+    """The other top-level keys, the M-event names, what was dropped; and the raw columns
+    of every event when no sink took them chunk by chunk."""
 
-    frame: pl.DataFrame  # every non-flow event, RAW_SCHEMA less "id"
-    flows: pl.DataFrame  # flow events (ph s/f/t): RAW_FLOW_SCHEMA
+    frame: pl.DataFrame  # every non-flow event, RAW_SCHEMA less "id" (empty with a sink)
+    flows: pl.DataFrame  # flow events (ph s/f/t): RAW_FLOW_SCHEMA (empty with a sink)
     top: dict[str, Any]
     names: list[tuple[str, Any, Any, Any]]  # M events: (name, pid, tid, args.name)
     skipped: Counter[str] = field(default_factory=Counter)
@@ -258,7 +263,8 @@ def _reason(message: str) -> str:
 class _Chunker:
     """Holds the undecoded text and turns complete events into column frames."""
 
-    def __init__(self, display: str, blocks: Iterator[bytes], chunk_bytes: int):
+    def __init__(self, display: str, blocks: Iterator[bytes], chunk_bytes: int, sink: ChunkSink):
+        self.sink = sink
         self.display = display
         self.blocks = blocks
         self.chunk_bytes = chunk_bytes
@@ -266,8 +272,6 @@ class _Chunker:
         self.offset = 0  # position of buf[0] in the decompressed text
         self.total = 0
         self.eof = False
-        self.frames: list[pl.DataFrame] = []
-        self.flow_frames: list[pl.DataFrame] = []
         self.names: list[tuple[str, Any, Any, Any]] = []
         self.skipped: Counter[str] = Counter()
 
@@ -460,9 +464,7 @@ class _Chunker:
             return
         frame, flows, names = _columns(events)
         self.names.extend(names)
-        self.frames.append(frame)
-        if flows is not None:
-            self.flow_frames.append(flows)
+        self.sink(frame, flows)
 
     def diagnose_stuck(self) -> None:
         """No cut decodes across several chunks: the JSON itself is broken; say where."""
@@ -498,21 +500,38 @@ class _Chunker:
 
 
 def decode_trace(
-    blocks: Iterator[bytes], display: str, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    blocks: Iterator[bytes],
+    display: str,
+    *,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    sink: ChunkSink | None = None,
 ) -> DecodedTrace:
-    """Decodes a Chrome trace (an object with ``traceEvents`` or a bare event list)."""
-    chunker = _Chunker(display, iter(blocks), chunk_bytes)
+    """Decodes a Chrome trace (an object with ``traceEvents`` or a bare event list).
+
+    Each chunk's raw columns go to ``sink`` as soon as they are decoded; without a sink
+    they are collected into the returned ``frame`` and ``flows``.
+    """
+    frames: list[pl.DataFrame] = []
+    flow_frames: list[pl.DataFrame] = []
+
+    def collect(frame: pl.DataFrame, flows: pl.DataFrame | None) -> None:
+        frames.append(frame)
+        if flows is not None:
+            flow_frames.append(flows)
+
+    chunker = _Chunker(display, iter(blocks), chunk_bytes, sink or collect)
     mode = chunker.start()
     top = chunker.head() if mode == "object" else {}
     chunker.body()
     top.update(chunker.tail(mode))
     top.pop("traceEvents", None)
-    # No rechunk: polars works on chunked columns, and copying them would cost a pass.
-    frame = pl.concat(chunker.frames, rechunk=False) if chunker.frames else None
-    flows = pl.concat(chunker.flow_frames, rechunk=False) if chunker.flow_frames else None
     return DecodedTrace(
-        frame=frame if frame is not None else pl.DataFrame(schema=RAW_EVENT_SCHEMA),
-        flows=flows if flows is not None else pl.DataFrame(schema=RAW_FLOW_SCHEMA),
+        frame=pl.concat(frames, rechunk=False) if frames else pl.DataFrame(schema=RAW_EVENT_SCHEMA),
+        flows=(
+            pl.concat(flow_frames, rechunk=False)
+            if flow_frames
+            else pl.DataFrame(schema=RAW_FLOW_SCHEMA)
+        ),
         top=top,
         names=chunker.names,
         skipped=chunker.skipped,

@@ -21,7 +21,7 @@ from diagnostics.errors import InputError
 from diagnostics.model import RunData
 from diagnostics.runs import RunFolder, RunFolderError
 from diagnostics.trace.decode import DEFAULT_CHUNK_BYTES, decode_trace
-from diagnostics.trace.normalise import normalise
+from diagnostics.trace.normalise import TableBuilder
 from diagnostics.trace.schema import LoadedTrace, TraceMetadata
 from diagnostics.trace.source import DEFAULT_MAX_DECOMPRESSED_BYTES, iter_blocks, prefetch
 
@@ -151,10 +151,12 @@ def load_trace_file(
     """
     path = Path(path)
     display = display_name or str(path)
+    builder = TableBuilder()
     decoded = decode_trace(
         prefetch(iter_blocks(path, max_bytes=max_decompressed_bytes, display=display)),
         display,
         chunk_bytes=chunk_bytes,
+        sink=builder.add,
     )
     notes: list[str] = []
     distributed = decoded.top.get("distributedInfo")
@@ -168,10 +170,10 @@ def load_trace_file(
     else:
         rank, rank_source = 0, "default"
 
-    total_rows = decoded.frame.height + decoded.flows.height
+    total_rows = builder.rows
     if total_rows == 0 and not decoded.skipped:
         raise InputError(display, "traceEvents is empty: there is nothing to analyse")
-    table = normalise(decoded.frame, decoded.flows, rank)
+    table = builder.finish(rank)
     skipped = decoded.skipped + table.skipped
     n_skipped = sum(skipped.values())
     if table.events.height == 0:
