@@ -92,6 +92,11 @@ def analyze_loaded(loaded: LoadedInput, *, thresholds: Any = None) -> AnalysisRe
         facts = replace(facts, ranks=rank_summary(rank_facts))
         rank_facts = (facts, *rank_facts[1:])
     environment = _environment(loaded.run, primary, facts)
+    step_map = (
+        trace_run_steps(facts.steps, loaded.run.steps, primary.metadata.clock_offset_s)
+        if facts is not None and primary is not None and loaded.run is not None
+        else None
+    )
     inputs = AnalysisInputs(
         trace=facts,
         run=loaded.run,
@@ -100,6 +105,7 @@ def analyze_loaded(loaded: LoadedInput, *, thresholds: Any = None) -> AnalysisRe
             "cpu_count": environment.get("cpu_count"),
             "rank_facts": rank_facts,
             "trace_metadata": tuple(t.metadata for t in loaded.traces),
+            "trace_run_steps": step_map,
         },
     )
     outcome = run_rules(inputs, thresholds)
@@ -111,6 +117,8 @@ def analyze_loaded(loaded: LoadedInput, *, thresholds: Any = None) -> AnalysisRe
         warnings.extend(w for w in facts.warnings if w not in warnings)
     warnings.extend(f"rule {e.rule} failed and was skipped: {e.reason}" for e in outcome.errors)
     summary = summarise(loaded, facts, rank_facts)
+    if step_map is not None and step_map.height:
+        summary["trace_run_steps"] = step_map.select("trace_step", "run_step").to_dicts()
     counts = {"high": 0, "medium": 0, "low": 0}
     for finding in outcome.findings:
         counts[str(finding.severity)] = counts.get(str(finding.severity), 0) + 1
@@ -131,6 +139,52 @@ def analyze_loaded(loaded: LoadedInput, *, thresholds: Any = None) -> AnalysisRe
         environment=environment,
         notes=loaded.notes,
         rank_facts=rank_facts if len(rank_facts) > 1 else (),
+    )
+
+
+def trace_run_steps(
+    trace_steps: pl.DataFrame, run_steps: pl.DataFrame, clock_offset_s: float
+) -> pl.DataFrame:
+    """Which run step record each profiler step is, joined on one clock.
+
+    A run record's ``wall_time`` (Unix s) is taken at the end of its step; a profiler
+    step's host range ends when the next step starts. Each trace step takes the run
+    record that ended nearest its host end, within half a typical step. Columns:
+    trace_step, run_step, trace_end_s (Unix s), run_wall_time_s.
+    """
+    schema = {
+        "trace_step": pl.Int64,
+        "run_step": pl.Int64,
+        "trace_end_s": pl.Float64,
+        "run_wall_time_s": pl.Float64,
+    }
+    if trace_steps.height == 0 or run_steps.height == 0 or "host_end_us" not in trace_steps.columns:
+        return pl.DataFrame(schema=schema)
+    ends = trace_steps.select(
+        pl.col("step").cast(pl.Int64).alias("trace_step"),
+        (pl.col("host_end_us") / 1e6 + clock_offset_s).alias("trace_end_s"),
+    ).sort("trace_end_s")
+    records = (
+        run_steps.select(
+            pl.col("step").cast(pl.Int64).alias("run_step"),
+            pl.col("wall_time").alias("run_wall_time_s"),
+        )
+        .drop_nulls()
+        .sort("run_wall_time_s")
+    )
+    typical_s = float(trace_steps["dur_us"].median() or 0.0) / 1e6
+    return (
+        ends.join_asof(
+            records,
+            left_on="trace_end_s",
+            right_on="run_wall_time_s",
+            strategy="nearest",
+            tolerance=max(typical_s / 2, 0.005),
+        )
+        .drop_nulls("run_step")
+        .select(list(schema))
+        .cast(schema)
+        .sort("trace_step")
     )
 
 

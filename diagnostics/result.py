@@ -40,6 +40,8 @@ SUMMARY_KEYS: dict[str, str] = {
     "events": "rows of the event table (all ranks)",
     "ranks": "several ranks: {count, table: [per-rank rows], spread: step-time spread}",
     "findings_by_severity": "{high, medium, low}: number of findings",
+    "trace_run_steps": "run folder with a trace: [{trace_step, run_step}], the profiler's "
+    "steps matched to the run's step records on one clock",
 }
 
 

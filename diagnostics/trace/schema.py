@@ -147,6 +147,15 @@ class TraceMetadata:
     warnings: tuple[str, ...] = ()  # user-facing: defects that changed the result
     notes: tuple[str, ...] = ()  # informational: how something was interpreted
 
+    @property
+    def clock_offset_s(self) -> float:
+        """Add to ``ts / 1e6`` for Unix seconds, the clock of a run's ``wall_time``.
+
+        Kineto's ts are µs since the Unix epoch, or, when it wrote
+        ``baseTimeNanoseconds`` (PyTorch 2.2+), µs since that base.
+        """
+        return self.base_time_ns / 1e9 if self.base_time_ns else 0.0
+
 
 @dataclass(frozen=True)
 class LoadedTrace:

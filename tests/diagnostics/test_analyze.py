@@ -8,7 +8,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from diagnostics.analyze import analyze, analyze_files
+from diagnostics.analyze import analyze, analyze_files, trace_run_steps
 from diagnostics.errors import InputError
 from diagnostics.result import BREAKDOWN_KEYS, IDLE_KEYS, SCHEMA, SUMMARY_KEYS
 from diagnostics.runs import RunWriter
@@ -194,9 +194,35 @@ def test_real_instrumented_run_from_the_trainer(tiny_run):
     assert doc["summary"]["steps"] == result.run.steps.height > 0
     assert doc["summary"]["device"] == "cpu"
     assert doc["summary"]["gpu_utilization_pct"] is None  # a CPU run has no GPU
-    if result.facts is not None:  # the profiler wrote a trace: it was read as rank 0
-        assert doc["source"]["ranks"] == [0]
-        assert result.facts.steps.height >= 1
+    assert result.facts is not None, "the tiny run is profiled: its trace must be read"
+    assert doc["source"]["ranks"] == [0]
+    # on one clock, the profiler's steps are exactly the records marked profiled
+    profiled = result.run.steps.filter(pl.col("profiled"))["step"].to_list()
+    assert [m["run_step"] for m in doc["summary"]["trace_run_steps"]] == profiled
+    assert len(profiled) == result.facts.steps.height
+
+
+def test_trace_steps_join_run_records_on_one_clock():
+    # Kineto 2.2+: ts in µs since baseTimeNanoseconds. Base 1,700,000,000 s; trace steps
+    # of 100 ms at ts 0, 100,000 and 200,000 µs end at 1,700,000,000.1 / .2 / .3 s.
+    trace_steps = pl.DataFrame(
+        {
+            "step": [7, 8, 9],
+            "dur_us": [100_000.0] * 3,
+            "host_end_us": [100_000.0, 200_000.0, 300_000.0],
+        }
+    )
+    # run records end 2 ms after each trace step (the record is written after the step)
+    run_steps = pl.DataFrame(
+        {
+            "step": [11, 12, 13, 14],
+            "wall_time": [1.7e9 + 0.002, 1.7e9 + 0.102, 1.7e9 + 0.202, 1.7e9 + 0.302],
+        }
+    )
+    joined = trace_run_steps(trace_steps, run_steps, clock_offset_s=1.7e9)
+    assert joined.select("trace_step", "run_step").rows() == [(7, 12), (8, 13), (9, 14)]
+    # a second clock 10 s off matches nothing rather than the wrong steps
+    assert trace_run_steps(trace_steps, run_steps, clock_offset_s=1.7e9 + 10).height == 0
 
 
 def test_analyze_files_names_uploads_by_their_display_names(tmp_path):
