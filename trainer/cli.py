@@ -189,8 +189,11 @@ def _train(writer: Any, config: TrainerConfig, device: str, runs_dir: Path, resu
         outcome = trainer.run(resume_from)
         status, reason = outcome.status, outcome.reason
     except Exception as exc:
-        log.error("run failed:\n%s", traceback.format_exc())
         status, reason = "failed", f"{type(exc).__name__}: {exc}"
+        # the traceback goes to log.txt only: the terminal gets the one-line reason
+        with (writer.path / "log.txt").open("a") as handle:
+            handle.write(traceback.format_exc())
+        log.error("run failed: %s (traceback in %s)", reason, writer.path / "log.txt")
     finally:
         heartbeat.stop()
         stop.uninstall()

@@ -155,7 +155,11 @@ class Trainer:
                 "torch": torch.get_rng_state(),
                 "cuda": torch.cuda.get_rng_state_all() if self.cuda else None,
             },
-            "total_loss": float(self.total_loss),
+            "total_loss": float(
+                self.total_loss.detach()
+                if isinstance(self.total_loss, torch.Tensor)
+                else self.total_loss
+            ),
             "nonfinite_steps": self.nonfinite_steps,
             "first_nonfinite_step": self.first_nonfinite_step,
             "evaluations": self.evaluations,
@@ -251,7 +255,7 @@ class Trainer:
 
         if train.accumulate_loss_as_tensor:
             # the leak, as written in the wild: the running total keeps every step's graph
-            self.total_loss = self.total_loss + loss
+            self.total_loss += loss
         else:
             self.total_loss += loss_value
         if train.keep_batch_history:
@@ -455,6 +459,8 @@ class Trainer:
 
     def _stop(self, status: str, reason: str) -> Outcome:
         log.warning("stopping at step %d: %s", self.position.step, reason)
+        if "max_runtime_s" in reason:
+            self.writer.add_note(f"stopped early: {reason}")
         wanted = status == "preempted" or self.position.step > 0
         if wanted and not self.checkpoint_path(self.position.step).exists():
             self.save_checkpoint()

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from diagnostics.runs import RunFolder
+from tests.conftest import run_trainer_cli
 from trainer import launch
 from trainer.config import ConfigError
 
@@ -57,6 +58,21 @@ def test_start_then_cancel_round_trip(tmp_path):
     # records were finalised: parquet written, steps up to the cancel kept
     assert run.steps()["step"].to_list() == list(range(1, status.step + 1))
     assert (started.run_dir / "steps.parquet").exists()
+
+    # resuming it with a corrupt checkpoint fails cleanly: status failed, reason, exit 1
+    steps_before = run.steps().height
+    checkpoint = run.checkpoints()[-1]
+    checkpoint.write_bytes(b"not a checkpoint")
+    result = run_trainer_cli(["resume", str(started.run_dir)])
+    assert result.returncode == 1
+    assert result.stdout.strip().splitlines()[-1] == str(started.run_dir)
+    failed = run.status()
+    assert failed.status == "failed"
+    assert failed.reason.startswith("UnpicklingError") or "pickle" in failed.reason.lower()
+    assert run.steps().height == steps_before  # the records made before are kept
+    assert "Traceback" in run.log_tail()
+    assert "Traceback" not in result.stderr
+    assert f"run failed: {failed.reason}" in result.stderr
 
 
 def test_patch_and_parent_are_recorded(tmp_path):
