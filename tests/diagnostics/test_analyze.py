@@ -7,6 +7,8 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from diagnostics.analyze import analyze, analyze_files, trace_run_steps
 from diagnostics.errors import InputError
@@ -248,3 +250,63 @@ def test_events_table_of_the_primary_rank_reaches_the_rules(tmp_path):
     result = analyze(folder / "t.json")
     assert result.summary["events"] == 4
     assert isinstance(result.facts.steps, pl.DataFrame)
+
+
+_names = st.sampled_from(
+    [
+        "ProfilerStep#1",
+        "ProfilerStep#2",
+        "aten::mm",
+        "cudaLaunchKernel",
+        "Memcpy HtoD (Pageable -> Device)",
+        "Memcpy DtoH (Device -> Pinned)",
+        "[memory]",
+        "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+        "cudaStreamSynchronize",
+        "aten::item",
+    ]
+)
+_categories = st.sampled_from(
+    ["kernel", "cpu_op", "cuda_runtime", "gpu_memcpy", "user_annotation", "Operator", "Kernel"]
+    + ["Runtime", "Memcpy", "cuda_sync", "python_function", "unknown", None]
+)
+_args = st.fixed_dictionaries(
+    {},
+    optional={
+        "device": st.sampled_from([0, 1]),
+        "stream": st.sampled_from([7, 8]),
+        "correlation": st.integers(0, 5),
+        "External id": st.integers(0, 5),
+        "bytes": st.integers(0, 10**9),
+        "Total Allocated": st.integers(0, 10**9),
+        "Device Type": st.sampled_from([0, 1]),
+        "Device Id": st.sampled_from([-1, 0]),
+    },
+)
+_plausible_event = st.fixed_dictionaries(
+    {
+        "ph": st.sampled_from(["X", "X", "X", "i"]),
+        "name": _names,
+        "cat": _categories,
+        "ts": st.floats(0, 1e4),
+        "dur": st.floats(0, 1e3),
+        "pid": st.sampled_from([0, 1, 100]),
+        "tid": st.sampled_from([0, 7, 100]),
+    },
+    optional={"args": _args},
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(_plausible_event, min_size=1, max_size=30))
+def test_any_plausible_trace_analyses_to_strict_json_or_an_input_error(tmp_path_factory, events):
+    # steps, copies, syncs, memory and DataLoader events in any mix and order: the facts
+    # and rules must cope, and the result must stay strict JSON with every summary key
+    path = tmp_path_factory.mktemp("plausible") / "t.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    try:
+        result = analyze(path)
+    except InputError as exc:
+        assert str(exc).startswith(f"{path}: ")
+        return
+    assert_summary_complete(result.to_json())
