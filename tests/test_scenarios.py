@@ -115,6 +115,7 @@ def scenario_results(tmp_path_factory) -> dict[str, AnalysisResult]:
     jobs = {"healthy": ["--scenario", "healthy", *BASE_ARGS]}  # profiled: the trace path too
     for scenario in DESIGNED:
         jobs[scenario] = ["--scenario", scenario, *BASE_ARGS, *NO_PROFILER]
+    jobs["leak-memory-lines"] = ["--scenario", "leak", *BASE_ARGS, *NO_PROFILER, "--memory-lines"]
     return {name: _analysed(path) for name, path in run_together(runs_dir, jobs).items()}
 
 
@@ -183,6 +184,17 @@ def test_leak_evidence(scenario_results):
     # the leak keeps every step's graph and batch: RSS rises at most steps, by MiBs
     assert ev["slope_bytes_per_step"] > 2**20
     assert ev["increasing_share"] >= 0.7
+
+
+def test_leak_with_memory_lines_points_at_the_training_step(scenario_results):
+    # the leaked graphs are allocated by the forward and backward pass of the training step
+    # and never released: with line-level memory recorded, the finding names those lines
+    found = finding(scenario_results["leak-memory-lines"], "memory-leak")
+    assert found is not None
+    lines = found.evidence["memory_lines"]
+    assert lines and "train_step" in lines[0]["function"]
+    assert not any(line["source"].startswith("def ") for line in lines)
+    assert f"line {lines[0]['line']}" in found.recommendation
 
 
 def test_unstable_evidence_points_at_steps(scenario_results):

@@ -9,7 +9,8 @@ What it finds
     warm-up (optimiser state, caches filling) is reported apart and does not fire; CUDA
     *reserved* memory growing while *allocated* stays flat is the caching allocator keeping
     blocks, not a leak, and does not fire either. Where line-level memory was recorded, the
-    lines with the largest increments are named. A trace is judged the same way from its
+    lines with the largest increments are named (memory allocated there and not released:
+    the allocation a leaked reference keeps alive). A trace is judged the same way from its
     allocation events at each step's end when it covers enough steps.
 
 Why it matters
@@ -251,8 +252,9 @@ class MemoryLeak(Rule):
             else ""
         )
         line_text = (
-            f" Largest recorded increment: {lines[0]['function']} line {lines[0]['line']} "
-            f"(+{lines[0]['increment_mib']} MiB): {lines[0]['source']!r}."
+            f" The recorded lines whose allocations stay are led by {lines[0]['function']} "
+            f"line {lines[0]['line']} (+{lines[0]['increment_mib']} MiB over the run): "
+            f"{lines[0]['source']!r}; what keeps them alive is a reference held across steps."
             if lines
             else ""
         )
@@ -277,8 +279,13 @@ class MemoryLeak(Rule):
         run = inputs.run
         if run is None or run.memory_lines is None or run.memory_lines.height == 0:
             return []
+        # memory_profiler reports the process's memory at entry on a function's `def` line:
+        # a baseline, not an allocation, so those lines are left out
+        header = (
+            pl.col("source").fill_null("").str.strip_chars().str.contains(r"^(async\s+)?def\s|^@")
+        )
         top = (
-            run.memory_lines.filter(pl.col("increment_mib") > 0)
+            run.memory_lines.filter((pl.col("increment_mib") > 0) & ~header)
             .sort("increment_mib", descending=True)
             .head(5)
         )

@@ -210,7 +210,9 @@ class TooFewWorkers(Rule):
             recommended = max(recommended, int(workers) + 1)
         step_now = wait + compute
         step_after = max(compute, load / recommended)
-        saving_pct = max(0.0, 100.0 * (step_now - step_after) / step_now)
+        # workers can hide the wait at most: the cap keeps the medians' estimate consistent
+        # with the measured share
+        saving_pct = min(max(0.0, 100.0 * (step_now - step_after) / step_now), m["wait_share_pct"])
         share = m["wait_share_pct"]
         severity = (
             Severity.HIGH if share >= 4 * thresholds.dataloader_share_min_pct else Severity.MEDIUM

@@ -341,3 +341,47 @@ def test_a_broken_rule_is_reported_and_the_others_still_run(monkeypatch):
     outcome = engine.run_rules(ex.inputs())
     assert [f.rule for f in outcome.findings] == ["always"]
     assert [(e.rule, e.reason) for e in outcome.errors] == [("broken", "RuntimeError: boom")]
+
+
+def test_leak_points_at_allocating_lines_not_function_headers():
+    # memory_profiler puts the process's memory at entry (700 MiB) on the `def` line; the
+    # allocation that stays is the forward pass line (+150 MiB over 50 calls)
+    lines = [
+        {
+            "function": "train_step",
+            "filename": "loop.py",
+            "line": 30,
+            "mem_usage_mib": 700.0,
+            "increment_mib": 700.0,
+            "occurrences": 50,
+            "source": "    def train_step(self, batch):",
+        },
+        {
+            "function": "train_step",
+            "filename": "loop.py",
+            "line": 42,
+            "mem_usage_mib": 850.0,
+            "increment_mib": 150.0,
+            "occurrences": 50,
+            "source": "        out = self.model(batch)",
+        },
+        {
+            "function": "train_step",
+            "filename": "loop.py",
+            "line": 43,
+            "mem_usage_mib": 850.0,
+            "increment_mib": 0.0,
+            "occurrences": 50,
+            "source": "        total += out.loss",
+        },
+    ]
+    inputs = ex.inputs(
+        run=ex.run(
+            ex.series(40, rss_bytes=lambda s: 800 * 2**20 + 4 * 2**20 * s),
+            environment=ex.CPU_ENV,
+            memory_lines=lines,
+        )
+    )
+    (finding,) = fired(MemoryLeak(), inputs)
+    assert [line["line"] for line in finding.evidence["memory_lines"]] == [42]
+    assert "line 42" in finding.recommendation
