@@ -159,6 +159,9 @@ class DecodedTrace:
 
 def _to_series(name: str, values: list[Any]) -> pl.Series:
     dtype = RAW_SCHEMA[name]
+    if values.count(None) == len(values):
+        # all absent (legacy keys in a modern trace): polars would scan for a first value
+        return pl.repeat(None, len(values), dtype=dtype, eager=True).alias(name)
     if name in _MIXED:  # numeric strings parse, label strings ("Spans") become null
         return pl.Series(name, values, dtype=dtype, strict=False)
     try:
@@ -224,9 +227,9 @@ def _arg_columns(events: list[Event], cats: pl.Series, names: pl.Series) -> list
         rows = mask.arg_true()
         args = list(map(_GET_ARGS, compress(events, mask.to_list())))
         for name in fields:
-            values = _to_series(name, list(map(_GETTERS[name], args)))
-            if values.null_count() < values.len():
-                columns[name] = columns[name].scatter(rows, values)
+            values = list(map(_GETTERS[name], args))
+            if values.count(None) < len(values):
+                columns[name] = columns[name].scatter(rows, _to_series(name, values))
     return list(columns.values())
 
 

@@ -65,46 +65,58 @@ def _category(raw_categories: pl.Series) -> pl.Expr:
 def _normalise_chunk(
     raw: pl.DataFrame, raw_flows: pl.DataFrame | None
 ) -> tuple[pl.DataFrame, pl.DataFrame | None, Counter[str], Counter[str]]:
-    """One decoded chunk -> (events, flows, skipped reasons, ignored phases); rank 0."""
+    """One decoded chunk -> (events, flows, skipped reasons, ignored phases); rank 0.
+
+    The common case (every row fine) costs one query; the counting queries run only when
+    the chunk has a malformed row or a phase the table does not hold.
+    """
     ph = pl.col("ph")
-    is_event = raw.select(ph.is_in(EVENT_PHASES).fill_null(False)).to_series()
-    candidates = raw.filter(is_event)
-    reasons = candidates.select(_skip_reason().alias("reason"))["reason"]
+    is_event = ph.is_in(EVENT_PHASES).fill_null(False)
+    checked = raw.with_columns(_is_event=is_event, _reason=pl.when(is_event).then(_skip_reason()))
+    kinds = checked.select(
+        events=pl.col("_is_event").sum(),
+        usable=(pl.col("_is_event") & pl.col("_reason").is_null()).sum(),
+        meta=(ph == META_PHASE).sum(),
+        missing_ph=ph.null_count(),
+    ).row(0, named=True)
+
     skipped: Counter[str] = Counter()
-    if reasons.null_count() < reasons.len():
-        for reason, count in reasons.drop_nulls().value_counts().iter_rows():
-            skipped[reason] = count
-        candidates = candidates.filter(reasons.is_null())
-    missing_ph = raw["ph"].null_count()
-    if missing_ph:
-        skipped["no ph"] += missing_ph
-
+    if kinds["usable"] < kinds["events"]:
+        bad = checked.filter(pl.col("_reason").is_not_null())
+        skipped.update(dict(bad["_reason"].value_counts().iter_rows()))
+    if kinds["missing_ph"]:
+        skipped["no ph"] += kinds["missing_ph"]
     ignored: Counter[str] = Counter()
-    other = raw.filter(~is_event & ph.is_not_null() & (ph != META_PHASE))
-    if other.height:
-        for phase, count in other["ph"].value_counts().iter_rows():
-            ignored[phase] = count
+    if kinds["events"] + kinds["meta"] + kinds["missing_ph"] < raw.height:
+        other = checked.filter(~pl.col("_is_event") & ph.is_not_null() & (ph != META_PHASE))
+        ignored.update(dict(other["ph"].value_counts().iter_rows()))
 
-    events = candidates.select(
-        pl.lit(0, dtype=pl.Int32).alias("rank"),
-        pl.col("name"),
-        _category(candidates["cat"]),
-        ph,
-        pl.col("ts"),
-        pl.col("dur"),
-        pl.col("pid"),
-        # GPU rows of PyTorch 1.9 traces have tid "stream 7": the stream is the tid
-        pl.coalesce(pl.col("tid"), pl.col("stream")).alias("tid"),
-        pl.col("device"),
-        pl.col("stream"),
-        pl.col("correlation"),
-        pl.coalesce(pl.col("external_id"), pl.col("external_id_legacy")).alias("external_id"),
-        pl.coalesce(pl.col("bytes"), pl.col("memory_bytes")).alias("bytes"),
-        pl.col("total_allocated"),
-        pl.col("total_reserved"),
-        pl.col("device_type").alias("memory_device_type"),
-        pl.col("device_id").alias("memory_device_id"),
-    ).cast(EVENT_SCHEMA)  # type: ignore[arg-type]
+    events = (
+        checked.lazy()
+        .filter(pl.col("_is_event") & pl.col("_reason").is_null())
+        .select(
+            pl.lit(0, dtype=pl.Int32).alias("rank"),
+            pl.col("name"),
+            _category(raw["cat"]),
+            ph,
+            pl.col("ts"),
+            pl.col("dur"),
+            pl.col("pid"),
+            # GPU rows of PyTorch 1.9 traces have tid "stream 7": the stream is the tid
+            pl.coalesce(pl.col("tid"), pl.col("stream")).alias("tid"),
+            pl.col("device"),
+            pl.col("stream"),
+            pl.col("correlation"),
+            pl.coalesce(pl.col("external_id"), pl.col("external_id_legacy")).alias("external_id"),
+            pl.coalesce(pl.col("bytes"), pl.col("memory_bytes")).alias("bytes"),
+            pl.col("total_allocated"),
+            pl.col("total_reserved"),
+            pl.col("device_type").alias("memory_device_type"),
+            pl.col("device_id").alias("memory_device_id"),
+        )
+        .cast(EVENT_SCHEMA)  # type: ignore[arg-type]
+        .collect()
+    )
 
     flows = None
     if raw_flows is not None and raw_flows.height:
