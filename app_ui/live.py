@@ -138,8 +138,16 @@ def _panel_body(runs_dir: Path, run: RunFolder) -> None:
         recent = steps.tail(LIVE_WINDOW_STEPS)
         left, right = st.columns(2)
         with left:
-            render.chart(plots.step_time_figure(recent), key=f"live-steps-{run.run_id}")
-            render.chart(plots.memory_figure(recent, samples), key=f"live-memory-{run.run_id}")
+            render.chart(
+                plots.step_time_figure(recent), key=f"live-steps-{run.run_id}", compact=True
+            )
+            render.chart(
+                plots.memory_figure(recent, samples), key=f"live-memory-{run.run_id}", compact=True
+            )
         with right:
-            render.chart(plots.loss_gradnorm_figure(recent), key=f"live-loss-{run.run_id}")
-            render.chart(plots.system_figure(samples), key=f"live-system-{run.run_id}")
+            render.chart(
+                plots.loss_gradnorm_figure(recent), key=f"live-loss-{run.run_id}", compact=True
+            )
+            render.chart(
+                plots.system_figure(samples), key=f"live-system-{run.run_id}", compact=True
+            )

@@ -27,7 +27,15 @@ if TYPE_CHECKING:
     from diagnostics.result import AnalysisResult
 
 
-def chart(fig: Any, key: str) -> None:
+def chart(fig: Any, key: str, *, compact: bool = False) -> None:
+    """A plotly figure; ``compact`` for half-width columns moves the legend under the plot
+    and shrinks the title so neither collides with the other."""
+    if compact:
+        fig.update_layout(
+            legend={"orientation": "h", "yanchor": "top", "y": -0.28, "x": 0.0},
+            title_font_size=14,
+            margin={"t": 40, "b": 90},
+        )
     st.plotly_chart(fig, config=PLOTLY_CONFIG, key=key)
 
 
@@ -223,11 +231,11 @@ def runs_table(table: pl.DataFrame, key: str) -> None:
         selection_mode="single-row",
         key=key,
         column_config={
-            "run": st.column_config.TextColumn("Run", width="large"),
+            "run": st.column_config.TextColumn("Run", width="medium"),
             "scenario": "Scenario",
             "status": "Status",
             "progress": st.column_config.ProgressColumn(
-                "Progress", min_value=0.0, max_value=1.0, format="percent"
+                "Progress", min_value=0.0, max_value=1.0, format="percent", width="small"
             ),
             "steps": "Steps",
             "started": "Started",

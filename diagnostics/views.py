@@ -580,7 +580,7 @@ def comparison_table(rows: Sequence[Any], label_a: str, label_b: str) -> pl.Data
     records = []
     for row in rows:
         formatter = _UNIT_FORMAT.get(row.unit, fmt_number)
-        verdict = {True: "✅ better", False: "❌ worse", None: "—"}[row.improved]
+        verdict = {True: "better", False: "worse", None: "—"}[row.improved]
         records.append(
             {
                 "measure": row.label[:1].upper() + row.label[1:],
@@ -652,7 +652,11 @@ def comparison_card(row: Any) -> CompareCard:
         change_pct = (row.ratio - 1.0) * 100.0
         delta = f"{change_pct:+.0f} % ({fmt_ratio(row.ratio)})"
     colour = {"higher": "normal", "lower": "inverse"}.get(row.better, "off")
-    return CompareCard(row.label[:1].upper() + row.label[1:], formatter(row.b), delta, colour)
+    label = row.label[:1].upper() + row.label[1:]
+    value = formatter(row.b)
+    if row.unit.endswith("/s"):  # "25.1 samples/s" does not fit a card: the unit goes up
+        label, value = f"{label} ({row.unit})", fmt_number(row.b)
+    return CompareCard(label, value, delta, colour)
 
 
 # ---------------------------------------------------------------------------------------

@@ -46,8 +46,8 @@ with st.form(f"launch-{scenario}"):
                     st.error(errors[form_field.key], icon=":material/warning:")
     if busy:
         st.warning(
-            f"**{busy[0].run_id}** is using the device (step {busy[0].status.step:,}). "
-            "One run at a time: wait for it to finish or cancel it above.",
+            f"**{busy[0].run_id}** is using the device. One run at a time: wait for it to "
+            "finish or cancel it above, then start this one.",
             icon=":material/hourglass_top:",
         )
     submitted = st.form_submit_button(

@@ -82,6 +82,7 @@ if result_a.run is not None and result_b.run is not None:
     render.chart(
         plots.compare_steps_figure(result_a.run.steps, result_b.run.steps, run_a, run_b),
         key="compare-steps",
+        compact=True,
     )
 
 st.subheader("Report")

@@ -17,7 +17,7 @@ st.markdown(
 )
 
 docs = rule_reference()
-st.dataframe(
+st.table(
     pl.DataFrame(
         {
             "rule": [d.id for d in docs],
@@ -27,7 +27,7 @@ st.dataframe(
         }
     ),
     hide_index=True,
-    width="stretch",
+    border="horizontal",
 )
 
 for doc in docs:

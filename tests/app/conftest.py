@@ -199,6 +199,14 @@ def page(browser):
         context.close()
 
 
+def wait_for_skeletons(page, timeout_ms: int = 15_000) -> None:
+    """Code blocks and tables load their renderer lazily and show a grey skeleton first."""
+    page.wait_for_function(
+        "() => document.querySelectorAll('[data-testid^=\"stSkeleton\"]').length === 0",
+        timeout=timeout_ms,
+    )
+
+
 def screenshot(page, name: str, *, full_page: bool = True) -> Path:
     """A PNG of the page. Streamlit scrolls inside its main block, not the document, so a
     full-page shot first grows the viewport to the content's height."""
@@ -213,7 +221,8 @@ def screenshot(page, name: str, *, full_page: bool = True) -> Path:
         page.set_viewport_size(
             {"width": size["width"], "height": min(max(height, size["height"]), 8000)}
         )
-        page.wait_for_timeout(3000)  # charts re-lay out to the new size
+        page.wait_for_timeout(1500)  # charts re-lay out to the new size
+    wait_for_skeletons(page)
     page.screenshot(path=str(path))
     if full_page:
         page.set_viewport_size(size)

@@ -207,8 +207,9 @@ def test_summary_cards_format_key_metrics():
 def test_comparison_card_colours_and_ratios():
     faster = MetricRow("throughput", "throughput", "samples/s", 100.0, 241.0, "higher")
     card = views.comparison_card(faster)
-    assert (card.value, card.delta, card.delta_color) == (
-        "241 samples/s",
+    assert (card.label, card.value, card.delta, card.delta_color) == (
+        "Throughput (samples/s)",
+        "241",
         "+141 % (2.41×)",  # 241 / 100 = 2.41, (2.41 - 1) * 100 = +141 %
         "normal",
     )
@@ -217,7 +218,7 @@ def test_comparison_card_colours_and_ratios():
     assert (card.delta, card.delta_color) == ("-55.0 points", "inverse")  # 5 - 60
     table = views.comparison_table([faster, wait], "A", "B")
     assert table.get_column("B ÷ A").to_list() == ["2.41×", "0.08×"]  # 5 / 60 = 0.083
-    assert table.get_column("change").to_list() == ["✅ better", "✅ better"]
+    assert table.get_column("change").to_list() == ["better", "better"]
     assert views.headline([faster, wait]) == "B has 2.41× the throughput of A (samples/s)."
 
 
