@@ -28,14 +28,18 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from itertools import compress
-from operator import attrgetter
 from typing import Any
 
 import msgspec
 import polars as pl
 
 from diagnostics.errors import InputError
+from diagnostics.trace.columns import (
+    RAW_EVENT_SCHEMA,
+    RAW_FLOW_SCHEMA,
+    Event,
+    columns,
+)
 
 # Text decoded per step. 4 MiB of Kineto JSON is ~15k events: big enough that per-chunk
 # overhead vanishes, small enough that a chunk's Structs stay a few tens of MB.
@@ -46,94 +50,11 @@ HEAD_LIMIT_BYTES = 64 << 20
 _MAX_CUT_TRIES = 16
 
 
-class Args(msgspec.Struct, frozen=True, gc=False):
-    """The few ``args`` keys the event table keeps; all others are skipped unparsed."""
-
-    device: int | None = None
-    stream: int | None = None
-    correlation: int | None = None
-    external_id: int | None = msgspec.field(name="External id", default=None)
-    # PyTorch 1.9 era traces spell it in lower case on runtime and GPU events
-    external_id_legacy: int | None = msgspec.field(name="external id", default=None)
-    bytes: int | None = None  # copy / memset size
-    memory_bytes: int | None = msgspec.field(name="Bytes", default=None)  # [memory] size
-    total_allocated: int | None = msgspec.field(name="Total Allocated", default=None)
-    total_reserved: int | None = msgspec.field(name="Total Reserved", default=None)
-    device_type: int | None = msgspec.field(name="Device Type", default=None)
-    device_id: int | None = msgspec.field(name="Device Id", default=None)
-    name: Any = None  # M events: the process or thread name
-
-
-NO_ARGS = Args()
-
-
-class Event(msgspec.Struct, frozen=True, gc=False):
-    ph: str | None = None
-    name: str | None = None
-    cat: str | None = None
-    ts: float | None = None
-    dur: float | None = None
-    pid: int | str | None = None  # Kineto writes "Spans"/"Traces" for its own rows
-    tid: int | str | None = None  # and "stream 7" or "25738" in PyTorch 1.9 traces
-    id: int | str | None = None  # flow id
-    args: Args = NO_ARGS
-
-
 _EVENTS_DECODER = msgspec.json.Decoder(list[Event])
 _EVENT_DECODER = msgspec.json.Decoder(Event)
 _RAW_LIST_DECODER = msgspec.json.Decoder(list[msgspec.Raw])
 _RAW_DICT_DECODER = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _ANY_DECODER = msgspec.json.Decoder()
-
-# Raw columns straight off the Structs (before normalisation in the loader).
-RAW_SCHEMA: dict[str, pl.DataType] = {
-    "ph": pl.String,
-    "name": pl.String,
-    "cat": pl.String,
-    "ts": pl.Float64,
-    "dur": pl.Float64,
-    # ints and strings mixed: numeric strings ("25738") parse, other strings become null
-    "pid": pl.Int64,
-    "tid": pl.Int64,
-    "id": pl.Int64,  # flows only
-    "device": pl.Int64,
-    "stream": pl.Int64,
-    "correlation": pl.Int64,
-    "external_id": pl.Int64,
-    "external_id_legacy": pl.Int64,
-    "bytes": pl.Int64,
-    "memory_bytes": pl.Int64,
-    "total_allocated": pl.Int64,
-    "total_reserved": pl.Int64,
-    "device_type": pl.Int64,
-    "device_id": pl.Int64,
-}
-_EVENT_FIELDS = ("ph", "name", "cat", "ts", "dur", "pid", "tid", "id")
-RAW_EVENT_SCHEMA = {name: dtype for name, dtype in RAW_SCHEMA.items() if name != "id"}
-RAW_FLOW_SCHEMA = {"ph": pl.String} | {
-    name: RAW_SCHEMA[name] for name in ("name", "cat", "ts", "pid", "tid", "id")
-}
-_ARG_FIELDS = tuple(name for name in RAW_SCHEMA if name not in _EVENT_FIELDS)
-_GETTERS = {name: attrgetter(name) for name in (*_EVENT_FIELDS, *_ARG_FIELDS)}
-_GET_ARGS = attrgetter("args")
-_MIXED = frozenset({"pid", "tid", "id"})
-_FLOW_FIELDS = ("name", "cat", "ts", "pid", "tid", "id")
-# Which args keys each kind of event carries (raw categories, lower-cased, any Kineto).
-_GPU_CATS = ("kernel", "memcpy", "gpu_memcpy", "memset", "gpu_memset", "cuda_sync")
-_RUNTIME_CATS = ("runtime", "cuda_runtime", "cuda_driver", "driver")
-_CPU_CATS = ("operator", "cpu_op", "user_annotation", "python_function")
-_GPU_ARGS = ("device", "stream", "correlation", "external_id", "external_id_legacy", "bytes")
-_RUNTIME_ARGS = ("correlation", "external_id", "external_id_legacy")
-_CPU_ARGS = ("external_id", "external_id_legacy")
-_MEMORY_ARGS = (
-    "memory_bytes",
-    "bytes",
-    "total_allocated",
-    "total_reserved",
-    "device_type",
-    "device_id",
-)
-FLOW_PHASES = ("s", "f", "t")
 
 _NOT_WS = re.compile(rb"[^ \t\r\n]")
 _CUT = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")
@@ -155,91 +76,6 @@ class DecodedTrace:
     top: dict[str, Any]
     names: list[tuple[str, Any, Any, Any]]  # M events: (name, pid, tid, args.name)
     skipped: Counter[str] = field(default_factory=Counter)
-
-
-def _to_series(name: str, values: list[Any]) -> pl.Series:
-    dtype = RAW_SCHEMA[name]
-    if values.count(None) == len(values):
-        # all absent (legacy keys in a modern trace): polars would scan for a first value
-        return pl.repeat(None, len(values), dtype=dtype, eager=True).alias(name)
-    if name in _MIXED:  # numeric strings parse, label strings ("Spans") become null
-        return pl.Series(name, values, dtype=dtype, strict=False)
-    try:
-        return pl.Series(name, values, dtype=dtype)
-    except (OverflowError, TypeError, ValueError, pl.exceptions.PolarsError):
-        # an integer beyond int64 (JSON allows any size): null rather than a crash
-        return pl.Series(name, values, dtype=dtype, strict=False)
-
-
-def _series(name: str, items: list[Any]) -> pl.Series:
-    return _to_series(name, list(map(_GETTERS[name], items)))
-
-
-def _columns(
-    events: list[Event],
-) -> tuple[pl.DataFrame, pl.DataFrame | None, list[tuple[str, Any, Any, Any]]]:
-    """Struct list -> (event rows, flow rows, M-event names) as polars frames.
-
-    One C-level pass (``map(attrgetter)``) per column: no Python code runs per event.
-    Flows (a third of a modern trace) are split off first so that only their few
-    columns are extracted for them.
-    """
-    phases = pl.Series("ph", list(map(_GETTERS["ph"], events)), dtype=pl.String)
-    is_flow = phases.is_in(FLOW_PHASES)
-    flows_frame = None
-    if is_flow.any():
-        flow_rows = list(compress(events, is_flow.to_list()))
-        flows_frame = pl.DataFrame(
-            [phases.filter(is_flow)] + [_series(name, flow_rows) for name in _FLOW_FIELDS]
-        )
-        events = list(compress(events, (~is_flow).to_list()))
-        phases = phases.filter(~is_flow)
-    data = [phases] + [_series(name, events) for name in _EVENT_FIELDS[1:] if name != "id"]
-    frame = pl.DataFrame(data).with_columns(_arg_columns(events, data[2], data[1]))
-    return frame, flows_frame, _metadata_names(events, frame)
-
-
-def _arg_columns(events: list[Event], cats: pl.Series, names: pl.Series) -> list[pl.Series]:
-    """The args columns, each read only from the kinds of event that carry it.
-
-    A kernel has a stream, a [memory] instant has totals, a CPU op has neither: reading
-    every key of every event would cost a pass per key over all rows. Events of a
-    category not listed here are read for every key.
-    """
-    n = len(events)
-    lower = cats.str.to_lowercase()
-    memory = names == "[memory]"
-    kinds = [
-        (memory, _MEMORY_ARGS),
-        (lower.is_in(_GPU_CATS) & ~memory, _GPU_ARGS),
-        (lower.is_in(_RUNTIME_CATS) & ~memory, _RUNTIME_ARGS),
-        (lower.is_in(_CPU_CATS) & ~memory, _CPU_ARGS),
-    ]
-    known = pl.Series([False] * n) if n else pl.Series([], dtype=pl.Boolean)
-    for mask, _ in kinds:
-        known = known | mask.fill_null(False)
-    kinds.append((~known, _ARG_FIELDS))
-    columns = {name: pl.Series(name, [None] * n, dtype=RAW_SCHEMA[name]) for name in _ARG_FIELDS}
-    for mask, fields in kinds:
-        mask = mask.fill_null(False)
-        if not mask.any():
-            continue
-        rows = mask.arg_true()
-        args = list(map(_GET_ARGS, compress(events, mask.to_list())))
-        for name in fields:
-            values = list(map(_GETTERS[name], args))
-            if values.count(None) < len(values):
-                columns[name] = columns[name].scatter(rows, _to_series(name, values))
-    return list(columns.values())
-
-
-def _metadata_names(events: list[Event], frame: pl.DataFrame) -> list[tuple[str, Any, Any, Any]]:
-    rows = frame.select(pl.arg_where(pl.col("ph") == "M")).to_series().to_list()
-    out = []
-    for i in rows:
-        event = events[i]
-        out.append((event.name or "", event.pid, event.tid, event.args.name))
-    return out
 
 
 def _one_line(message: str) -> str:
@@ -465,7 +301,7 @@ class _Chunker:
     def add(self, events: list[Event]) -> None:
         if not events:
             return
-        frame, flows, names = _columns(events)
+        frame, flows, names = columns(events)
         self.names.extend(names)
         self.sink(frame, flows)
 
