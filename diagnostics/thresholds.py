@@ -71,6 +71,18 @@ class Thresholds:
         "Lightning suggests max(1, cpus // devices - 1) workers "
         "(trainer/connectors/data_connector.py)",
     )
+    # -- worker-restarts ------------------------------------------------------------------
+    epoch_start_wait_ratio: float = _t(
+        5.0,
+        "an epoch's first step must wait this many times the median wait within epochs",
+        "ours: forking workers and refilling the prefetch queue costs one batch load per "
+        "worker; 5x the steady wait keeps ordinary jitter out",
+    )
+    epoch_start_wait_min_ms: float = _t(
+        20.0,
+        "and at least this much longer, ms",
+        "ours: below 20 ms per epoch a restart is not worth a finding",
+    )
     # -- missing-pin-memory ---------------------------------------------------------------
     pageable_h2d_min_bytes: int = _t(
         1_048_576,

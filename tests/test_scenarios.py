@@ -6,7 +6,8 @@ other's cores, so running them together costs less wall time than one by one). A
 not show that finding again. For slow-loader the fixed run must also be faster than the
 unfixed one, both re-run side by side so that they share the machine's load.
 
-Runs are small (24 fine-tuning steps, no pretraining, one torch thread) so the whole module
+Runs are small (24 fine-tuning steps over ~5-batch epochs, so several epoch boundaries;
+no pretraining; one torch thread) so the whole module
 takes a couple of minutes on the shared 2-core CPU; everything is pinned to CPU so the
 outcome is the same on a GPU host.
 """
@@ -22,8 +23,11 @@ from typing import Any
 import pytest
 
 from diagnostics.analyze import analyze
+from diagnostics.model import AnalysisInputs
 from diagnostics.result import AnalysisResult
 from diagnostics.rules.registry import CORE_RULE_IDS
+from diagnostics.rules.worker_restarts import WorkerRestarts
+from diagnostics.thresholds import Thresholds
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +40,7 @@ BASE_ARGS = (
     "--steps",
     "24",
     "--set",
-    "data.rows=600",
+    "data.rows=200",
     "--set",
     "train.pretrain_steps=0",
     "--set",
@@ -125,6 +129,10 @@ def fixed_results(scenario_results, tmp_path_factory) -> dict[str, AnalysisResul
     unpatched as the speed baseline that shares the fixed runs' machine load."""
     runs_dir = tmp_path_factory.mktemp("rule_fixes")
     jobs = {"slow-loader-baseline": ["--scenario", "slow-loader", *BASE_ARGS, *NO_PROFILER]}
+    restarts = finding(scenario_results["healthy"], "worker-restarts")
+    assert restarts is not None, "healthy (workers, not persistent) shows no restarts"
+    jobs["healthy"] = ["--scenario", "healthy", *BASE_ARGS, *NO_PROFILER]
+    jobs["healthy"] += set_args(restarts.fix.config_patch)
     for scenario, rule in DESIGNED.items():
         found = finding(scenario_results[scenario], rule)
         assert found is not None and found.fix.config_patch, f"{scenario}: no {rule} patch"
@@ -211,6 +219,19 @@ def test_fix_makes_the_finding_disappear(fixed_results, scenario, rule):
     assert result.run is not None and result.run.steps.height == 24
     assert finding(result, rule) is None, finding(result, rule).title
     assert rule not in {s.rule for s in result.skipped}  # judged, not skipped
+
+
+def test_persistent_workers_remove_the_epoch_start_waits(scenario_results, fixed_results):
+    # healthy keeps workers but not across epochs: each epoch's first step waits for new
+    # workers. With the patch the rule skips (persistent_workers is on), so check the
+    # evidence itself: judged anyway, the epoch starts no longer stand out.
+    before = finding(scenario_results["healthy"], "worker-restarts")
+    assert len(before.evidence["epoch_start_steps"]) >= 2
+    patched = fixed_results["healthy"]
+    assert patched.run.config["data"]["persistent_workers"] is True
+    reasons = {s.rule: s.reason for s in patched.skipped}
+    assert "persistent_workers is on" in reasons["worker-restarts"]
+    assert WorkerRestarts().check(AnalysisInputs(run=patched.run), Thresholds()) == []
 
 
 def test_fixed_slow_loader_is_faster(fixed_results):

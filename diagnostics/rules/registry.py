@@ -16,6 +16,7 @@ from diagnostics.rules.tensor_cores_unused import TensorCoresUnused
 from diagnostics.rules.too_few_workers import TooFewWorkers
 from diagnostics.rules.unstable_gradients import UnstableGradients
 from diagnostics.rules.unused_embedding_rows import UnusedEmbeddingRows
+from diagnostics.rules.worker_restarts import WorkerRestarts
 
 # The five the app, the reports and users' CI gates rely on (ids fixed).
 CORE_RULE_IDS: tuple[str, ...] = (
@@ -32,6 +33,7 @@ RULES: tuple[Rule, ...] = (
     TooFewWorkers(),
     UnstableGradients(),
     MemoryLeak(),
+    WorkerRestarts(),
     HostDeviceSync(),
     LaunchBoundKernels(),
     TensorCoresUnused(),

@@ -1,0 +1,174 @@
+"""worker-restarts: DataLoader workers are started again at every epoch.
+
+What it finds
+    A run with DataLoader workers and ``persistent_workers`` off whose first step of each
+    new epoch waits for data far longer than the other steps: the wait at each epoch start
+    against the median wait of the steps within epochs, reported per epoch with the time
+    lost.
+
+Why it matters
+    Without ``persistent_workers=True`` the DataLoader shuts its worker processes down at
+    the end of every epoch and forks new ones at the start of the next, which re-imports,
+    re-opens the dataset and refills the prefetch queue while the training step waits.
+    Short epochs (small or sharded datasets, frequent evaluation) pay it often.
+
+How to fix
+    ``DataLoader(..., num_workers=N, persistent_workers=True)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+import polars as pl
+
+from diagnostics.model import AnalysisInputs
+from diagnostics.rules import examples as ex
+from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
+from diagnostics.rules.evidence import chart, config_value, has_steps, numeric, r
+from diagnostics.thresholds import Thresholds
+
+FIX_CODE = """\
+# before: workers are torn down and forked again every epoch
+loader = DataLoader(dataset, batch_size=32, num_workers=4)
+
+# after: the same workers serve every epoch
+loader = DataLoader(dataset, batch_size=32, num_workers=4, persistent_workers=True)
+"""
+
+
+class WorkerRestarts(Rule):
+    id = "worker-restarts"
+    title = "DataLoader workers restart at every epoch"
+    severity = Severity.LOW
+    needs = frozenset({"run_steps", "run_config"})
+    threshold_names = ("epoch_start_wait_ratio", "epoch_start_wait_min_ms")
+
+    def skip_reason(self, inputs: AnalysisInputs) -> str | None:
+        run = inputs.run
+        if not has_steps(run, "epoch", "data_wait_ms"):
+            return "needs run step records with epoch and data_wait_ms"
+        assert run is not None
+        workers = config_value(run, "data.num_workers")
+        if not isinstance(workers, int) or workers == 0:
+            return "the DataLoader has no worker processes to restart (num_workers is 0 or unknown)"
+        if config_value(run, "data.persistent_workers") is True:
+            return "persistent_workers is on: workers live across epochs"
+        if run.steps["epoch"].n_unique() < 2:
+            return "the run never crossed an epoch boundary"
+        return None
+
+    def check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:
+        run = inputs.run
+        assert run is not None
+        steps = run.steps.filter(pl.col("data_wait_ms").is_not_null()).sort("step")
+        first_epoch = steps["epoch"].min()
+        starts = (
+            steps.group_by("epoch").agg(pl.col("step").min()).filter(pl.col("epoch") > first_epoch)
+        )
+        start_steps = set(starts["step"].to_list())
+        # the run's first step forks the first workers: neither a restart nor the baseline
+        within = steps.slice(1).filter(~pl.col("step").is_in(list(start_steps)))
+        if within.height < 3 or not start_steps:
+            return []
+        baseline = float(np.median(numeric(within, "data_wait_ms")))
+        at_start = steps.filter(pl.col("step").is_in(list(start_steps)))
+        waits = numeric(at_start, "data_wait_ms")
+        typical = float(np.median(waits))
+        extra = typical - baseline
+        if (
+            typical < thresholds.epoch_start_wait_ratio * max(baseline, 1e-9)
+            or extra < thresholds.epoch_start_wait_min_ms
+        ):
+            return []
+        total_ms = float(steps["step_time_ms"].sum()) if has_steps(run, "step_time_ms") else None
+        lost_ms = float(sum(w - baseline for w in waits))
+        saving = 100.0 * lost_ms / total_ms if total_ms else None
+        workers = config_value(run, "data.num_workers")
+        evidence: dict[str, Any] = {
+            "source": "run step records: data wait at each epoch's first step vs within epochs",
+            "num_workers": workers,
+            "persistent_workers": config_value(run, "data.persistent_workers"),
+            "epoch_start_steps": sorted(start_steps),
+            "epoch_start_wait_ms": [r(w) for w in waits],
+            "within_epoch_wait_ms_median": r(baseline),
+            "extra_ms_per_epoch": r(extra),
+            "lost_ms_total": r(lost_ms),
+            "steps": [int(steps["step"].min()), int(steps["step"].max())],
+            "chart": chart(
+                "bar",
+                "DataLoader wait per step (epoch starts highlighted)",
+                "step",
+                "data wait (ms)",
+                steps["step"].to_list(),
+                {"data wait (ms)": numeric(steps, "data_wait_ms")},
+                highlight_x=sorted(start_steps),
+            ),
+        }
+        return [
+            Finding(
+                rule=self.id,
+                severity=self.severity,
+                title=f"Each epoch starts with a {typical:.0f} ms wait for new DataLoader workers",
+                evidence=evidence,
+                recommendation=(
+                    f"The first step of each epoch waits {typical:.0f} ms for data (median) "
+                    f"against {baseline:.1f} ms within epochs: the {workers} worker(s) are "
+                    "forked again every epoch. Set persistent_workers=True."
+                ),
+                fix=Fix(code=FIX_CODE, config_patch={"data.persistent_workers": True}),
+                estimated_saving_pct=r(saving, 1) if saving is not None else None,
+            )
+        ]
+
+    examples: ClassVar = (
+        Example(
+            "run: 3 epochs of 10 steps, each epoch start waits 300 ms against 2 ms",
+            True,
+            lambda: ex.inputs(
+                run=ex.run(
+                    ex.series(
+                        30,
+                        epoch=lambda s: (s - 1) // 10,
+                        data_wait_ms=lambda s: 300.0 if s in (1, 11, 21) else 2.0,
+                        step_time_ms=lambda s: 100.0 + (300.0 if s in (1, 11, 21) else 2.0),
+                    ),
+                    config={"data": {"num_workers": 2, "persistent_workers": False}},
+                    environment=ex.CPU_ENV,
+                )
+            ),
+        ),
+        Example(
+            "run: persistent workers, epoch starts wait like any other step",
+            False,
+            lambda: ex.inputs(
+                run=ex.run(
+                    ex.series(
+                        30,
+                        epoch=lambda s: (s - 1) // 10,
+                        data_wait_ms=2.0,
+                        step_time_ms=102.0,
+                    ),
+                    config={"data": {"num_workers": 2, "persistent_workers": True}},
+                    environment=ex.CPU_ENV,
+                )
+            ),
+        ),
+        Example(
+            "run: workers off, epoch starts no slower than the rest",
+            False,
+            lambda: ex.inputs(
+                run=ex.run(
+                    ex.series(
+                        30,
+                        epoch=lambda s: (s - 1) // 10,
+                        data_wait_ms=lambda s: 3.0 if s % 10 == 1 else 2.0,
+                        step_time_ms=102.0,
+                    ),
+                    config={"data": {"num_workers": 2, "persistent_workers": False}},
+                    environment=ex.CPU_ENV,
+                )
+            ),
+        ),
+    )
