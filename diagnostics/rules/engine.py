@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from diagnostics.model import AnalysisInputs
@@ -29,5 +30,22 @@ def run_rules(inputs: AnalysisInputs, thresholds: Any = None) -> RulesOutcome:
             findings.extend(rule.check(inputs, resolved))
         except Exception as exc:  # a broken rule is reported, the others still run
             errors.append(Skipped(rule.id, f"{type(exc).__name__}: {exc}"))
+    findings = _link_related(findings)
     findings.sort(key=lambda f: (f.severity.rank, -(f.estimated_saving_pct or 0.0)))
     return RulesOutcome(tuple(findings), tuple(skipped), tuple(errors))
+
+
+def _link_related(findings: list[Finding]) -> list[Finding]:
+    """A finding naming ``related_rules`` (rules whose cause it measured, e.g. where the GPU
+    idle time went) learns which of them actually fired: ``explained_by_findings``."""
+    fired = {f.rule for f in findings}
+    linked = []
+    for finding in findings:
+        related = finding.evidence.get("related_rules")
+        if isinstance(related, list):
+            explained = [rule for rule in related if rule in fired and rule != finding.rule]
+            finding = replace(
+                finding, evidence={**finding.evidence, "explained_by_findings": explained}
+            )
+        linked.append(finding)
+    return linked

@@ -106,6 +106,9 @@ def fp16_without_scaler_in_trace(trace: TraceFacts | None) -> dict[str, Any] | N
         "fp16_kernels": fp16.height,
         "fp16_kernel_us": r(float(fp16["device_us"].sum()), 0),
         "top_fp16_kernels": fp16.sort("device_us", descending=True)["name"].head(5).to_list(),
+        "top_fp16_kernel_us": fp16.sort("device_us", descending=True)["device_us"]
+        .head(5)
+        .to_list(),
         "unscale_ops_found": 0,
     }
 
@@ -171,6 +174,19 @@ class UnstableGradients(Rule):
         severe = {"non_finite", "divergence", "scale_collapse"} & set(kinds)
         evidence["signals"] = kinds
         evidence["steps"] = sorted(offending)[:200] or _step_range(inputs)
+        if (
+            from_trace is not None
+            and "fp16_without_grad_scaler" in kinds
+            and not (run is not None and has_steps(run, "grad_norm"))
+        ):
+            evidence["chart"] = chart(
+                "bar",
+                "fp16 kernels that ran without loss scaling",
+                "kernel",
+                "GPU time (µs)",
+                [name[:60] for name in from_trace["top_fp16_kernels"]],
+                {"GPU time (µs)": from_trace["top_fp16_kernel_us"]},
+            )
         if run is not None and has_steps(run, "grad_norm"):
             evidence["chart"] = chart(
                 "line",

@@ -385,3 +385,28 @@ def test_leak_points_at_allocating_lines_not_function_headers():
     (finding,) = fired(MemoryLeak(), inputs)
     assert [line["line"] for line in finding.evidence["memory_lines"]] == [42]
     assert "line 42" in finding.recommendation
+
+
+def test_low_utilisation_learns_which_related_findings_fired():
+    # the GPU idles mostly while the host waits for the DataLoader, and the DataLoader rule
+    # fires on the same trace: the utilisation finding says it is explained by it
+    gaps = [
+        {
+            "device": 0,
+            "stream": 7,
+            "start_us": 0.0,
+            "end_us": 30_000.0,
+            "dur_us": 30_000.0,
+            "idle_kind": "host_wait",
+            "host_activity": "dataloader",
+        }
+    ]
+    trace = ex.trace(
+        gpu=[{"device": 0, "busy_us": 15_000.0, "span_us": 50_000.0, "utilization_pct": 30.0}],
+        idle_gaps=gaps,
+        breakdown=ex.breakdown_rows(5, kernel=3000.0, dataloader=6000.0, cpu_exec=1000.0),
+    )
+    outcome = engine.run_rules(ex.inputs(trace=trace))
+    low = next(f for f in outcome.findings if f.rule == "low-gpu-utilization")
+    assert low.evidence["related_rules"] == ["too-few-workers"]
+    assert low.evidence["explained_by_findings"] == ["too-few-workers"]
