@@ -58,7 +58,12 @@ def watched_run(runs_dir: Path) -> RunFolder | None:
             if path is not None:
                 return RunFolder(path)
     active = launch.active_runs(runs_dir)
-    return RunFolder(active[0].path) if active else None
+    if not active:
+        return None
+    # follow it from now on, also after it ends (and in the URL, for a reload)
+    st.session_state["watched_run_id"] = active[0].run_id
+    st.query_params["run"] = active[0].run_id
+    return RunFolder(active[0].path)
 
 
 def panel(runs_dir: Path, run: RunFolder) -> None:

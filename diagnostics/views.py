@@ -761,3 +761,18 @@ def operator_time_column(operators: pl.DataFrame) -> str:
     if "device_us" in operators.columns and (operators["device_us"].fill_null(0) > 0).any():
         return "device_us"
     return "host_us"
+
+
+def form_error_summary(errors: Mapping[str, str]) -> tuple[list[str], str | None]:
+    """(messages for no single form field, the count line for the fields' own messages)."""
+    form_keys = {form_field.key for _, section in LAUNCH_FORM for form_field in section}
+    others = [message for key, message in errors.items() if key not in form_keys]
+    count = sum(key in form_keys for key in errors)
+    if not count:
+        return others, None
+    plural = count > 1
+    summary = (
+        f"{count} setting{'s' if plural else ''} need{'' if plural else 's'} fixing: "
+        "see the messages next to the fields."
+    )
+    return others, summary

@@ -74,11 +74,8 @@ if submitted:
             st.session_state["watched_run_id"] = launched.run_id
             st.query_params["run"] = launched.run_id
     st.rerun()
-if "" in errors:
-    st.error(errors[""], icon=":material/error:")
-elif errors:
-    st.error(
-        f"{len(errors)} setting{'s' if len(errors) > 1 else ''} need{'' if len(errors) > 1 else 's'} "
-        "fixing: see the messages next to the fields.",
-        icon=":material/warning:",
-    )
+other_errors, summary = views.form_error_summary(errors)
+for message in other_errors:  # a launch failure or a check across fields
+    st.error(message, icon=":material/error:")
+if summary:
+    st.error(summary, icon=":material/warning:")

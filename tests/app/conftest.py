@@ -56,6 +56,20 @@ def finish_trainer(process: subprocess.Popen[str], timeout_s: float = 240.0) -> 
     return Path(stdout.strip().splitlines()[-1])
 
 
+# A small, quick reference run whose loader is slow enough (20 ms of simulated storage
+# latency per sample) that data wait dominates even on a busy machine.
+QUICK_RUN: dict[str, object] = {
+    "train.pretrain_steps": 0,
+    "data.rows": 256,
+    "data.sample_latency_ms": 20,
+    "model.hidden_size": 64,
+    "model.intermediate_size": 128,
+    "model.layers": 1,
+    "profiler.wait": 1,
+    "profiler.active": 2,
+}
+
+
 @dataclass(frozen=True)
 class TrainedRuns:
     runs_dir: Path
@@ -67,15 +81,9 @@ class TrainedRuns:
 def trained_runs(tmp_path_factory: pytest.TempPathFactory) -> TrainedRuns:
     """Two short real runs: slow-loader and its re-run with more workers (linked)."""
     runs_dir = tmp_path_factory.mktemp("runs")
-    # small and quick, with a loader slow enough (20 ms of simulated storage latency per
-    # sample) that data wait dominates even on a busy machine
-    common = (
-        "--steps", "6", "--device", "cpu",
-        "--set", "train.pretrain_steps=0", "--set", "data.rows=256",
-        "--set", "data.sample_latency_ms=20", "--set", "model.hidden_size=64",
-        "--set", "model.intermediate_size=128", "--set", "model.layers=1",
-        "--set", "profiler.wait=1", "--set", "profiler.active=2",
-    )  # fmt: skip
+    common = ["--steps", "6", "--device", "cpu"]
+    for key, value in QUICK_RUN.items():
+        common += ["--set", f"{key}={value}"]
     # both at once (they are independent) to halve the wait; the re-run's link to the
     # first is by id, fixed up front
     slow_id, fixed_id = "slow-loader-first", "slow-loader-with-fix"

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import expect
 
 from diagnostics.runs import RunFolder, list_runs
 from tests.app.conftest import screenshot
@@ -72,7 +73,8 @@ def test_launch_watch_diagnose_rerun_compare_download(app_server, page, tmp_path
     # --- launch from the form and watch it live -------------------------------------------
     goto(page, app_server, "Launch")
     choose(page, "Scenario", "slow-loader")
-    assert page.get_by_label("DataLoader workers", exact=True).input_value() == "0"
+    # the form follows the scenario's preset: no workers
+    expect(page.get_by_label("DataLoader workers", exact=True)).to_have_value("0", timeout=30_000)
     set_number(page, "Fine-tuning steps", STEPS)
     set_number(page, "Masked-LM steps first (0 = none)", 0)
     # 40 ms of storage latency per sample (1.3 s a batch of 32): loading stays the

@@ -12,8 +12,9 @@ import time
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from diagnostics.runs import RunWriter, list_runs
-from tests.app.conftest import REPO_ROOT
+from diagnostics.runs import FINAL_STATES, RunFolder, RunWriter, list_runs
+from tests.app.conftest import QUICK_RUN, REPO_ROOT
+from trainer import launch
 
 PAGES = (
     "app.py",
@@ -205,3 +206,25 @@ def test_upload_real_trace_shows_findings(empty_env, shared_traces_dir):
     next(b for b in at.button if b.label == "Save upload").click().run()
     saved = list((empty_env / "uploads").glob("*/*"))
     assert [p.name for p in saved] == [trace.name]
+
+
+@pytest.mark.slow
+def test_cancel_stops_a_live_run_cleanly(empty_env):
+    overrides = {**QUICK_RUN, "train.steps": 500}  # far more than it will get to run
+    launched = launch.start_run(
+        scenario="slow-loader", overrides=overrides, runs_dir=empty_env, device="cpu"
+    )
+    at = open_page("pages/1_Launch.py")  # no ?run=: the live run is found in the runs folder
+    assert not at.exception
+    assert any(launched.run_id in m.value for m in at.markdown)
+    next(b for b in at.button if b.label == "Cancel run").click().run()
+    assert (launched.run_dir / "cancel.request").exists()
+    deadline = time.monotonic() + 180
+    while RunFolder(launched.run_dir).status().status not in FINAL_STATES:
+        assert time.monotonic() < deadline, "the trainer did not stop"
+        time.sleep(0.5)
+    status = RunFolder(launched.run_dir).status()
+    assert status.status == "cancelled"
+    assert status.step < 500  # stopped early, its records kept
+    at.run()
+    assert any("cancelled" in w.value for w in at.warning)

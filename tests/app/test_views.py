@@ -297,3 +297,14 @@ def test_save_uploads_keeps_files_under_runs_uploads(tmp_path):
     folder = views.save_uploads([("my trace.json", io.BytesIO(b"{}"))], tmp_path, now=0.5)
     assert folder == tmp_path / "uploads" / "19700101-000000-500"
     assert (folder / "my_trace.json").read_bytes() == b"{}"
+
+
+def test_form_error_summary_splits_field_and_other_messages():
+    errors = {
+        "train.batch_size": "train.batch_size: 0 is out of range",
+        "model.heads": "model.heads: 5 does not divide model.hidden_size 192",
+    }
+    others, summary = views.form_error_summary(errors)
+    assert others == ["model.heads: 5 does not divide model.hidden_size 192"]  # not in the form
+    assert summary == "1 setting needs fixing: see the messages next to the fields."
+    assert views.form_error_summary({}) == ([], None)
