@@ -60,7 +60,8 @@ folder = tempfile.mkdtemp()
 os.symlink(path, os.path.join(folder, os.path.basename(path)))
 analysis = TraceAnalysis(trace_dir=folder)
 analysis.get_temporal_breakdown(visualize=False)
-analysis.get_idle_time_breakdown(visualize=False)
+# idle time is per rank and defaults to rank 0: ask for the ranks the folder holds
+analysis.get_idle_time_breakdown(ranks=sorted(analysis.t.traces), visualize=False)
 analysis.get_gpu_kernel_breakdown(visualize=False)
 print("ok")
 """
