@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -247,20 +248,31 @@ def load_trace_files(
     display_names: list[str] | None = None,
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    on_error: Callable[[InputError], None] | None = None,
 ) -> tuple[tuple[LoadedTrace, ...], tuple[str, ...]]:
-    """Loads each file and groups them by rank: (traces by rank, notes)."""
+    """Loads each file and groups them by rank: (traces by rank, notes).
+
+    A file that cannot be read raises its InputError, or, with ``on_error``, is handed to
+    it and left out.
+    """
     if display_names is not None and len(display_names) != len(paths):
         raise ValueError("display_names must name every path")
     names = display_names or [str(p) for p in paths]
-    loaded = [
-        load_trace_file(
-            path,
-            max_decompressed_bytes=max_decompressed_bytes,
-            display_name=name,
-            chunk_bytes=chunk_bytes,
-        )
-        for path, name in zip(paths, names, strict=True)
-    ]
+    loaded = []
+    for path, name in zip(paths, names, strict=True):
+        try:
+            loaded.append(
+                load_trace_file(
+                    path,
+                    max_decompressed_bytes=max_decompressed_bytes,
+                    display_name=name,
+                    chunk_bytes=chunk_bytes,
+                )
+            )
+        except InputError as exc:
+            if on_error is None:
+                raise
+            on_error(exc)
     notes: list[str] = []
     unknown = [t for t in loaded if t.metadata.rank_source == "default"]
     if len(loaded) > 1 and unknown:
@@ -349,8 +361,14 @@ def load(
                 display, "holds no trace files (*.json, *.json.gz) and is not a run folder"
             )
         kind = "ranks"
+    skipped: list[str] = []
+    # A run's traces are written while it runs: a window still being written (or cut
+    # short by a crash) is left out with a warning rather than hiding the run's records.
     traces, notes = load_trace_files(
-        files, max_decompressed_bytes=max_decompressed_bytes, chunk_bytes=chunk_bytes
+        files,
+        max_decompressed_bytes=max_decompressed_bytes,
+        chunk_bytes=chunk_bytes,
+        on_error=(lambda exc: skipped.append(f"trace left out: {exc}")) if run else None,
     )
     if run is not None:
         # the trainer is one process: every profiler window is rank 0's, whatever the names
@@ -362,7 +380,7 @@ def load(
         traces=traces,
         run=run,
         files=tuple(str(f) for f in files),
-        warnings=tuple(w for t in traces for w in t.metadata.warnings),
+        warnings=tuple(skipped) + tuple(w for t in traces for w in t.metadata.warnings),
         notes=notes + tuple(n for t in traces for n in t.metadata.notes),
     )
 

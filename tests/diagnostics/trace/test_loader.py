@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
+import json
+
 import polars as pl
 import pytest
 
@@ -294,3 +297,23 @@ def test_unreadable_run_folder_is_an_input_error(tmp_path):
     (path / "run.json").write_text("{broken")
     with pytest.raises(InputError, match=rf"^{path}: is not a readable run folder"):
         load(path)
+
+
+def test_run_trace_still_being_written_is_left_out_with_a_warning(tmp_path):
+    path = _run_folder(tmp_path, with_trace=True)
+    whole = gzip.compress(json.dumps(trace_doc(small_events())).encode())
+    partial = path / "trace" / "host_1.2.pt.trace.json.gz"
+    partial.write_bytes(whole[: len(whole) // 2])  # the trainer is mid-write
+    loaded = load(path)
+    assert loaded.run is not None and loaded.ranks == (0,)
+    assert loaded.traces[0].events.height == 4  # the complete window only
+    (warning,) = loaded.warnings
+    assert warning == f"trace left out: {partial}: is a truncated gzip file (the stream ends early)"
+
+
+def test_a_broken_file_in_a_rank_folder_is_an_error(tmp_path):
+    folder = tmp_path / "ranks"
+    write_json(folder / "rank0.json", trace_doc(small_events()))
+    (folder / "rank1.json").write_text("{oops")
+    with pytest.raises(InputError, match=r"rank1\.json: is not valid JSON"):
+        load(folder)
