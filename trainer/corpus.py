@@ -9,8 +9,8 @@ machine, which exact resume and run-to-run comparisons rely on.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import json
 import os
 from pathlib import Path
 
@@ -200,8 +200,12 @@ def train_tokenizer(
 ) -> Tokenizer:
     """A WordPiece tokenizer trained on ``texts`` here (never downloaded).
 
-    Trained tokenizers are cached under ``cache_dir`` keyed by a hash of the training texts
-    and vocabulary size, so runs on the same corpus share one (and resume uses the same).
+    Training is not deterministic: the library breaks ties between equally frequent pairs
+    in hash order, so two trainings on the same texts can number (and, at the vocabulary
+    limit, choose) tokens differently. Hence a cache under ``cache_dir``, keyed by a hash of
+    the texts and the vocabulary size, that the first writer wins: every run on the same
+    corpus in one runs directory then uses the same tokenizer, and the run folder keeps its
+    own copy (``tokenizer.json``) for resume.
     """
     digest = hashlib.sha256()
     digest.update(f"v{CORPUS_VERSION}:{vocab_size}\n".encode())
@@ -209,10 +213,9 @@ def train_tokenizer(
         digest.update(text.encode() + b"\n")
     cached = cache_dir / f"wordpiece-{digest.hexdigest()[:20]}.json" if cache_dir else None
     if cached is not None and cached.exists():
-        try:
-            return _finish(Tokenizer.from_file(str(cached)), max_length)
-        except Exception:  # a torn cache file from a killed run: retrain and replace
-            cached.unlink(missing_ok=True)
+        with contextlib.suppress(Exception):  # a torn file: retrain below
+            return load_tokenizer(cached, max_length)
+        cached.unlink(missing_ok=True)
     tokenizer = _new_tokenizer()
     trainer = WordPieceTrainer(
         vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False
@@ -221,6 +224,21 @@ def train_tokenizer(
     if cached is not None:
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(json.loads(tokenizer.to_str())))
-        os.replace(tmp, cached)
+        tmp.write_text(tokenizer.to_str())
+        try:
+            os.link(tmp, cached)  # atomic and exclusive: fails if another run got there first
+        except FileExistsError:
+            tmp.unlink(missing_ok=True)
+            return load_tokenizer(cached, max_length)
+        tmp.unlink(missing_ok=True)
     return _finish(tokenizer, max_length)
+
+
+def load_tokenizer(path: Path, max_length: int) -> Tokenizer:
+    return _finish(Tokenizer.from_file(str(path)), max_length)
+
+
+def save_tokenizer(tokenizer: Tokenizer, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(tokenizer.to_str())
+    os.replace(tmp, path)

@@ -29,7 +29,14 @@ from torch.utils.data import (
 )
 
 from trainer.config import DataConfig, split_sizes
-from trainer.corpus import CATEGORIES, MERCHANT_TYPES, make_corpus, train_tokenizer
+from trainer.corpus import (
+    CATEGORIES,
+    MERCHANT_TYPES,
+    load_tokenizer,
+    make_corpus,
+    save_tokenizer,
+    train_tokenizer,
+)
 
 Sample = dict[str, torch.Tensor]
 PHASES = ("pretrain", "finetune")
@@ -67,13 +74,22 @@ class Corpus:
         return [self.tokenizer.token_to_id(t) for t in ("[PAD]", "[CLS]", "[SEP]", "[MASK]")]
 
 
-def load_corpus(data: DataConfig, seed: int, cache_dir: Path | None) -> Corpus:
+def load_corpus(
+    data: DataConfig, seed: int, cache_dir: Path | None, tokenizer_path: Path | None = None
+) -> Corpus:
+    """The corpus and its tokenizer: the one at ``tokenizer_path`` when it exists (a resumed
+    run), else one trained (or taken from the cache) and then saved there."""
     frame = make_corpus(data.rows, seed)
     n_train, _ = split_sizes(data.rows)
     texts = frame["text"].to_list()
     labels = frame.select("category_id", "merchant_type_id").to_numpy()
-    # the tokenizer learns from the training split only: validation stays unseen text
-    tokenizer = train_tokenizer(texts[:n_train], data.vocab_size, data.max_length, cache_dir)
+    if tokenizer_path is not None and tokenizer_path.exists():
+        tokenizer = load_tokenizer(tokenizer_path, data.max_length)
+    else:
+        # the tokenizer learns from the training split only: validation stays unseen text
+        tokenizer = train_tokenizer(texts[:n_train], data.vocab_size, data.max_length, cache_dir)
+        if tokenizer_path is not None:
+            save_tokenizer(tokenizer, tokenizer_path)
     return Corpus(texts[:n_train], labels[:n_train], texts[n_train:], labels[n_train:], tokenizer)
 
 

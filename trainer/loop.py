@@ -50,6 +50,7 @@ from trainer.runtime import StopRequests, seed_everything
 log = logging.getLogger("trainer")
 
 CANCEL_FILE = "cancel.request"
+TOKENIZER_FILE = "tokenizer.json"  # the run's own tokenizer: resume must not retrain one
 CHECKPOINTS_KEPT = 2  # the newest two: one may be torn if the process dies mid-save
 MEMORY_LINES_PROBE_SAMPLES = 64
 
@@ -94,7 +95,9 @@ class Trainer:
         self._process_rss = None
 
         seed_everything(config.seed)
-        self.corpus: Corpus = load_corpus(config.data, config.seed, cache_dir)
+        self.corpus: Corpus = load_corpus(
+            config.data, config.seed, cache_dir, self.run_dir / TOKENIZER_FILE
+        )
         self.train_set = make_train_dataset(self.corpus, config.data, config.seed)
         self.val_set = make_val_dataset(self.corpus, config.data)
         n_categories, n_types = num_labels()

@@ -111,6 +111,11 @@ def test_manifest_holds_the_config_to_rerun_and_the_environment(run):
     assert 0.0 <= raw["evaluations"][-1]["category_accuracy"] <= 1.0
 
 
+def test_the_runs_tokenizer_is_kept_for_resume(run):
+    vocab = json.loads((run.path / "tokenizer.json").read_text())["model"]["vocab"]
+    assert {"[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]"} <= set(vocab)
+
+
 def test_parquet_is_written_and_log_kept(run):
     assert (run.path / "steps.parquet").is_file()
     assert (run.path / "samples.parquet").is_file()

@@ -130,9 +130,12 @@ class SystemSampler(NullSampler):
             try:
                 if process is None:
                     process = self._workers[pid] = psutil.Process(pid)
-                total += process.memory_info().rss
+                rss = process.memory_info().rss
             except psutil.Error:  # exited between the listing and the read
+                rss = 0
+            if rss == 0:  # gone, or a zombie not yet reaped: no memory, not a worker any more
                 self._workers.pop(pid, None)
+            total += rss
         return total, len(self._workers)
 
     def sample(self, nvml: Nvml) -> list[dict[str, Any]]:
