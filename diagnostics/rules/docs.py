@@ -123,8 +123,11 @@ def render_markdown(rules: Sequence[Rule] = RULES) -> str:
         "Generated from the rules by `python -m diagnostics rules` "
         "(`diagnostics/rules/docs.py`); do not edit by hand.",
         "",
-        "Every threshold can be overridden from one TOML or JSON file (or a mapping) through "
-        '`diagnostics.thresholds.load_thresholds`, e.g. `analyze(path, thresholds="t.toml")`:',
+        "Every threshold can be overridden from one TOML or JSON file (or a mapping): "
+        "`python -m diagnostics analyze PATH --thresholds t.toml`, or "
+        '`analyze(path, thresholds="t.toml")` (`diagnostics/thresholds.py`). Severities '
+        "below are the rules' defaults; a finding is rated up or down by the size of its "
+        "evidence.",
         "",
         "```toml",
         "[thresholds]",
@@ -137,7 +140,12 @@ def render_markdown(rules: Sequence[Rule] = RULES) -> str:
     out += [f"| [`{d.id}`](#{d.id}) | {d.severity} | {_cell(d.title)} |" for d in docs]
     for d in docs:
         needs = ", ".join(NEEDS_TEXT.get(n, n) for n in d.needs) or "nothing"
-        out += ["", f"## {d.id}", "", f"**{d.title}** · severity `{d.severity}` · reads {needs}"]
+        out += [
+            "",
+            f"## {d.id}",
+            "",
+            f"**{d.title}** · default severity `{d.severity}` · reads {needs}",
+        ]
         out += ["", d.summary]
         for name in SECTIONS:
             if name in d.sections:
