@@ -148,13 +148,16 @@ class TransactionDataset(Dataset[Sample]):
     def __len__(self) -> int:
         return len(self.texts)
 
-    def __getitem__(self, index: int) -> Sample:
+    def __getitem__(self, key: int | tuple[int, int]) -> Sample:
+        # (epoch, index) from EpochSampler: the epoch travels with the index, so a worker
+        # (persistent or not) augments for the right epoch without shared state
+        epoch, index = key if isinstance(key, tuple) else (self.epoch, key)
         if self._ids is not None and self._mask is not None:
             ids, mask = self._ids[index], self._mask[index]
         else:
             text = self.texts[index]
             if self.augmenting:
-                text = augment(text, self.seed, self.epoch, index)
+                text = augment(text, self.seed, epoch, index)
             encoding = self.tokenizer.encode(text)
             ids = torch.tensor(encoding.ids, dtype=torch.long)
             mask = torch.tensor(encoding.attention_mask, dtype=torch.long)
@@ -196,8 +199,11 @@ class CachedDataset(Dataset[Sample]):
         return sample
 
 
-class EpochSampler(Sampler[int]):
-    """A permutation keyed by (seed, phase, epoch), optionally started part-way through."""
+class EpochSampler(Sampler[tuple[int, int]]):
+    """A permutation keyed by (seed, phase, epoch), optionally started part-way through.
+
+    Yields (epoch, index) keys for :class:`TransactionDataset`.
+    """
 
     def __init__(self, size: int, seed: int, phase: str):
         self.size = size
@@ -210,11 +216,11 @@ class EpochSampler(Sampler[int]):
         self.epoch = epoch
         self.start = start
 
-    def __iter__(self) -> Iterator[int]:
+    def __iter__(self) -> Iterator[tuple[int, int]]:
         order = np.random.default_rng(order_key(self.seed, self.phase, self.epoch)).permutation(
             self.size
         )
-        return iter(order[self.start :].tolist())
+        return iter([(self.epoch, index) for index in order[self.start :].tolist()])
 
     def __len__(self) -> int:
         return self.size - self.start
@@ -260,7 +266,7 @@ class ShardedTransactionDataset(IterableDataset[Sample]):
         order = self.shard_order()
         for position in assign_shards(len(order), num_workers, worker_id):
             for index in self.shards[order[position]]:
-                yield self.base[index]
+                yield self.base[(self.epoch, index)]
 
 
 def _worker_init(_: int) -> None:

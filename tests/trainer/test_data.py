@@ -191,3 +191,27 @@ def test_sharded_stream_resumes_by_skipping_batches(corpus):
     full, resumed = take(0, 8), take(3, 5)
     assert all(torch.equal(a, b) for a, b in zip(full[3:], resumed, strict=True))
     assert np.isclose(sum(len(b) for b in full), 8 * 16, atol=16 * 2)
+
+
+def test_persistent_workers_see_each_epochs_augmentation(corpus):
+    # augmenting data through one persistent worker, across an epoch boundary: the same
+    # batches as fresh workers per epoch, and as a run resumed in the second epoch
+    ds = TransactionDataset(
+        corpus.train_texts[:64],
+        corpus.train_labels[:64],
+        corpus.tokenizer,
+        tokenize_on_the_fly=True,
+        augmenting=True,
+    )
+
+    def take(persistent, start_epoch, n):
+        data = DataConfig(rows=300, num_workers=1, persistent_workers=persistent)
+        it = EpochBatches(
+            ds, data, batch_size=16, seed=0, phase="finetune", pin_memory=False
+        ).iterate(start_epoch, 0)
+        return [b["input_ids"] for (_, _, b), _ in zip(it, range(n), strict=False)]
+
+    persistent, fresh = take(True, 0, 8), take(False, 0, 8)  # 64 rows / 16 = 4 per epoch
+    assert all(torch.equal(a, b) for a, b in zip(persistent, fresh, strict=True))
+    resumed = take(True, 1, 4)
+    assert all(torch.equal(a, b) for a, b in zip(persistent[4:], resumed, strict=True))
