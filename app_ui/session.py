@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 
 import streamlit as st
 
@@ -11,14 +13,14 @@ from diagnostics.views import resolve_runs_dir
 
 # Every key a page keeps in st.session_state, with its default. Each browser session has
 # its own copy; nothing is shared between users except the runs directory on disk.
-SESSION_DEFAULTS: dict[str, object] = {
-    "watched_run_id": None,  # the run the Launch page follows
-    "launch_errors": {},  # field -> message from the last rejected launch
-    "launch_notice": None,  # one-line outcome of the last launch/cancel
-    "upload_analysis": None,  # (upload key, AnalysisResult | None, error | None)
-    "saved_upload_dir": None,  # where the user saved the current upload, if they did
-    "rerun_notice": None,  # (run id, patch summary) after "Re-run with fix"
-}
+SESSION_DEFAULTS: Mapping[str, object] = MappingProxyType(
+    {
+        "watched_run_id": None,  # the run the Launch page follows
+        "launch_errors": {},  # field -> message from the last rejected launch
+        "upload_analysis": None,  # (upload key, AnalysisResult | None, error | None)
+        "saved_upload_dir": None,  # where the user saved the current upload, if they did
+    }
+)
 
 
 def init_session() -> None:

@@ -655,7 +655,7 @@ def comparison_card(row: Any) -> CompareCard:
     label = row.label[:1].upper() + row.label[1:]
     value = formatter(row.b)
     if row.unit.endswith("/s"):  # "25.1 samples/s" does not fit a card: the unit goes up
-        label, value = f"{label} ({row.unit})", fmt_number(row.b)
+        label, value = f"{label} ({row.unit})", fmt_rate(row.b, "").strip()
     return CompareCard(label, value, delta, colour)
 
 

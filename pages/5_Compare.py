@@ -68,14 +68,20 @@ with gone:
     st.markdown(f"**:material/check_circle: Gone in B ({len(comparison.findings_gone)})**")
     for finding in comparison.findings_gone:
         st.markdown(f"- {finding.title}")
+    if not comparison.findings_gone:
+        st.caption("None")
 with new:
     st.markdown(f"**:material/fiber_new: New in B ({len(comparison.findings_new)})**")
     for finding in comparison.findings_new:
         st.markdown(f"- {finding.title}")
+    if not comparison.findings_new:
+        st.caption("None")
 with kept:
     st.markdown(f"**:material/sync_alt: In both ({len(comparison.findings_kept)})**")
-    for finding, _ in comparison.findings_kept:
-        st.markdown(f"- {finding.title}")
+    for _, finding in comparison.findings_kept:
+        st.markdown(f"- {finding.title} (in B)")
+    if not comparison.findings_kept:
+        st.caption("None")
 
 st.subheader("Step time, overlaid")
 if result_a.run is not None and result_b.run is not None:

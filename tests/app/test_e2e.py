@@ -19,6 +19,7 @@ from diagnostics.runs import RunFolder, list_runs
 from tests.app.conftest import screenshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
+expect.set_options(timeout=30_000)  # a busy CI machine renders slowly
 
 # A slow-loader run short enough for CI (~20-30 s here): few steps, one profiled step.
 STEPS = 8
@@ -85,7 +86,10 @@ def test_launch_watch_diagnose_rerun_compare_download(app_server, page, tmp_path
     page.get_by_role("button", name="Start run").click()
     page.get_by_text(re.compile(r"step \d+ of \d+")).first.wait_for(timeout=60_000)
     first_id = newest_run_id(runs_dir)
-    assert f"run={first_id}" in page.url  # a reload finds the run again
+    assert f"run={first_id}" in page.url
+    page.reload()  # reloading loses nothing: the run is found again and still followed
+    page.get_by_role("button", name="Cancel run").wait_for(timeout=60_000)
+    page.get_by_text(first_id).first.wait_for()
     page.get_by_text(re.compile(r"steps/s")).first.wait_for(timeout=RUN_TIMEOUT_MS)
     screenshot(page, "launch-live")
     wait_for_run_to_finish(page, runs_dir, first_id)
@@ -94,7 +98,7 @@ def test_launch_watch_diagnose_rerun_compare_download(app_server, page, tmp_path
     page.get_by_role("link", name="Open diagnosis").click()
     page.get_by_text("too-few-workers").first.wait_for(timeout=60_000)
     wait_idle(page)
-    assert page.get_by_text("Median step time").first.is_visible()
+    expect(page.get_by_text("Median step time").first).to_be_visible()
     page.get_by_text(f"tensorboard --logdir {runs_dir / first_id / 'trace'}").wait_for()
     screenshot(page, "run-detail")
 
@@ -150,7 +154,7 @@ def test_upload_a_real_trace_then_a_broken_one(app_server, page, shared_traces_d
     page.locator('input[type="file"]').set_input_files(str(trace))
     page.get_by_role("heading", name="Findings").wait_for(timeout=120_000)
     wait_idle(page)
-    assert page.get_by_text("Median step time").first.is_visible()
+    expect(page.get_by_text("Median step time").first).to_be_visible()
     assert not (app_server.runs_dir / "uploads").exists()  # nothing kept unless saved
     screenshot(page, "upload")
 
@@ -158,7 +162,7 @@ def test_upload_a_real_trace_then_a_broken_one(app_server, page, shared_traces_d
     broken.write_bytes(gzip.compress(b'{"traceEvents": [ {"ph": "X", '))
     page.locator('input[type="file"]').set_input_files(str(broken))
     alert = page.locator('[data-testid="stAlertContentError"]').first
-    alert.wait_for(timeout=60_000)
+    expect(alert).to_contain_text("broken.json.gz: ", timeout=60_000)
     message = alert.inner_text().strip().splitlines()[-1]  # after the icon's name
     assert message.startswith("broken.json.gz: ") and "JSON" in message, message
     screenshot(page, "upload-error")
