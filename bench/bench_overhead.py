@@ -90,12 +90,13 @@ def main(argv: list[str] | None = None) -> int:
         for repeat in range(1, args.repeats + 1):
             # alternate which goes first, so neither always runs on a warmer machine
             order = ("on", "off") if repeat % 2 else ("off", "on")
-            medians = {}
+            medians, cpu = {}, {}
             for mode in order:
-                run = run_once(Path(tmp), mode, args)
+                run, cpu[mode] = run_once(Path(tmp), mode, args)
                 medians[mode], counted = steady_step_ms(run, args.warmup)
                 device = run.manifest().environment.get("device")
-            rows.append((repeat, medians["on"], medians["off"], medians["on"] / medians["off"]))
+            ratio = medians["on"] / medians["off"]
+            rows.append((repeat, medians["on"], medians["off"], ratio, cpu["on"], cpu["off"]))
             print(
                 f"repeat {repeat}: on {medians['on']:.2f} ms, off {medians['off']:.2f} ms",
                 file=sys.stderr,

@@ -91,7 +91,9 @@ class TrainConfig:
     accumulate_loss_as_tensor: bool = _spec(
         False, "`total_loss += loss` without .item(): keeps every graph alive (a leak)"
     )
-    keep_batch_history: bool = _spec(False, "a Python list keeping every batch (a leak)")
+    keep_batch_history: bool = _spec(
+        False, "a Python list keeping every batch and its encoder output (a leak)"
+    )
 
 
 @dataclass
@@ -253,7 +255,9 @@ def _allowed(key: str) -> str:
         return "true, false"
     low, high = spec.metadata.get("min"), spec.metadata.get("max")
     kind = "integer" if inner is int else "number"
-    if low is not None and high is not None:
+    if low is not None and high is not None and spec.metadata.get("exclusive_min"):
+        text = f"{kind} > {low:g} and <= {high:g}"
+    elif low is not None and high is not None:
         text = f"{kind} from {low:g} to {high:g}"
     elif low is not None:
         op = ">" if spec.metadata.get("exclusive_min") else ">="

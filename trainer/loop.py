@@ -23,11 +23,12 @@ import math
 import os
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import torch
 
 from trainer.config import TrainerConfig
@@ -70,7 +71,6 @@ class Outcome:
     status: str  # completed | cancelled | preempted | failed
     reason: str | None = None
     steps_done: int = 0
-    notes: list[str] = field(default_factory=list)
 
 
 class Trainer:
@@ -92,7 +92,7 @@ class Trainer:
         self.instruments = config.instruments.enabled
         self.total_steps = config.train.pretrain_steps + config.train.steps
         self.started = time.monotonic()
-        self._process_rss = None
+        self._process = psutil.Process(os.getpid())
 
         seed_everything(config.seed)
         self.corpus: Corpus = load_corpus(
@@ -362,7 +362,7 @@ class Trainer:
             "amp_scale": out["amp_scale"],
             "batch_size": out["batch_size"],
             "samples_per_s": out["batch_size"] / max(times["step_time_ms"], 1e-6) * 1e3,
-            "rss_bytes": rss_bytes(),
+            "rss_bytes": rss_bytes(self._process),
             "profiled": self.profiler.recording,
             **cuda_memory(self.device),
         }
