@@ -14,6 +14,7 @@ outcome is the same on a GPU host.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from functools import cache
@@ -169,6 +170,15 @@ def test_scenario_fires_its_rule(scenario_results, scenario, rule):
     found = finding(scenario_results[scenario], rule)
     assert found is not None, [f.rule for f in scenario_results[scenario].findings]
     assert found.fix.config_patch
+
+
+def test_every_finding_is_strict_json_with_evidence_and_a_fix(scenario_results):
+    # NaN losses (unstable) and huge numbers must not leak into the JSON as NaN/Infinity
+    for name, result in scenario_results.items():
+        for found in result.findings:
+            json.dumps(found.to_dict(), allow_nan=False)
+            assert found.evidence.get("steps") is not None, (name, found.rule)
+            assert "# before" in found.fix.code and "# after" in found.fix.code
 
 
 def test_slow_loader_evidence(scenario_results):
