@@ -137,6 +137,12 @@ class RunStatus:
         return self.status == "running"
 
 
+_MANIFEST_CORE_KEYS = frozenset(
+    {"version", "run_id", "created_at", "config", "environment", "parent_run_id"}
+    | {"applied_patch", "notes"}
+)
+
+
 @dataclass(frozen=True)
 class RunManifest:
     version: int
@@ -147,6 +153,8 @@ class RunManifest:
     parent_run_id: str | None = None
     applied_patch: dict[str, Any] | None = None
     notes: tuple[str, ...] = ()
+    # fields the trainer adds while running (e.g. model_parameters, vocab_usage)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def scenario(self) -> str | None:
@@ -235,6 +243,7 @@ class RunFolder:
             parent_run_id=raw.get("parent_run_id"),
             applied_patch=raw.get("applied_patch"),
             notes=tuple(raw.get("notes") or ()),
+            extra={k: v for k, v in raw.items() if k not in _MANIFEST_CORE_KEYS},
         )
 
     def status(self, now: float | None = None) -> RunStatus:

@@ -92,3 +92,11 @@ def test_list_runs_newest_first_and_reports_broken(tmp_path):
     assert listings["b"].status.status == "running"
     assert listings["broken"].error and "unreadable" in listings["broken"].error
     assert second.path.name == "b"
+
+
+def test_manifest_keeps_fields_added_while_running(tmp_path):
+    writer = _writer(tmp_path)
+    writer.update_manifest(model_parameters=1234)
+    manifest = RunFolder(writer.path).manifest()
+    assert manifest.extra == {"model_parameters": 1234}
+    assert manifest.scenario == "healthy"
