@@ -516,6 +516,10 @@ def write_uploads(files: Sequence[tuple[str, BinaryIO]], folder: Path) -> list[P
     return paths
 
 
+# One trace per rank: enough for a node or two; more would hold too much in memory at once.
+MAX_UPLOAD_FILES = 16
+
+
 def analyse_uploads(
     files: Sequence[tuple[str, BinaryIO]],
     analyse: Callable[..., Any],
@@ -529,6 +533,11 @@ def analyse_uploads(
     """
     from diagnostics.errors import InputError
 
+    if len(files) > MAX_UPLOAD_FILES:
+        raise InputError(
+            f"{len(files)} files",
+            f"too many at once; upload at most {MAX_UPLOAD_FILES} (one per rank)",
+        )
     for name, _ in files:
         if not is_trace_name(name):
             raise InputError(name, "not a trace file; upload .json or .json.gz files")

@@ -11,7 +11,7 @@ import streamlit as st
 from app_ui import loaders, render, session
 from diagnostics import views
 from diagnostics.errors import InputError
-from diagnostics.runs import RunFolder, list_runs
+from diagnostics.runs import RunFolder, RunFolderError, list_runs
 from trainer import launch
 
 session.setup_page("Run detail", ":material/biotech:")
@@ -39,8 +39,12 @@ if chosen != requested:
     st.query_params["run"] = chosen
 run = views.find_run(listings, chosen)
 folder = RunFolder(run.path)
-manifest = folder.manifest()
-status = folder.status()
+try:
+    manifest = folder.manifest()
+    status = folder.status()
+except RunFolderError as exc:  # a folder from another version, or half-written by a crash
+    st.error(str(exc), icon=":material/error:")
+    st.stop()
 
 st.subheader(run.run_id, divider="gray")
 st.markdown(

@@ -21,7 +21,8 @@ st.markdown(
     "`export_chrome_trace`) — or several, one per rank of a distributed job."
 )
 st.caption(
-    f"`.json` or `.json.gz` · up to **{max_upload_mb} MB per file** as uploaded and "
+    f"`.json` or `.json.gz` · up to {views.MAX_UPLOAD_FILES} files · "
+    f"up to **{max_upload_mb} MB per file** as uploaded and "
     f"**{views.fmt_bytes(DEFAULT_MAX_DECOMPRESSED_BYTES)}** once decompressed · analysed from "
     "a temporary copy that is deleted straight after, unless you save it."
 )

@@ -111,6 +111,25 @@ def test_run_detail_unknown_run_says_so(runs_env):
     assert any("`no-such-run` was not found" in e.value for e in at.error)
 
 
+def test_unreadable_and_failed_runs_get_one_line(empty_env):
+    failed = RunWriter.create(empty_env, {"scenario": "healthy"}, {}, run_id="failed-run")
+    failed.finalise("failed", "CUDA out of memory")
+    newer = RunWriter.create(empty_env, {"scenario": "healthy"}, {}, run_id="newer-version")
+    newer.finalise("completed")
+    newer.update_manifest(version=99)  # a run folder from a future version
+    at = open_page("pages/3_Run_detail.py", {"run": "newer-version"})
+    assert not at.exception
+    assert [e.value for e in at.error] == [
+        f"{empty_env / 'newer-version' / 'run.json'}: run folder version 99 is not supported "
+        "(this reader knows 1)"
+    ]
+    at = open_page("pages/3_Run_detail.py", {"run": "failed-run"})
+    assert not at.exception
+    assert "CUDA out of memory" in texts(at)
+    for page in ("app.py", "pages/2_Runs.py", "pages/5_Compare.py"):
+        assert not open_page(page).exception
+
+
 @pytest.mark.slow
 def test_runs_filter_by_scenario_and_status(runs_env):
     at = open_page("pages/2_Runs.py")

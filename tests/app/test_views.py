@@ -308,3 +308,10 @@ def test_form_error_summary_splits_field_and_other_messages():
     assert others == ["model.heads: 5 does not divide model.hidden_size 192"]  # not in the form
     assert summary == "1 setting needs fixing: see the messages next to the fields."
     assert views.form_error_summary({}) == ([], None)
+
+
+def test_analyse_uploads_caps_the_number_of_files(tmp_path):
+    files = [(f"rank{i}.json", io.BytesIO(b"{}")) for i in range(views.MAX_UPLOAD_FILES + 1)]
+    with pytest.raises(InputError, match=r"^17 files: too many at once; upload at most 16"):
+        views.analyse_uploads(files, lambda *a, **k: None, tmp_path)
+    assert list(tmp_path.iterdir()) == []  # refused before anything was written
