@@ -92,7 +92,7 @@ def findings(
     for index, finding in enumerate(ranked):
         severity = str(finding.severity)
         saving = (
-            f" · saves about {views.fmt_pct(finding.estimated_saving_pct, 0)} of step time"
+            f" · expected saving {views.fmt_saving(finding.estimated_saving_pct)} of step time"
             if finding.estimated_saving_pct
             else ""
         )
@@ -119,7 +119,7 @@ def findings(
                 if finding.estimated_saving_pct is not None:
                     st.metric(
                         "Expected saving",
-                        views.fmt_pct(finding.estimated_saving_pct, 0),
+                        views.fmt_saving(finding.estimated_saving_pct),
                         help="Estimated share of step time this fix removes.",
                     )
             st.markdown("**Fix**")
@@ -231,7 +231,7 @@ def runs_table(table: pl.DataFrame, key: str) -> None:
         selection_mode="single-row",
         key=key,
         column_config={
-            "run": st.column_config.TextColumn("Run", width="medium"),
+            "run": st.column_config.TextColumn("Run", width="large"),
             "scenario": "Scenario",
             "status": "Status",
             "progress": st.column_config.ProgressColumn(
@@ -240,7 +240,7 @@ def runs_table(table: pl.DataFrame, key: str) -> None:
             "steps": "Steps",
             "started": "Started",
             "duration": "Duration",
-            "re-run of": "Re-run of",
+            "re-run of": st.column_config.TextColumn("Re-run of", width="small"),
             "note": "Note",
             "open": st.column_config.LinkColumn("Open", display_text="Open ↗"),
         },

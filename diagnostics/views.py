@@ -78,6 +78,13 @@ def fmt_pct(value_pct: float | None, digits: int = 1) -> str:
     return f"{float(value_pct):.{digits}f} %"
 
 
+def fmt_saving(value_pct: float | None) -> str:
+    """An estimated saving: whole percent, and 'under 1 %' rather than a misleading '0 %'."""
+    if _missing(value_pct):
+        return "—"
+    return "under 1 %" if float(value_pct) < 0.5 else f"{float(value_pct):.0f} %"
+
+
 def fmt_number(value: float | None) -> str:
     """A plain quantity: thousands separated, at most three significant decimals."""
     if _missing(value):

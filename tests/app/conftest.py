@@ -31,11 +31,6 @@ CHROMIUM_ARGS = [
 ]
 
 
-@pytest.fixture(scope="session")
-def shared_traces_dir() -> Path:
-    return REPO_ROOT.parent / "shared" / "traces"
-
-
 def start_trainer(runs_dir: Path, *args: str) -> subprocess.Popen[str]:
     """Starts the real reference trainer (`python -m trainer run`) as its own process."""
     env = {**os.environ, "PIPELINE_DOCTOR_RUNS_DIR": str(runs_dir)}
