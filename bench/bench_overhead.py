@@ -116,17 +116,28 @@ def main(argv: list[str] | None = None) -> int:
             f"| {repeat} | {on:.2f} | {off:.2f} | {ratio:.3f} "
             f"| {cpu_on:.1f} | {cpu_off:.1f} | {cpu_on / cpu_off:.3f} |"
         )
-    medians = [statistics.median(r[i] for r in rows) for i in range(1, 6)]
-    on, off, ratio, cpu_on, cpu_off = medians
+    on, off, ratio, cpu_on, cpu_off = (statistics.median(r[i] for r in rows) for i in range(1, 6))
     cpu_ratio = statistics.median(r[4] / r[5] for r in rows)
     print(
         f"| median | {on:.2f} | {off:.2f} | {ratio:.3f} | {cpu_on:.1f} | {cpu_off:.1f} "
         f"| {cpu_ratio:.3f} |"
     )
-    verdict = "within" if abs(ratio - 1) <= 0.03 else "OUTSIDE"
+    # noise from other processes only ever adds time: the fastest run of each mode is the
+    # least disturbed estimate of what that mode costs
+    best_on, best_off = min(r[1] for r in rows), min(r[2] for r in rows)
+    best_cpu_on, best_cpu_off = min(r[4] for r in rows), min(r[5] for r in rows)
     print(
-        f"\nsteady-state step time overhead {100 * (ratio - 1):+.1f} % ({verdict} the 3 % target)"
+        f"| best | {best_on:.2f} | {best_off:.2f} | {best_on / best_off:.3f} "
+        f"| {best_cpu_on:.1f} | {best_cpu_off:.1f} | {best_cpu_on / best_cpu_off:.3f} |"
     )
+    for label, value in (("median of ratios", ratio), ("best of each mode", best_on / best_off)):
+        verdict = "within" if abs(value - 1) <= 0.03 else "OUTSIDE"
+        print(
+            f"\nsteady-state step time overhead ({label}) {100 * (value - 1):+.1f} % "
+            f"({verdict} the 3 % target)",
+            end="",
+        )
+    print()
     print(
         f"whole-run CPU time (trainer + workers, incl. start-up and the profiled window) "
         f"{100 * (cpu_ratio - 1):+.1f} %"
