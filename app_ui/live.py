@@ -14,7 +14,7 @@ import streamlit as st
 from app_ui import render
 from diagnostics import views
 from diagnostics.report import plots
-from diagnostics.runs import RunFolder, RunFolderError
+from diagnostics.runs import FINAL_STATES, RunFolder, RunFolderError
 from trainer import launch
 from trainer.config import build_config
 
@@ -69,10 +69,12 @@ def watched_run(runs_dir: Path) -> RunFolder | None:
 def panel(runs_dir: Path, run: RunFolder) -> None:
     """Progress, rate, ETA, cancel and live charts; refreshes itself while the run is live."""
     try:
-        running = run.status().is_active
+        # "dead" (a late heartbeat) is not final: a trainer busy building its model on a
+        # loaded machine comes back, so keep refreshing until the status is final
+        live_now = not run.status().is_final
     except RunFolderError:
-        running = False
-    st.fragment(run_every=REFRESH_S if running else None)(_panel_body)(runs_dir, run)
+        live_now = False
+    st.fragment(run_every=REFRESH_S if live_now else None)(_panel_body)(runs_dir, run)
 
 
 def _panel_body(runs_dir: Path, run: RunFolder) -> None:
@@ -87,7 +89,7 @@ def _panel_body(runs_dir: Path, run: RunFolder) -> None:
     seen_key = f"live-status-{run.run_id}"
     previous = st.session_state.get(seen_key)
     st.session_state[seen_key] = status.status
-    if previous == "running" and status.status != "running":
+    if previous is not None and previous not in FINAL_STATES and status.is_final:
         # the run just ended: redraw the whole page so the form's Start button comes back
         st.rerun(scope="app")
 
