@@ -140,6 +140,10 @@ def test_launch_watch_diagnose_rerun_compare_download(app_server, page, tmp_path
     # the table is drawn on a canvas; its cells exist (hidden) for accessibility
     page.get_by_text(second_id).first.wait_for(state="attached")
     screenshot(page, "runs")
+    # selecting a row (its checkbox, drawn on the canvas) opens that run; newest first
+    grid = page.locator('[data-testid="stDataFrame"]').first.bounding_box()
+    page.mouse.click(grid["x"] + 15, grid["y"] + 35 + 17)  # header 35 px, row 35 px
+    page.wait_for_url(re.compile(rf"/Run_detail\?run={second_id}$"), timeout=60_000)
     goto(page, app_server, "")
     screenshot(page, "home")
     goto(page, app_server, "Rules")

@@ -247,3 +247,23 @@ def test_cancel_stops_a_live_run_cleanly(empty_env):
     assert status.step < 500  # stopped early, its records kept
     at.run()
     assert any("cancelled" in w.value for w in at.warning)
+
+
+@pytest.mark.slow
+def test_report_downloads_render_every_format(runs_env, shared_traces_dir):
+    from app_ui import render
+    from diagnostics.analyze import analyze
+    from diagnostics.compare import compare
+
+    first, second = analyze(runs_env.slow), analyze(runs_env.fixed)
+    trace = analyze(shared_traces_dir / "hta_a100_alexnet_with_syncs.json.gz")
+    comparison = compare(first, second)
+    for fmt, opening in (("html", "<!doctype html"), ("md", "#"), ("json", "{")):
+        for text in (
+            render.report_text(first, fmt),
+            render.report_text(trace, fmt),
+            render.comparison_report_text(comparison, fmt),
+        ):
+            assert text.lstrip().lower().startswith(opening), (fmt, text[:80])
+    assert runs_env.slow.name in render.report_text(first, "md")
+    assert runs_env.fixed.name in render.comparison_report_text(comparison, "md")
