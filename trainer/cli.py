@@ -19,7 +19,14 @@ import traceback
 from pathlib import Path
 from typing import Any, NoReturn
 
-from trainer.config import SCENARIOS, ConfigError, TrainerConfig, build_config, parse_assignment
+from trainer.config import (
+    SCENARIOS,
+    ConfigError,
+    TrainerConfig,
+    build_config,
+    config_fields,
+    parse_assignment,
+)
 
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 CACHE_DIR_NAME = ".cache"  # under the runs directory: the tokenizer cache
@@ -41,16 +48,32 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m trainer", description="The reference trainer.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    run = sub.add_parser("run", help="start a profiled run")
-    run.add_argument("--scenario", default="healthy", help=", ".join(SCENARIOS))
+    scenarios = "\n".join(f"  {name:14s} {text}" for name, text in SCENARIOS.items())
+    keys = "\n".join(f"  {f.key:34s} {f.allowed} (default {f.default})" for f in config_fields())
+    run = sub.add_parser(
+        "run",
+        help="start a profiled run",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"scenarios:\n{scenarios}\n\nconfig keys for --set:\n{keys}",
+    )
+    run.add_argument("--scenario", default="healthy", help="a preset (below); default healthy")
     run.add_argument("--steps", help="fine-tuning steps (train.steps)")
-    run.add_argument("--runs-dir", type=Path, default=None)
-    run.add_argument("--device", default=None, help="auto, cpu or cuda")
-    run.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
-    run.add_argument("--instruments", default="on", help="on or off")
-    run.add_argument("--memory-lines", action="store_true")
-    run.add_argument("--run-id")
-    run.add_argument("--parent-run-id")
+    run.add_argument(
+        "--runs-dir", type=Path, default=None, help="default $PIPELINE_DOCTOR_RUNS_DIR or ./runs"
+    )
+    run.add_argument("--device", default=None, help="auto, cpu or cuda (default auto)")
+    run.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config key (repeatable; keys below)",
+    )
+    run.add_argument("--instruments", default="on", help="on or off (off: no profiler, no sampler)")
+    run.add_argument("--memory-lines", action="store_true", help="line-level memory (slow)")
+    run.add_argument("--run-id", help="folder name under the runs dir (default: generated)")
+    run.add_argument("--parent-run-id", help="the run this one re-runs with a fix")
     run.add_argument("--patch-json", help="a fix's config_patch: JSON object of dotted keys")
     resume = sub.add_parser("resume", help="continue a run from its last checkpoint")
     resume.add_argument("run_dir", type=Path)
