@@ -10,6 +10,7 @@ which keeps batches identical whatever the worker count or process.
 from __future__ import annotations
 
 import itertools
+import signal
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -273,6 +274,9 @@ def _worker_init(_: int) -> None:
     # a worker only tokenises and collates: one intra-op thread each, or workers and the
     # training process fight over the same two cores
     torch.set_num_threads(1)
+    # forked workers inherit the trainer's flag-setting SIGTERM handler; a worker told to
+    # stop (e.g. SIGTERM to the whole process group) should simply stop
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def make_train_dataset(corpus: Corpus, data: DataConfig, seed: int) -> TransactionDataset:

@@ -43,7 +43,15 @@ __all__ = [
 
 
 class LaunchError(RuntimeError):
-    """The trainer refused the run or died before creating its folder (message says why)."""
+    """The trainer refused the run or died before creating its folder.
+
+    ``str()`` is one line (the trainer's last line: its own one-line error, or the
+    exception of a crash); ``log_tail`` holds the last lines of its output.
+    """
+
+    def __init__(self, message: str, log_tail: str = ""):
+        super().__init__(message)
+        self.log_tail = log_tail
 
 
 @dataclass(frozen=True)
@@ -149,12 +157,15 @@ def start_run(
             tail = _tail(log_path)
             raise LaunchError(
                 f"trainer exited with code {code} before creating {run_dir}: "
-                + (tail.splitlines()[-1] if tail else "no output")
+                + (tail.splitlines()[-1] if tail else "no output"),
+                tail,
             )
         time.sleep(0.05)
+    tail = _tail(log_path)
     raise LaunchError(
-        f"trainer (pid {process.pid}) did not create {run_dir} within {timeout_s:g} s; "
-        f"log tail: {_tail(log_path, 5)}"
+        f"trainer (pid {process.pid}) did not create {run_dir} within {timeout_s:g} s "
+        f"(still starting? see {log_path})",
+        tail,
     )
 
 

@@ -109,8 +109,10 @@ def test_bad_override_raises_before_anything_starts(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_a_trainer_that_refuses_reports_its_error(tmp_path):
-    with pytest.raises(launch.LaunchError, match="error: device: cuda requested but no CUDA"):
+    with pytest.raises(launch.LaunchError, match="error: device: cuda requested but no CUDA") as e:
         launch.start_run(scenario="healthy", overrides={}, runs_dir=tmp_path, device="cuda")
+    assert "\n" not in str(e.value)
+    assert e.value.log_tail.endswith("allowed: auto, cpu")
     assert [p.name for p in tmp_path.iterdir()] == [".launch"]  # only the launcher's log
 
 
