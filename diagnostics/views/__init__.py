@@ -1,0 +1,146 @@
+"""What the app's pages show, computed without streamlit or torch.
+
+Pages stay thin: they call one function here (or in the analyser/launcher) and render what
+comes back. Everything here is pure and typed so it is tested without a browser:
+
+- ``fmt``       numbers for people (durations, sizes, shares, rates, times)
+- ``analysis``  summary cards, evidence rows, severity badges, chart inputs from findings
+- ``runs``      status badges, filters, the runs table, live progress, the compare default
+- ``config``    config tables, patches, re-run overrides, the launch form
+- ``uploads``   safe names, the analyser's private temporary copy, saving an upload
+- ``compare``   a comparison as cards and a table
+
+``from diagnostics import views`` gives every public name of these modules.
+"""
+
+from __future__ import annotations
+
+from diagnostics.views.analysis import (
+    SEVERITY_BADGES,
+    Card,
+    evidence_rows,
+    leak_slope,
+    operator_time_column,
+    severity_badge,
+    source_caption,
+    spike_steps,
+    summary_cards,
+)
+from diagnostics.views.compare import (
+    CompareCard,
+    comparison_card,
+    comparison_table,
+    config_changes_table,
+    headline,
+)
+from diagnostics.views.config import (
+    LAUNCH_FORM,
+    FormField,
+    config_table,
+    flatten_config,
+    form_error_summary,
+    form_overrides,
+    form_value,
+    patch_command,
+    patch_rows,
+    patch_summary,
+    rerun_overrides,
+    resolve_runs_dir,
+    tensorboard_command,
+)
+from diagnostics.views.fmt import (
+    fmt_bytes,
+    fmt_ms,
+    fmt_number,
+    fmt_pct,
+    fmt_rate,
+    fmt_ratio,
+    fmt_saving,
+    fmt_seconds,
+    fmt_when,
+)
+from diagnostics.views.runs import (
+    RUN_STATES,
+    STATUS_BADGES,
+    Progress,
+    children_of,
+    default_pair,
+    filter_runs,
+    find_run,
+    progress,
+    run_choice_label,
+    run_duration_s,
+    runs_table,
+    safe_run_path,
+    status_badge,
+)
+from diagnostics.views.uploads import (
+    MAX_UPLOAD_FILES,
+    analyse_uploads,
+    is_trace_name,
+    safe_upload_name,
+    save_uploads,
+    saved_upload_dir,
+    upload_key,
+    write_uploads,
+)
+
+__all__ = [
+    "Card",
+    "CompareCard",
+    "FormField",
+    "LAUNCH_FORM",
+    "MAX_UPLOAD_FILES",
+    "Progress",
+    "RUN_STATES",
+    "SEVERITY_BADGES",
+    "STATUS_BADGES",
+    "analyse_uploads",
+    "children_of",
+    "comparison_card",
+    "comparison_table",
+    "config_changes_table",
+    "config_table",
+    "default_pair",
+    "evidence_rows",
+    "filter_runs",
+    "find_run",
+    "flatten_config",
+    "fmt_bytes",
+    "fmt_ms",
+    "fmt_number",
+    "fmt_pct",
+    "fmt_rate",
+    "fmt_ratio",
+    "fmt_saving",
+    "fmt_seconds",
+    "fmt_when",
+    "form_error_summary",
+    "form_overrides",
+    "form_value",
+    "headline",
+    "is_trace_name",
+    "leak_slope",
+    "operator_time_column",
+    "patch_command",
+    "patch_rows",
+    "patch_summary",
+    "progress",
+    "rerun_overrides",
+    "resolve_runs_dir",
+    "run_choice_label",
+    "run_duration_s",
+    "runs_table",
+    "safe_run_path",
+    "safe_upload_name",
+    "save_uploads",
+    "saved_upload_dir",
+    "severity_badge",
+    "source_caption",
+    "spike_steps",
+    "status_badge",
+    "summary_cards",
+    "tensorboard_command",
+    "upload_key",
+    "write_uploads",
+]

@@ -1,0 +1,136 @@
+"""What the pages show of one analysis: summary cards, evidence rows, severity badges and
+the chart inputs taken from findings (the same choices the reports make)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+
+from diagnostics.report import fmt as report_fmt
+from diagnostics.report.metrics import KeyMetrics
+from diagnostics.views.fmt import fmt_bytes, fmt_ms, fmt_pct, fmt_rate
+
+
+def _is_scalar(value: Any) -> bool:
+    return value is None or isinstance(value, bool | int | float | str)
+
+
+_ACRONYMS = {"gpu": "GPU", "cpu": "CPU", "h2d": "H2D", "amp": "AMP", "lr": "LR", "rss": "RSS"}
+
+
+def evidence_rows(evidence: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The evidence a person reads: (label, formatted value), worded as in the reports.
+
+    Scalars are formatted by the unit in their key (``report.fmt``); short lists of
+    scalars are joined; series and nested data meant for charts are left to the chart.
+    """
+    rows: list[tuple[str, str]] = []
+    for key, value in evidence.items():
+        label = " ".join(_ACRONYMS.get(w, w) for w in report_fmt.label(key).split(" "))
+        label = label[:1].upper() + label[1:]
+        if _is_scalar(value):
+            rows.append((label, report_fmt.evidence_value(key, value)))
+        elif isinstance(value, list | tuple):
+            items = list(value)
+            if 0 < len(items) <= 8 and all(_is_scalar(v) for v in items):
+                rows.append((label, ", ".join(report_fmt.evidence_value(key, v) for v in items)))
+    return rows
+
+
+SEVERITY_BADGES: dict[str, str] = {
+    "high": ":red-badge[:material/error: high]",
+    "medium": ":orange-badge[:material/warning: medium]",
+    "low": ":blue-badge[:material/info: low]",
+}
+
+
+def severity_badge(severity: str) -> str:
+    return SEVERITY_BADGES.get(severity, f":gray-badge[{severity}]")
+
+
+@dataclass(frozen=True)
+class Card:
+    label: str
+    value: str
+    help: str
+
+
+def summary_cards(metrics: KeyMetrics) -> list[Card]:
+    """The five cards at the top of a run or trace, formatted (KeyMetrics is shared with
+    the reports and the comparison, so the page and a downloaded report agree)."""
+    # the unit goes in the label: a value like "1,234 samples/s" does not fit a card
+    if metrics.samples_per_s is not None:
+        throughput_label, throughput = "Samples/s", fmt_rate(metrics.samples_per_s, "").strip()
+        throughput_help = "Throughput: samples per second of step time (first step left out)."
+    else:
+        throughput_label, throughput = "Steps/s", fmt_rate(metrics.steps_per_s, "").strip()
+        throughput_help = "Throughput: steps per second of step time (a trace has no batch size)."
+    memory_kind = metrics.peak_memory_kind or "memory"
+    return [
+        Card(
+            "Median step time",
+            fmt_ms(metrics.median_step_time_ms),
+            "Half the steps were faster than this (data wait + copy + compute + optimiser).",
+        ),
+        Card(throughput_label, throughput, throughput_help),
+        Card(
+            "GPU utilisation",
+            fmt_pct(metrics.gpu_utilization_pct),
+            "Share of time the GPU ran kernels, copies or memsets ('—' without a GPU).",
+        ),
+        Card(
+            "Data-wait share",
+            fmt_pct(metrics.data_wait_pct),
+            "Share of step time spent blocked waiting for the next batch.",
+        ),
+        Card(
+            "Peak memory",
+            fmt_bytes(metrics.peak_memory_bytes),
+            f"Highest {memory_kind} seen.",
+        ),
+    ]
+
+
+def spike_steps(findings: Iterable[Any]) -> list[int]:
+    """Steps an unstable-gradients finding marks, for the loss/grad-norm chart."""
+    for finding in findings:
+        for key in ("spike_steps", "outlier_steps"):
+            values = (finding.evidence or {}).get(key)
+            if isinstance(values, list | tuple):
+                return [int(v) for v in values if isinstance(v, int | float)]
+    return []
+
+
+def leak_slope(findings: Iterable[Any]) -> tuple[float | None, str]:
+    """A leak finding's fitted growth (bytes/step) and the memory column it was fitted on."""
+    for finding in findings:
+        if "leak" not in finding.rule:
+            continue
+        for key, value in (finding.evidence or {}).items():
+            if key.endswith("bytes_per_step") and isinstance(value, int | float):
+                return float(value), "cuda_allocated_bytes" if "cuda" in key else "rss_bytes"
+    return None, "rss_bytes"
+
+
+def operator_time_column(operators: pl.DataFrame) -> str:
+    """device_us when the trace has GPU time for its operators, else host_us."""
+    if "device_us" in operators.columns and (operators["device_us"].fill_null(0) > 0).any():
+        return "device_us"
+    return "host_us"
+
+
+def source_caption(source: Mapping[str, Any], environment: Mapping[str, Any]) -> str:
+    """'2 ranks · cuda · NVIDIA A100-SXM4-80GB · PyTorch 2.1' from an analysis' source/env."""
+    parts = []
+    ranks = source.get("ranks")
+    count = len(ranks) if isinstance(ranks, Sequence) and not isinstance(ranks, str) else ranks
+    if isinstance(count, int) and count > 1:
+        parts.append(f"{count} ranks")
+    for key, prefix in (("device", ""), ("gpu_name", ""), ("pytorch_version", "PyTorch ")):
+        value = environment.get(key)
+        if value:
+            parts.append(f"{prefix}{value}")
+    return " · ".join(parts) or "trace"

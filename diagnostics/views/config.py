@@ -1,0 +1,174 @@
+"""Trainer configs as the pages show and build them: config tables, patches, re-run
+overrides and the launch form's layout and values."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+
+def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'data': {'num_workers': 0}} -> {'data.num_workers': 0}; dotted keys pass through."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten_config(value, f"{dotted}."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def rerun_overrides(
+    config: Mapping[str, Any], patch: Mapping[str, Any], known_keys: Iterable[str]
+) -> dict[str, Any]:
+    """The overrides that rebuild a run's config exactly, with the patch applied on top.
+
+    Every known key of the stored config is passed (not just the preset's differences) so
+    the re-run keeps what the first run had even if a scenario preset changed since.
+    """
+    known = set(known_keys)
+    flat = {k: v for k, v in flatten_config(config).items() if k in known}
+    flat.update(patch)
+    return flat
+
+
+def patch_rows(patch: Mapping[str, Any], before: Mapping[str, Any] | None = None) -> pl.DataFrame:
+    """A config patch as a table: setting, from, to."""
+    before_flat = flatten_config(before or {})
+    return pl.DataFrame(
+        {
+            "setting": list(patch.keys()),
+            "from": [_config_text(before_flat.get(k, "—")) for k in patch],
+            "to": [_config_text(v) for v in patch.values()],
+        },
+        schema={"setting": pl.String, "from": pl.String, "to": pl.String},
+    )
+
+
+def _config_text(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def config_table(config: Mapping[str, Any]) -> pl.DataFrame:
+    """A stored config as setting/value rows (the scenario first)."""
+    flat = flatten_config(config)
+    keys = sorted(flat, key=lambda k: (k != "scenario", k))
+    return pl.DataFrame(
+        {"setting": keys, "value": [_config_text(flat[k]) for k in keys]},
+        schema={"setting": pl.String, "value": pl.String},
+    )
+
+
+def patch_summary(patch: Mapping[str, Any] | None) -> str:
+    """'data.num_workers = 4, data.pin_memory = true' for captions and links."""
+    if not patch:
+        return "no changes"
+    return ", ".join(f"{k} = {_config_text(v)}" for k, v in patch.items())
+
+
+def resolve_runs_dir(environ: Mapping[str, str]) -> Path:
+    """The runs directory the app reads and launches into (same rule as trainer.launch)."""
+    return Path(environ.get("PIPELINE_DOCTOR_RUNS_DIR") or "runs")
+
+
+def patch_command(patch: Mapping[str, Any], config: Mapping[str, Any] | None = None) -> str:
+    """The trainer command that re-runs a scenario with a patch."""
+    scenario = (config or {}).get("scenario")
+    head = "python -m trainer run" + (f" --scenario {scenario}" if scenario else "")
+    return " ".join([head, *(f"--set {k}={_config_text(v)}" for k, v in patch.items())])
+
+
+def tensorboard_command(run_path: str | Path) -> str:
+    return f"tensorboard --logdir {Path(run_path) / 'trace'}"
+
+
+@dataclass(frozen=True)
+class FormField:
+    key: str  # the trainer's dotted config key
+    label: str
+    widget: str  # "int", "float", "bool", "choice", "clip" (float, 0 = off)
+    help: str = ""
+
+
+# Sections of the launch form, in order. Numbers are free-form (no widget bounds) so the
+# trainer's own validation judges them and its message shows next to the field.
+LAUNCH_FORM: tuple[tuple[str, tuple[FormField, ...]], ...] = (
+    (
+        "Run",
+        (
+            FormField("device", "Device", "choice", "auto = CUDA when present, else CPU"),
+            FormField("train.steps", "Fine-tuning steps", "int"),
+            FormField("train.batch_size", "Batch size", "int"),
+            FormField("train.pretrain_steps", "Masked-LM steps first (0 = none)", "int"),
+        ),
+    ),
+    (
+        "Data loading",
+        (
+            FormField("data.num_workers", "DataLoader workers", "int"),
+            FormField("data.pin_memory", "Pinned host memory (pin_memory)", "bool"),
+            FormField(
+                "data.sample_latency_ms", "Simulated storage latency per sample (ms)", "float"
+            ),
+        ),
+    ),
+    (
+        "Precision and stability",
+        (
+            FormField("train.amp", "Mixed precision (AMP)", "choice"),
+            FormField("train.grad_clip", "Gradient clipping, max norm (0 = off)", "clip"),
+            FormField("train.lr", "Learning rate", "float"),
+        ),
+    ),
+    (
+        "Profiler schedule",
+        (
+            FormField("profiler.enabled", "Record a trace", "bool"),
+            FormField("profiler.wait", "Wait steps", "int"),
+            FormField("profiler.warmup", "Warm-up steps", "int"),
+            FormField("profiler.active", "Active (recorded) steps", "int"),
+            FormField("profiler.repeat", "Cycles (0 = until the end)", "int"),
+        ),
+    ),
+)
+
+
+def form_value(form_field: FormField, preset_value: Any) -> Any:
+    """What a widget starts at for a scenario's preset value."""
+    if form_field.widget == "clip":
+        return 0.0 if preset_value is None else float(preset_value)
+    if form_field.widget == "float":
+        return float(preset_value)
+    return preset_value
+
+
+def form_overrides(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Widget values -> trainer overrides (a clipping of 0 means no clipping: null)."""
+    clip_keys = {f.key for _, fields in LAUNCH_FORM for f in fields if f.widget == "clip"}
+    return {
+        key: (None if key in clip_keys and value == 0 else value) for key, value in values.items()
+    }
+
+
+def form_error_summary(errors: Mapping[str, str]) -> tuple[list[str], str | None]:
+    """(messages for no single form field, the count line for the fields' own messages)."""
+    form_keys = {form_field.key for _, section in LAUNCH_FORM for form_field in section}
+    others = [message for key, message in errors.items() if key not in form_keys]
+    count = sum(key in form_keys for key in errors)
+    if not count:
+        return others, None
+    plural = count > 1
+    summary = (
+        f"{count} setting{'s' if plural else ''} need{'' if plural else 's'} fixing: "
+        "see the messages next to the fields."
+    )
+    return others, summary

@@ -1,0 +1,188 @@
+"""Runs as the pages list them: status badges, filters, the runs table, live progress."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from diagnostics.runs import RunFolder, RunListing, RunStatus
+from diagnostics.views.fmt import fmt_seconds, fmt_when
+
+# Streamlit markdown badges (colour and a Material icon) for statuses and severities;
+# tables get the plain word, as their cells do not render markdown.
+STATUS_BADGES: dict[str, str] = {
+    "running": ":blue-badge[:material/sync: running]",
+    "completed": ":green-badge[:material/check_circle: completed]",
+    "failed": ":red-badge[:material/error: failed]",
+    "cancelled": ":gray-badge[:material/stop_circle: cancelled]",
+    "preempted": ":orange-badge[:material/pause_circle: preempted]",
+    "dead": ":red-badge[:material/heart_broken: dead]",
+}
+
+
+RUN_STATES: tuple[str, ...] = tuple(STATUS_BADGES)
+
+
+def status_badge(status: str) -> str:
+    return STATUS_BADGES.get(status, f":gray-badge[{status}]")
+
+
+def run_duration_s(status: RunStatus, now: float | None = None) -> float | None:
+    if status.started_at is None:
+        return None
+    end = status.ended_at
+    if end is None:
+        end = (time.time() if now is None else now) if status.is_active else status.heartbeat
+    return None if end is None else max(0.0, end - status.started_at)
+
+
+def filter_runs(
+    listings: Iterable[RunListing],
+    *,
+    statuses: Iterable[str] = (),
+    scenarios: Iterable[str] = (),
+) -> list[RunListing]:
+    """Runs whose status and scenario are among those chosen (nothing chosen = all)."""
+    statuses, scenarios = set(statuses), set(scenarios)
+    return [
+        run
+        for run in listings
+        if (not statuses or run.status.status in statuses)
+        and (not scenarios or (run.scenario or "—") in scenarios)
+    ]
+
+
+def runs_table(listings: Iterable[RunListing], now: float | None = None) -> pl.DataFrame:
+    """One row per run for the runs table; 'open' is the run-detail link."""
+    now = time.time() if now is None else now
+    rows = []
+    for run in listings:
+        status = run.status
+        total = status.total_steps
+        rows.append(
+            {
+                "run": run.run_id,
+                "scenario": run.scenario or "—",
+                "status": status.status,
+                "progress": (min(1.0, status.step / total) if total else None),
+                "steps": f"{status.step:,}" + (f" / {total:,}" if total else ""),
+                "started": fmt_when(run.created_at, now),
+                "duration": fmt_seconds(run_duration_s(status, now)),
+                "re-run of": run.parent_run_id or "",
+                "note": run.error or (status.reason or ""),
+                "open": f"Run_detail?run={run.run_id}",
+            }
+        )
+    schema = {
+        "run": pl.String,
+        "scenario": pl.String,
+        "status": pl.String,
+        "progress": pl.Float64,
+        "steps": pl.String,
+        "started": pl.String,
+        "duration": pl.String,
+        "re-run of": pl.String,
+        "note": pl.String,
+        "open": pl.String,
+    }
+    return pl.DataFrame(rows, schema=schema)
+
+
+def run_choice_label(run: RunListing, now: float | None = None) -> str:
+    """How a run reads in a picker: id · scenario · status · age."""
+    return (
+        f"{run.run_id} · {run.scenario or 'no scenario'} · {run.status.status} · "
+        f"{fmt_when(run.created_at, now)}"
+    )
+
+
+def find_run(listings: Iterable[RunListing], run_id: str | None) -> RunListing | None:
+    if not run_id:
+        return None
+    return next((run for run in listings if run.run_id == run_id), None)
+
+
+def children_of(listings: Iterable[RunListing], run_id: str) -> list[RunListing]:
+    """Re-runs launched from this run (parent_run_id == run_id), newest first."""
+    return [run for run in listings if run.parent_run_id == run_id]
+
+
+def safe_run_path(runs_dir: str | Path, run_id: str) -> Path | None:
+    """The run folder for an id taken from a URL; None for anything that escapes runs_dir."""
+    if not run_id or not re.fullmatch(r"[A-Za-z0-9._-]+", run_id) or run_id in {".", ".."}:
+        return None
+    path = Path(runs_dir) / run_id
+    return path if RunFolder.is_run_folder(path) else None
+
+
+@dataclass(frozen=True)
+class Progress:
+    status: str
+    reason: str | None
+    step: int
+    total_steps: int | None
+    fraction: float  # 0..1 for the progress bar
+    steps_per_s: float | None
+    eta_s: float | None
+    elapsed_s: float | None
+
+    @property
+    def text(self) -> str:
+        parts = [f"step {self.step:,}" + (f" of {self.total_steps:,}" if self.total_steps else "")]
+        if self.steps_per_s is not None:
+            parts.append(f"{self.steps_per_s:.2f} steps/s")
+        if self.eta_s is not None and self.status == "running":
+            parts.append(f"about {fmt_seconds(self.eta_s)} left")
+        if self.elapsed_s is not None:
+            parts.append(f"{fmt_seconds(self.elapsed_s)} elapsed")
+        return " · ".join(parts)
+
+
+def progress(status: RunStatus, steps: pl.DataFrame, now: float | None = None) -> Progress:
+    """Progress of a run from its status and the step records written so far.
+
+    The step rate is measured over the last (up to) 20 steps' wall times so it follows the
+    current pace rather than including start-up (model build, worker spawn).
+    """
+    step = max(status.step, int(steps.height and steps.get_column("step").max() or 0))
+    total = status.total_steps
+    fraction = min(1.0, step / total) if total else 0.0
+    if status.status == "completed":
+        fraction = 1.0
+    rate = None
+    wall = steps.get_column("wall_time").drop_nulls() if steps.height else None
+    if wall is not None and wall.len() >= 2:
+        recent = wall.tail(21)
+        span = float(recent.max()) - float(recent.min())
+        if span > 0:
+            rate = (recent.len() - 1) / span
+    eta = None
+    if rate and total and step < total:
+        eta = (total - step) / rate
+    return Progress(
+        status=status.status,
+        reason=status.reason,
+        step=step,
+        total_steps=total,
+        fraction=fraction,
+        steps_per_s=rate,
+        eta_s=eta,
+        elapsed_s=run_duration_s(status, now),
+    )
+
+
+def default_pair(listings: Sequence[RunListing]) -> tuple[str | None, str | None]:
+    """The pair to compare when none is asked for: the newest re-run and its parent,
+    else the two newest runs (older as A)."""
+    ids = {run.run_id for run in listings}
+    for run in listings:
+        if run.parent_run_id and run.parent_run_id in ids:
+            return run.parent_run_id, run.run_id
+    if len(listings) >= 2:
+        return listings[1].run_id, listings[0].run_id
+    return (listings[0].run_id, None) if listings else (None, None)

@@ -1,0 +1,106 @@
+"""Uploaded traces: safe names, a private temporary copy for the analyser, and saving."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, BinaryIO
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def safe_upload_name(name: str) -> str:
+    """A file name from a browser made safe for the disk: no folders, no odd characters."""
+    base = Path(name.replace("\\", "/")).name
+    cleaned = _UNSAFE.sub("_", base).strip("._") or "trace.json"
+    return cleaned[:120]
+
+
+def is_trace_name(name: str) -> bool:
+    return name.lower().endswith((".json", ".json.gz"))
+
+
+def upload_key(files: Iterable[tuple[str, int, str]]) -> str:
+    """A stable key for a set of uploads (name, size, content digest), order-independent."""
+    return "|".join(sorted(f"{name}:{size}:{digest}" for name, size, digest in files))
+
+
+def saved_upload_dir(runs_dir: str | Path, now: float | None = None) -> Path:
+    """Where 'Save upload' keeps files: <runs_dir>/uploads/<UTC stamp>/."""
+    now = time.time() if now is None else now
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)) + f"-{int((now % 1) * 1000):03d}"
+    return Path(runs_dir) / "uploads" / stamp
+
+
+def _unique_names(names: Sequence[str]) -> list[str]:
+    """Safe disk names, numbered where two uploads would share one."""
+    seen: dict[str, int] = {}
+    unique = []
+    for name in names:
+        safe = safe_upload_name(name)
+        count = seen.get(safe, 0)
+        seen[safe] = count + 1
+        if count:
+            stem, dot, ext = safe.partition(".")
+            safe = f"{stem}-{count}{dot}{ext}"
+        unique.append(safe)
+    return unique
+
+
+def write_uploads(files: Sequence[tuple[str, BinaryIO]], folder: Path) -> list[Path]:
+    """Streams uploads into folder in 1 MiB chunks (never a second in-memory copy)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for (_, handle), safe in zip(files, _unique_names([n for n, _ in files]), strict=True):
+        path = folder / safe
+        handle.seek(0)
+        with path.open("wb") as out:
+            shutil.copyfileobj(handle, out, length=1024 * 1024)
+        paths.append(path)
+    return paths
+
+
+# One trace per rank: enough for a node or two; more would hold too much in memory at once.
+MAX_UPLOAD_FILES = 16
+
+
+def analyse_uploads(
+    files: Sequence[tuple[str, BinaryIO]],
+    analyse: Callable[..., Any],
+    temp_root: str | Path | None = None,
+) -> Any:
+    """Analyses uploaded traces from a private temporary folder that is always removed.
+
+    ``analyse`` is ``diagnostics.analyze.analyze_files``; it receives the temporary paths
+    and the names the user uploaded, so messages name the user's file, not the temp copy.
+    Raises InputError (from the analyser, or here for a file that is not a trace).
+    """
+    from diagnostics.errors import InputError
+
+    if len(files) > MAX_UPLOAD_FILES:
+        raise InputError(
+            f"{len(files)} files",
+            f"too many at once; upload at most {MAX_UPLOAD_FILES} (one per rank)",
+        )
+    for name, _ in files:
+        if not is_trace_name(name):
+            raise InputError(name, "not a trace file; upload .json or .json.gz files")
+    folder = Path(tempfile.mkdtemp(prefix="pipeline-doctor-upload-", dir=temp_root))
+    try:
+        paths = write_uploads(files, folder)
+        return analyse(paths, display_names=[name for name, _ in files])
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def save_uploads(
+    files: Sequence[tuple[str, BinaryIO]], runs_dir: str | Path, now: float | None = None
+) -> Path:
+    """Keeps the uploads the user chose to save under <runs_dir>/uploads/<stamp>/."""
+    folder = saved_upload_dir(runs_dir, now)
+    write_uploads(files, folder)
+    return folder
