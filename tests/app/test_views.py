@@ -5,6 +5,8 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from diagnostics.compare import MetricRow
 from diagnostics.errors import InputError
 from diagnostics.report.metrics import KeyMetrics
 from diagnostics.runs import STEP_SCHEMA, RunFolder, RunStatus, RunWriter, list_runs
+from tests.app.conftest import REPO_ROOT
 
 # --- numbers for people ------------------------------------------------------------------
 
@@ -317,3 +320,11 @@ def test_analyse_uploads_caps_the_number_of_files(tmp_path):
     with pytest.raises(InputError, match=r"^17 files: too many at once; upload at most 16"):
         views.analyse_uploads(files, lambda *a, **k: None, tmp_path)
     assert list(tmp_path.iterdir()) == []  # refused before anything was written
+
+
+def test_views_import_neither_streamlit_nor_torch():
+    code = "import sys, diagnostics.views; print(sorted({'streamlit', 'torch'} & set(sys.modules)))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO_ROOT
+    )
+    assert done.stdout.strip() == "[]"
