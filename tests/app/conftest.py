@@ -215,6 +215,7 @@ def screenshot(page, name: str, *, full_page: bool = True) -> Path:
     full-page shot first grows the viewport to the content's height."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     path = SCREENSHOTS / f"{name}.png"
+    page.mouse.move(0, 0)  # no tooltip left open by the last field touched
     size = page.viewport_size
     if full_page:
         height = page.evaluate(
