@@ -110,7 +110,8 @@ def start_run(
     build_config(scenario, dict(overrides), steps=steps, device=device)
     if applied_patch:
         build_config(scenario, {**overrides, **applied_patch})
-    root = Path(runs_dir)
+    # absolute: the child runs with the project root as its working directory
+    root = Path(runs_dir).resolve()
     root.mkdir(parents=True, exist_ok=True)
     run_id = new_run_id(scenario)
     while (root / run_id).exists():  # two starts in the same millisecond

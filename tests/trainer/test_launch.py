@@ -75,17 +75,20 @@ def test_start_then_cancel_round_trip(tmp_path):
     assert f"run failed: {failed.reason}" in result.stderr
 
 
-def test_patch_and_parent_are_recorded(tmp_path):
+def test_patch_and_parent_are_recorded(tmp_path, monkeypatch):
+    # a relative runs dir means relative to the caller, whatever the child's cwd
+    monkeypatch.chdir(tmp_path)
     started = launch.start_run(
         scenario="unstable",
         overrides={**OVERRIDES, "data.sample_latency_ms": 0.0},
-        runs_dir=tmp_path,
+        runs_dir="relative-runs",
         steps=2,
         device="cpu",
         instruments=False,
         parent_run_id="parent-1",
         applied_patch={"train.grad_clip": 1.0, "train.lr": 0.001},
     )
+    assert started.run_dir == tmp_path / "relative-runs" / started.run_id
     manifest = RunFolder(started.run_dir).manifest()
     assert manifest.parent_run_id == "parent-1"
     assert manifest.applied_patch == {"train.grad_clip": 1.0, "train.lr": 0.001}
