@@ -61,14 +61,15 @@ def recommend_workers(
     cores: int | None,
     reserved_cores: int,
     io_ms: float = 0.0,
+    headroom: float = 1.0,
 ) -> tuple[int, int | None, bool]:
     """(recommended workers, core cap or None, capped?) for one batch load and one step.
 
-    ``needed`` makes ``needed`` workers deliver a batch per compute step. Each worker keeps
+    ``needed`` workers deliver a batch per compute step, with ``headroom`` to spare. Each worker keeps
     a core busy for the CPU part of its load (``load - io``) only, so the cores spared
     for the workers can host ``spare x load / cpu_load`` of them.
     """
-    needed = max(1, math.ceil(load_ms / max(compute_ms, 1e-6)))
+    needed = max(1, math.ceil(headroom * load_ms / max(compute_ms, 1e-6) - 1e-9))
     if cores is None:
         return needed, None, False
     spare = max(1, cores - reserved_cores)
@@ -107,6 +108,7 @@ class TooFewWorkers(Rule):
         "dataloader_share_min_pct",
         "dataloader_wait_min_ms",
         "cores_reserved_for_main",
+        "worker_headroom",
     )
 
     def skip_reason(self, inputs: AnalysisInputs) -> str | None:
@@ -202,6 +204,7 @@ class TooFewWorkers(Rule):
             cores=cores,
             reserved_cores=thresholds.cores_reserved_for_main,
             io_ms=io_ms,
+            headroom=thresholds.worker_headroom,
         )
         at_cap = bool(workers) and cap is not None and int(workers) >= cap
         if workers:

@@ -82,9 +82,21 @@ def test_recommended_workers_from_load_versus_compute_capped_by_cores():
     )
 
 
+def test_headroom_keeps_the_loader_ahead_of_compute():
+    # 12 ms to load, 10 ms compute: one worker cannot keep pace, ceil(1.2) = 2
+    assert recommend_workers(load_ms=12, compute_ms=10, cores=None, reserved_cores=1)[0] == 2
+    # 9 ms load: one worker keeps pace exactly (0.9), with headroom 1.35 -> 2
+    assert recommend_workers(load_ms=9, compute_ms=10, cores=None, reserved_cores=1)[0] == 1
+    assert (
+        recommend_workers(load_ms=9, compute_ms=10, cores=None, reserved_cores=1, headroom=1.5)[0]
+        == 2
+    )
+
+
 def test_loader_bound_run_with_workers_estimates_load_from_worker_count():
     # 2 workers, 20 ms wait + 10 ms compute: each batch takes 2 x 30 = 60 ms to load,
-    # so 60 / 10 = 6 workers are needed (8 cores leave 7)
+    # so 60 / 10 = 6 workers are needed, 1.5 x 6 = 9 with the default headroom, and the
+    # 8 cores leave 7
     inputs = ex.inputs(
         run=ex.run(
             ex.series(12, step_time_ms=30.0, data_wait_ms=20.0),
@@ -94,8 +106,8 @@ def test_loader_bound_run_with_workers_estimates_load_from_worker_count():
     )
     (finding,) = fired(TooFewWorkers(), inputs)
     assert finding.evidence["load_ms_per_batch_estimate"] == 60.0
-    assert finding.fix.config_patch == {"data.num_workers": 6}
-    # now 30 ms a step; after, max(10, 60 / 6) = 10 ms: (30 - 10) / 30 saved
+    assert finding.fix.config_patch == {"data.num_workers": 7}
+    # now 30 ms a step; after, max(10, 60 / 7) = 10 ms: (30 - 10) / 30 saved
     assert finding.estimated_saving_pct == pytest.approx(100 * 20 / 30, abs=0.1)
 
 
