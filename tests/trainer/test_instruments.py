@@ -133,6 +133,7 @@ def special_runs(tmp_path_factory):
     return runs
 
 
+@pytest.mark.slow
 def test_memory_lines_cover_the_training_step_and_getitem(special_runs):
     lines = special_runs["memory"].memory_lines()
     assert lines is not None
@@ -155,6 +156,7 @@ def test_memory_lines_cover_the_training_step_and_getitem(special_runs):
     assert (lines["mem_usage_mib"] > 0).all()
 
 
+@pytest.mark.slow
 def test_instruments_off_keeps_step_records_only(special_runs):
     run = special_runs["off"]
     assert run.status().status == "completed"

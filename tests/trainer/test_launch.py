@@ -12,6 +12,9 @@ from tests.conftest import run_trainer_cli
 from trainer import launch
 from trainer.config import ConfigError
 
+# real training jobs, tens of seconds: `-m 'not slow'` skips them while iterating
+pytestmark = pytest.mark.slow
+
 OVERRIDES = {
     "data.rows": 300,
     "data.num_workers": 0,

@@ -24,6 +24,9 @@ import pytest
 from diagnostics.runs import RunFolder
 from tests.conftest import REPO_ROOT, run_trainer_cli
 
+# real training jobs, tens of seconds: `-m 'not slow'` skips them while iterating
+pytestmark = pytest.mark.slow
+
 # 2 masked-LM + 12 fine-tuning steps, a checkpoint every 4; 5 ms simulated latency per
 # sample (16 a batch: >= 80 ms a step) so a signal reliably lands mid-run
 ARGS = [

@@ -12,6 +12,9 @@ from diagnostics.runs import RunFolder
 from tests.conftest import REPO_ROOT, TINY_RUN_ARGS
 from trainer.config import SCENARIOS
 
+# real training jobs, tens of seconds: `-m 'not slow'` skips them while iterating
+pytestmark = pytest.mark.slow
+
 TINY_ARGS = list(TINY_RUN_ARGS[2:])  # the tiny run's settings without its scenario
 TOTAL = 10  # 2 pre-training + 8 fine-tuning steps
 
