@@ -48,7 +48,9 @@ def _spec(
 
 @dataclass
 class DataConfig:
-    rows: int = _spec(3000, "synthetic transactions generated (train + validation)", min=64)
+    rows: int = _spec(
+        3000, "synthetic transactions generated (train + validation)", min=64, max=2_000_000
+    )
     dataset: DatasetKind = _spec("map", "map-style dataset or sharded IterableDataset")
     shards: int = _spec(8, "shards of the sharded dataset", min=1, max=1024)
     num_workers: int = _spec(1, "DataLoader worker processes", min=0, max=64)
@@ -255,13 +257,17 @@ def _allowed(key: str) -> str:
         return "true, false"
     low, high = spec.metadata.get("min"), spec.metadata.get("max")
     kind = "integer" if inner is int else "number"
+
+    def fmt(value: float) -> str:
+        return str(int(value)) if kind == "integer" else f"{value:g}"
+
     if low is not None and high is not None and spec.metadata.get("exclusive_min"):
-        text = f"{kind} > {low:g} and <= {high:g}"
+        text = f"{kind} > {fmt(low)} and <= {fmt(high)}"
     elif low is not None and high is not None:
-        text = f"{kind} from {low:g} to {high:g}"
+        text = f"{kind} from {fmt(low)} to {fmt(high)}"
     elif low is not None:
         op = ">" if spec.metadata.get("exclusive_min") else ">="
-        text = f"{kind} {op} {low:g}"
+        text = f"{kind} {op} {fmt(low)}"
     else:
         text = kind
     return text + (" or null" if optional else "")
