@@ -158,6 +158,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return _train(writer, config, device, runs_dir, resume_from=None)
 
 
+def _alive(pid: int | None, host: str | None) -> bool:
+    """Whether the process that wrote a "running" status still exists.
+
+    A killed run reads "running" until its heartbeat goes stale (15 s); on the same host
+    the process table settles it at once. On another host, trust the heartbeat.
+    """
+    import socket
+
+    import psutil
+
+    if pid is None or host != socket.gethostname():
+        return True
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _cmd_resume(args: argparse.Namespace) -> int:
     from diagnostics.runs import RunFolder, RunFolderError
 
@@ -170,7 +188,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
         status = folder.status()
     except RunFolderError as exc:
         raise ConfigError("RUN_DIR", str(exc)) from None
-    if status.status == "running":
+    if status.status == "running" and _alive(status.pid, status.host):
         raise ConfigError("RUN_DIR", f"{run_dir} is still running (pid {status.pid})")
     if status.status == "completed":
         raise ConfigError("RUN_DIR", f"{run_dir} already completed")

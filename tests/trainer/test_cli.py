@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
+
 import pytest
 import torch
 
+from diagnostics.runs import RunWriter
 from tests.conftest import run_trainer_cli
+from trainer.cli import _alive
+from trainer.config import build_config
 
 
 @pytest.mark.parametrize(
@@ -82,3 +90,17 @@ def test_list_of_an_empty_dir_says_so(tmp_path):
     result = run_trainer_cli(["list", "--runs-dir", str(tmp_path)])
     assert (result.returncode, result.stdout) == (0, "")
     assert result.stderr == f"no runs in {tmp_path}\n"
+
+
+def test_resume_refuses_a_live_run_but_not_a_killed_one(tmp_path):
+    writer = RunWriter.create(tmp_path, build_config().to_dict(), {})
+    # RunWriter recorded this (live) test process as the run's pid
+    result = run_trainer_cli(["resume", str(writer.path)])
+    assert result.returncode == 2
+    assert result.stderr == f"error: RUN_DIR: {writer.path} is still running (pid {os.getpid()})\n"
+    # a killed trainer's status still says "running" for 15 s; its pid is gone
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert not _alive(gone.pid, socket.gethostname())
+    assert _alive(os.getpid(), socket.gethostname())
+    assert _alive(gone.pid, "another-host")  # elsewhere only the heartbeat can tell
