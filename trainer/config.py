@@ -10,7 +10,6 @@ This module imports no torch: ``trainer.launch`` (and so the app) validates form
 from __future__ import annotations
 
 import dataclasses
-import json
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -480,7 +479,3 @@ def _flatten(raw: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[dotted] = value
     return flat
-
-
-def dumps(config: TrainerConfig) -> str:
-    return json.dumps(config.to_dict(), sort_keys=True)
