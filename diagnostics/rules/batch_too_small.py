@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
-import numpy as np
 import polars as pl
 
 from diagnostics.model import AnalysisInputs
@@ -159,6 +158,8 @@ class BatchTooSmall(Rule):
             return None
         if not has_steps(run, "cuda_peak_bytes"):
             return None
+        import numpy as np
+
         util = float(np.percentile(samples["gpu_util_pct"].to_numpy(), 95))
         peak = float(run.steps["cuda_peak_bytes"].max())
         loader = 0.0

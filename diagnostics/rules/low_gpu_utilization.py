@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-import numpy as np
 import polars as pl
 
 from diagnostics.model import AnalysisInputs
@@ -181,6 +180,8 @@ class LowGpuUtilization(Rule):
         }
 
     def _from_samples(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:
+        import numpy as np
+
         samples = self._gpu_samples(inputs)
         if samples.height < thresholds.gpu_util_min_samples:
             return []

@@ -28,7 +28,6 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
-import numpy as np
 import polars as pl
 
 from diagnostics.model import AnalysisInputs
@@ -76,12 +75,15 @@ def growth_stats(
     ]
     if not pairs:
         return None
+    warm = int(math.ceil(len(pairs) * thresholds.leak_warmup_share))
+    # too short to judge (a trace's handful of steps): decided before numpy is imported
+    if max(len(pairs) - warm, 0) < thresholds.leak_min_steps:
+        return None
+    import numpy as np
+
     xs = np.array([p[0] for p in pairs], dtype=float)
     ys = np.array([p[1] for p in pairs], dtype=float)
-    warm = int(math.ceil(xs.size * thresholds.leak_warmup_share))
     sx, sy = xs[warm:], ys[warm:]
-    if sx.size < thresholds.leak_min_steps:
-        return None
     slope = theil_sen_slope(sx, sy)
     head = max(3, sx.size // 10)
     baseline = float(np.median(sy[:head]))

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-import numpy as np
-
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
@@ -54,6 +52,8 @@ class RankStragglers(Rule):
         return None
 
     def check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:
+        import numpy as np
+
         assert inputs.trace is not None and inputs.trace.ranks is not None
         ranks = inputs.trace.ranks.sort("rank")
         means = np.asarray(ranks["step_time_ms_mean"].to_list(), dtype=float)

@@ -6,9 +6,13 @@ one allocator jump must not decide a finding.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
+
 
 # MAD x 1.4826 estimates the standard deviation of normally distributed data.
 MAD_TO_SIGMA = 1.4826
@@ -21,6 +25,8 @@ MIN_HISTORY = 5
 
 def theil_sen_slope(x: Sequence[float], y: Sequence[float]) -> float:
     """Median of the pairwise slopes (Theil 1950, Sen 1968): tolerates ~29% outliers."""
+    import numpy as np
+
     xs = np.asarray(x, dtype=float)
     ys = np.asarray(y, dtype=float)
     keep = np.isfinite(xs) & np.isfinite(ys)
@@ -46,6 +52,8 @@ def rolling_robust_z(values: Sequence[float], window: int, warmup: int) -> np.nd
     ``MIN_HISTORY`` finite values before them, get NaN. A zero MAD (a flat history) falls back to 1e-12 so any
     departure counts, and the ratio test in the caller keeps that from over-firing.
     """
+    import numpy as np
+
     arr = np.asarray(values, dtype=float)
     z = np.full(arr.size, np.nan)
     for idx in range(max(warmup, 1), arr.size):
@@ -63,6 +71,8 @@ def rolling_robust_z(values: Sequence[float], window: int, warmup: int) -> np.nd
 
 def rolling_median_before(values: Sequence[float], window: int) -> np.ndarray:
     """Median of the ``window`` finite values before each position (NaN when none)."""
+    import numpy as np
+
     arr = np.asarray(values, dtype=float)
     out = np.full(arr.size, np.nan)
     for idx in range(1, arr.size):
@@ -75,6 +85,8 @@ def rolling_median_before(values: Sequence[float], window: int) -> np.ndarray:
 
 def increasing_share(values: Sequence[float]) -> float:
     """Share of the changes between consecutive values that are increases (flat ignored)."""
+    import numpy as np
+
     arr = np.asarray(values, dtype=float)
     arr = arr[np.isfinite(arr)]
     diffs = np.diff(arr)
@@ -91,6 +103,8 @@ def robust_sigma_outliers(values: Sequence[float], sigma: float) -> np.ndarray:
     10% of steps at 6x the median, mean + 3 std lands exactly on them and nothing is
     flagged. The median and MAD ignore up to half the values being outliers.
     """
+    import numpy as np
+
     arr = np.asarray(values, dtype=float)
     finite = arr[np.isfinite(arr)]
     if finite.size < 3:
@@ -101,9 +115,14 @@ def robust_sigma_outliers(values: Sequence[float], sigma: float) -> np.ndarray:
 
 
 def median(values: Sequence[float]) -> float:
-    arr = np.asarray(values, dtype=float)
-    arr = arr[np.isfinite(arr)]
-    return float(np.median(arr)) if arr.size else float("nan")
+    # Plain Python, same result as numpy's median of the finite values: the rules that
+    # only need a median (too-few-workers on every trace) then never import numpy.
+    arr = sorted(x for v in values if v is not None and math.isfinite(x := float(v)))
+    n = len(arr)
+    if not n:
+        return float("nan")
+    mid = n // 2
+    return arr[mid] if n % 2 else (arr[mid - 1] + arr[mid]) / 2.0
 
 
 def downsample(values: Sequence[float | int | None], max_points: int = 500) -> list:
@@ -111,5 +130,7 @@ def downsample(values: Sequence[float | int | None], max_points: int = 500) -> l
     items = list(values)
     if len(items) <= max_points:
         return items
+    import numpy as np
+
     idx = np.linspace(0, len(items) - 1, max_points).astype(int)
     return [items[i] for i in idx]

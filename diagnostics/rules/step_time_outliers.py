@@ -21,9 +21,8 @@ How to fix
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
 import polars as pl
 
 from diagnostics.model import AnalysisInputs
@@ -32,6 +31,9 @@ from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
 from diagnostics.rules.evidence import chart, config_value, has_steps, numeric, r
 from diagnostics.rules.stats import robust_sigma_outliers
 from diagnostics.thresholds import Thresholds
+
+if TYPE_CHECKING:
+    import numpy as np
 
 COMPONENTS = ("data_wait_ms", "h2d_ms", "compute_ms", "optimizer_ms")
 MIN_STEPS = 8
@@ -109,6 +111,8 @@ class StepTimeOutliers(Rule):
         run: Any,
         thresholds: Thresholds,
     ) -> list[Finding]:
+        import numpy as np
+
         if len(times) < MIN_STEPS:
             return []
         idx = robust_sigma_outliers(times, thresholds.step_outlier_sigma)
@@ -171,6 +175,8 @@ class StepTimeOutliers(Rule):
 
     @staticmethod
     def _cause(frame: pl.DataFrame, idx: np.ndarray, run: Any) -> tuple[str, dict[str, Any]]:
+        import numpy as np
+
         every = config_value(run, "train.checkpoint_every")
         steps = np.asarray(frame["step"].to_list())
         if isinstance(every, int) and every > 0:

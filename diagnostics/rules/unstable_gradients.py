@@ -28,9 +28,8 @@ How to fix
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
 import polars as pl
 
 from diagnostics.model import AnalysisInputs, TraceFacts
@@ -39,6 +38,9 @@ from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
 from diagnostics.rules.evidence import chart, config_value, has_steps, numeric, r, run_device
 from diagnostics.rules.stats import rolling_median_before, rolling_robust_z
 from diagnostics.thresholds import Thresholds
+
+if TYPE_CHECKING:
+    import numpy as np
 
 UNSCALE_OPS = ("_amp_foreach_non_finite_check_and_unscale_", "_amp_update_scale")
 # The first move after instability: a tenth of the learning rate, and never above AdamW's
@@ -78,6 +80,8 @@ def _phases(steps: pl.DataFrame) -> list[tuple[str, pl.DataFrame]]:
 
 def _divergence(loss: np.ndarray, window: int, ratio: float) -> tuple[float, float] | None:
     """(best earlier windowed median, last windowed median) when the last is ratio x worse."""
+    import numpy as np
+
     finite = loss[np.isfinite(loss)]
     if finite.size < 2 * window:
         return None
@@ -211,6 +215,8 @@ class UnstableGradients(Rule):
         ]
 
     def _phase_signals(self, steps: pl.DataFrame, t: Thresholds) -> dict[str, Any]:
+        import numpy as np
+
         step_ids = np.asarray(steps["step"].to_list())
         loss = np.asarray(numeric(steps, "loss"))
         grad = np.asarray(numeric(steps, "grad_norm"))

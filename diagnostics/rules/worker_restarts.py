@@ -4,7 +4,8 @@ What it finds
     A run with DataLoader workers and ``persistent_workers`` off whose first step of each
     new epoch waits for data far longer than the other steps: the wait at each epoch start
     against the median wait of the steps within epochs, reported per epoch with the time
-    lost.
+    lost. The reference trainer's sharded dataset (``data.dataset: sharded``) gets fresh
+    workers every epoch even with ``persistent_workers`` on, so such runs are judged too.
 
 Why it matters
     Without ``persistent_workers=True`` the DataLoader shuts its worker processes down at
@@ -13,14 +14,15 @@ Why it matters
     Short epochs (small or sharded datasets, frequent evaluation) pay it often.
 
 How to fix
-    ``DataLoader(..., num_workers=N, persistent_workers=True)``.
+    ``DataLoader(..., num_workers=N, persistent_workers=True)``. An iterable dataset whose
+    order changes per epoch must then learn the epoch inside its workers (e.g. count its
+    own ``__iter__`` calls); the reference trainer's map-style dataset does that already.
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
-import numpy as np
 import polars as pl
 
 from diagnostics.model import AnalysisInputs
@@ -38,6 +40,18 @@ loader = DataLoader(dataset, batch_size=32, num_workers=4, persistent_workers=Tr
 """
 
 
+def _sharded(run: Any) -> bool:
+    # the reference trainer's sharded IterableDataset: its shard order changes per epoch,
+    # so it gets fresh workers whatever persistent_workers says (its run notes say so)
+    return config_value(run, "data.dataset") == "sharded"
+
+
+def _patch(sharded: bool) -> dict[str, Any]:
+    if sharded:
+        return {"data.dataset": "map", "data.persistent_workers": True}
+    return {"data.persistent_workers": True}
+
+
 class WorkerRestarts(Rule):
     id = "worker-restarts"
     title = "DataLoader workers restart at every epoch"
@@ -53,13 +67,15 @@ class WorkerRestarts(Rule):
         workers = config_value(run, "data.num_workers")
         if not isinstance(workers, int) or workers == 0:
             return "the DataLoader has no worker processes to restart (num_workers is 0 or unknown)"
-        if config_value(run, "data.persistent_workers") is True:
+        if config_value(run, "data.persistent_workers") is True and not _sharded(run):
             return "persistent_workers is on: workers live across epochs"
         if run.steps["epoch"].n_unique() < 2:
             return "the run never crossed an epoch boundary"
         return None
 
     def check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:
+        import numpy as np
+
         run = inputs.run
         assert run is not None
         steps = run.steps.filter(pl.col("data_wait_ms").is_not_null()).sort("step")
@@ -86,10 +102,12 @@ class WorkerRestarts(Rule):
         lost_ms = float(sum(w - baseline for w in waits))
         saving = 100.0 * lost_ms / total_ms if total_ms else None
         workers = config_value(run, "data.num_workers")
+        sharded = _sharded(run)
         evidence: dict[str, Any] = {
             "source": "run step records: data wait at each epoch's first step vs within epochs",
             "num_workers": workers,
             "persistent_workers": config_value(run, "data.persistent_workers"),
+            "dataset": config_value(run, "data.dataset"),
             "epoch_start_steps": sorted(start_steps),
             "epoch_start_wait_ms": [r(w) for w in waits],
             "within_epoch_wait_ms_median": r(baseline),
@@ -115,9 +133,15 @@ class WorkerRestarts(Rule):
                 recommendation=(
                     f"The first step of each epoch waits {typical:.0f} ms for data (median) "
                     f"against {baseline:.1f} ms within epochs: the {workers} worker(s) are "
-                    "forked again every epoch. Set persistent_workers=True."
+                    "forked again every epoch. "
+                    + (
+                        "The sharded dataset ignores persistent_workers: use the map-style "
+                        "dataset, whose workers persist."
+                        if sharded
+                        else "Set persistent_workers=True."
+                    )
                 ),
-                fix=Fix(code=FIX_CODE, config_patch={"data.persistent_workers": True}),
+                fix=Fix(code=FIX_CODE, config_patch=_patch(sharded)),
                 estimated_saving_pct=r(saving, 1) if saving is not None else None,
             )
         ]
@@ -151,6 +175,24 @@ class WorkerRestarts(Rule):
                         step_time_ms=102.0,
                     ),
                     config={"data": {"num_workers": 2, "persistent_workers": True}},
+                    environment=ex.CPU_ENV,
+                )
+            ),
+        ),
+        Example(
+            "run: sharded dataset (persistent_workers ignored), epoch starts wait 300 ms",
+            True,
+            lambda: ex.inputs(
+                run=ex.run(
+                    ex.series(
+                        30,
+                        epoch=lambda s: (s - 1) // 10,
+                        data_wait_ms=lambda s: 300.0 if s in (1, 11, 21) else 2.0,
+                        step_time_ms=lambda s: 100.0 + (300.0 if s in (1, 11, 21) else 2.0),
+                    ),
+                    config={
+                        "data": {"num_workers": 2, "persistent_workers": True, "dataset": "sharded"}
+                    },
                     environment=ex.CPU_ENV,
                 )
             ),
