@@ -56,13 +56,22 @@ class DataConfig:
     pin_memory: bool = _spec(True, "page-locked host batches (CUDA only)")
     non_blocking: bool = _spec(True, "asynchronous host-to-device copies")
     prefetch_factor: int = _spec(2, "batches prefetched per worker", min=1, max=64)
-    persistent_workers: bool = _spec(False, "keep workers alive across epochs")
+    # on in the healthy baseline: without it every epoch forks its workers again. The trainer
+    # ignores it with 0 workers and for the sharded dataset (a run note says so).
+    persistent_workers: bool = _spec(
+        True, "keep workers alive across epochs (map dataset with workers only)"
+    )
     tokenize_on_the_fly: bool = _spec(False, "tokenise each sample in __getitem__")
     sample_latency_ms: float = _spec(
         0.0, "simulated storage latency per sample (ms)", min=0.0, max=10_000.0
     )
     max_length: int = _spec(32, "tokens per sample (padded/truncated)", min=8, max=512)
-    vocab_size: int = _spec(3000, "WordPiece vocabulary size", min=200, max=50_000)
+    vocab_size: int = _spec(
+        3000,
+        "WordPiece vocabulary size (at most: the corpus may support fewer)",
+        min=64,
+        max=50_000,
+    )
 
 
 @dataclass
@@ -161,7 +170,7 @@ class TrainerConfig:
 
 
 SCENARIOS: dict[str, str] = {
-    "healthy": "a well-configured baseline: workers, pinned memory, clipping",
+    "healthy": "a well-configured baseline: persistent workers, pinned memory, clipping",
     "slow-loader": "no workers, tokenising on the fly and 2 ms simulated storage latency per sample",
     "no-pin-memory": "pageable host batches with non_blocking copies (no effect on CPU)",
     "unstable": "a learning rate far too high, no clipping: grad-norm spikes, then NaN (fp16 without GradScaler on CUDA)",

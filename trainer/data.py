@@ -388,5 +388,28 @@ class EpochBatches:
             start_batch = 0
 
 
+VOCAB_SCAN_CHUNK = 8192  # texts tokenised at a time when no ids are cached: bounded memory
+
+
+def used_token_ids(corpus: Corpus, dataset: TransactionDataset, *, masking: bool) -> int:
+    """Distinct token ids the model is fed from the training split, as tokenised for it.
+
+    Padded and truncated as in training, so [PAD], [CLS] and [SEP] count and ids past
+    ``max_length`` do not. With masked-LM pre-training ``masking`` adds [MASK], which the
+    masking puts into the inputs. Counted on the split's clean text: an augmenting
+    (on-the-fly) pipeline's per-epoch variants may reach a few more ids.
+    """
+    used = np.zeros(corpus.vocab_size, dtype=bool)
+    if dataset._ids is not None:
+        used[torch.unique(dataset._ids).numpy()] = True
+    else:
+        for start in range(0, len(dataset.texts), VOCAB_SCAN_CHUNK):
+            encoded = corpus.tokenizer.encode_batch(dataset.texts[start : start + VOCAB_SCAN_CHUNK])
+            used[np.fromiter(itertools.chain.from_iterable(e.ids for e in encoded), int)] = True
+    if masking:
+        used[corpus.mask_id] = True
+    return int(used.sum())
+
+
 def num_labels() -> tuple[int, int]:
     return len(CATEGORIES), len(MERCHANT_TYPES)

@@ -39,6 +39,7 @@ from trainer.data import (
     make_train_dataset,
     make_val_dataset,
     num_labels,
+    used_token_ids,
 )
 from trainer.instruments.memory_lines import make_memory_lines
 from trainer.instruments.profiler import make_profiler
@@ -384,6 +385,7 @@ class Trainer:
             self.load_checkpoint(resume_from)
             log.info("resumed from %s at step %d", resume_from.name, self.position.step)
         self.writer.update_manifest(model_parameters=parameter_count(self.model))
+        self.writer.update_environment(vocab_usage=self.vocab_usage())
         self._probe_getitem()
         self.model.train()
         self.sampler.start()
@@ -394,6 +396,24 @@ class Trainer:
             self.sampler.stop()
         self._finish_notes(outcome)
         return outcome
+
+    def vocab_usage(self) -> dict[str, Any]:
+        """The unused-embedding-rows rule's input: ids the data uses vs the model's rows.
+
+        ``vocab_size`` is the model's embedding rows, which is the trained tokenizer's
+        vocabulary: WordPiece stops growing when the corpus has no more pairs to merge,
+        so a large ``data.vocab_size`` does not make the embedding larger than that.
+        """
+        return {
+            "used_token_ids": used_token_ids(
+                self.corpus, self.train_set, masking=self.config.train.pretrain_steps > 0
+            ),
+            "vocab_size": self.corpus.vocab_size,
+            "requested_vocab_size": self.config.data.vocab_size,
+            "embedding_dim": self.config.model.hidden_size,
+            "embedding_matrices": self.model.vocab_matrices(),
+            "source": "training split as tokenised for the model",
+        }
 
     def _probe_getitem(self) -> None:
         """Line memory of ``__getitem__``, measured here in the main process.

@@ -55,6 +55,14 @@ class MultiTaskModel(nn.Module):
         self.merchant_type_head = nn.Linear(model.hidden_size, num_merchant_types)
         self.mlm_head = BertOnlyMLMHead(self.bert_config)
 
+    def vocab_matrices(self) -> int:
+        """Vocabulary-sized weight matrices: the input embedding, plus the masked-LM decoder
+        unless it is tied to it (it is not: BertOnlyMLMHead outside a BertForMaskedLM gets
+        its own decoder weight)."""
+        embedding = self.backbone.embeddings.word_embeddings.weight
+        decoder = self.mlm_head.predictions.decoder.weight
+        return 1 if decoder is embedding else 2
+
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 

@@ -10,7 +10,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from diagnostics.runs import HEARTBEAT_INTERVAL_S, RunState, RunWriter
+from diagnostics.runs import HEARTBEAT_INTERVAL_S, RunFolder, RunState, RunWriter
 
 
 class SafeWriter:
@@ -47,6 +47,13 @@ class SafeWriter:
     def heartbeat(self) -> None:
         with self._lock:
             self.writer.heartbeat()
+
+    def update_environment(self, **fields: Any) -> None:
+        """Adds keys to the manifest's ``environment``, keeping the ones already there."""
+        with self._lock:
+            environment = dict(RunFolder(self.writer.path).manifest().environment)
+            environment.update(fields)
+            self.writer.update_manifest(environment=environment)
 
     def write_memory_lines(self, rows: list[dict[str, Any]]) -> None:
         with self._lock:
@@ -102,6 +109,12 @@ def cpu_count() -> int:
 
 
 def environment(device: str, threads: int) -> dict[str, Any]:
+    """Versions, device and the memory totals that the memory rules project against.
+
+    ``memory_total_bytes`` is the host's RAM (psutil), not a container's cgroup limit;
+    ``gpu_memory_bytes`` is the total of the GPU the run trains on (device 0).
+    """
+    import psutil
     import torch
 
     env: dict[str, Any] = {
@@ -119,8 +132,10 @@ def environment(device: str, threads: int) -> dict[str, Any]:
         "gpu_name": None,
         "gpu_count": 0,
         "cuda_version": torch.version.cuda,
+        "memory_total_bytes": int(psutil.virtual_memory().total),
     }
     if device == "cuda":
+        env["gpu_memory_bytes"] = int(torch.cuda.get_device_properties(0).total_memory)
         env["gpu_name"] = torch.cuda.get_device_name(0)
         env["gpu_count"] = torch.cuda.device_count()
         major, minor = torch.cuda.get_device_capability(0)

@@ -18,6 +18,8 @@ from trainer.data import (
     TransactionDataset,
     assign_shards,
     load_corpus,
+    make_train_dataset,
+    used_token_ids,
 )
 
 # more workers than this machine's 2 cores is the point of some cases here
@@ -215,3 +217,20 @@ def test_persistent_workers_see_each_epochs_augmentation(corpus):
     assert all(torch.equal(a, b) for a, b in zip(persistent, fresh, strict=True))
     resumed = take(True, 1, 4)
     assert all(torch.equal(a, b) for a, b in zip(persistent[4:], resumed, strict=True))
+
+
+def test_used_token_ids_counts_distinct_ids_fed_to_the_model(corpus):
+    data = DataConfig(rows=300)
+    cached = make_train_dataset(corpus, data, seed=0)
+    expected = {i for e in corpus.tokenizer.encode_batch(corpus.train_texts) for i in e.ids}
+    # padding, [CLS] and [SEP] are fed to the model: counted; far fewer ids than the vocabulary
+    specials = {corpus.pad_id, corpus.tokenizer.token_to_id("[CLS]")}
+    assert specials | {corpus.tokenizer.token_to_id("[SEP]")} <= expected
+    assert used_token_ids(corpus, cached, masking=False) == len(expected) < corpus.vocab_size
+    # masked-LM pre-training feeds [MASK] too, which no clean text contains
+    assert corpus.mask_id not in expected
+    assert used_token_ids(corpus, cached, masking=True) == len(expected) + 1
+    # an on-the-fly dataset holds no ids: the texts are tokenised (in chunks) for the count
+    fly = make_train_dataset(corpus, DataConfig(rows=300, tokenize_on_the_fly=True), seed=0)
+    assert fly._ids is None
+    assert used_token_ids(corpus, fly, masking=False) == len(expected)

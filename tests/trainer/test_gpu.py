@@ -68,6 +68,10 @@ def test_amp_fp16_with_grad_scaler_records_scale_and_cuda_memory(tmp_path):
     assert run.status().status == "completed"
     assert run.manifest().environment["device"] == "cuda"
     assert run.manifest().environment["gpu_name"]
+    # the total the memory rules project against: the device the run trained on
+    total = torch.cuda.get_device_properties(0).total_memory
+    assert run.manifest().environment["gpu_memory_bytes"] == total
+    assert (steps["cuda_peak_bytes"] < total).all()
     # GradScaler starts at 2**16 and only halves on overflow or doubles after 2000 steps
     scales = steps["amp_scale"].to_list()
     assert all(s is not None and s <= 2.0**16 for s in scales)

@@ -61,3 +61,16 @@ def test_masking_never_targets_special_tokens_and_hits_about_15_percent():
     assert abs((masked[targets] == 4).float().mean().item() - 0.8) < 0.05
     assert torch.equal(masked[~targets], ids[~targets])
     assert torch.equal(labels[targets], ids[targets])
+
+
+def test_vocab_matrices_counts_the_untied_mlm_decoder():
+    # the MLM head is built on its own, outside BertForMaskedLM: its decoder is a second
+    # vocabulary-sized matrix, not the input embedding (pruning a row saves it in both)
+    model = _model(450)
+    embedding = model.backbone.embeddings.word_embeddings.weight
+    decoder = model.mlm_head.predictions.decoder.weight
+    assert embedding.shape == decoder.shape == (450, 192)
+    assert embedding.data_ptr() != decoder.data_ptr()
+    assert model.vocab_matrices() == 2
+    model.mlm_head.predictions.decoder.weight = embedding  # tie them, as BertForMaskedLM does
+    assert model.vocab_matrices() == 1

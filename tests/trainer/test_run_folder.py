@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 
 import polars as pl
+import psutil
 import pytest
+import torch
 from torch_tb_profiler.profiler.data import RunProfileData
 
 from diagnostics.runs import STEP_SCHEMA, RunFolder
-from trainer.config import TrainerConfig
+from trainer.config import TrainerConfig, split_sizes
+from trainer.corpus import SPECIAL_TOKENS, load_tokenizer, make_corpus
 
 # tiny_run (tests/conftest.py): 2 masked-LM steps, then 8 fine-tuning steps, batches of 16,
 # checkpoints every 4 steps, profiler schedule wait=1, warmup=1, active=3 from fine-tuning.
@@ -121,3 +124,34 @@ def test_parquet_is_written_and_log_kept(run):
     assert (run.path / "samples.parquet").is_file()
     assert pl.read_parquet(run.path / "steps.parquet").height == TOTAL
     assert "completed after" in run.log_tail()
+
+
+def test_environment_records_the_memory_totals_the_leak_rule_projects_against(run):
+    env = run.manifest().environment
+    # the host's RAM, as psutil reports it on this (the same) machine
+    assert env["memory_total_bytes"] == psutil.virtual_memory().total
+    # a CPU run records no GPU total (the CUDA one is checked in test_gpu.py)
+    assert "gpu_memory_bytes" not in env
+
+
+def test_vocab_usage_is_recorded_from_the_tokenised_training_split(run):
+    usage = run.manifest().environment["vocab_usage"]
+    config = TrainerConfig.from_dict(run.manifest().config)
+    # the model's embedding rows: the checkpoint's word embedding and (untied) MLM decoder
+    state = torch.load(run.checkpoints()[-1], map_location="cpu", weights_only=False)["model"]
+    rows, width = state["backbone.embeddings.word_embeddings.weight"].shape
+    assert state["mlm_head.predictions.decoder.weight"].shape == (rows, width)
+    assert (usage["vocab_size"], usage["embedding_dim"]) == (rows, width)
+    assert usage["embedding_matrices"] == 2 and width == config.model.hidden_size
+    # WordPiece stops at what the corpus supports: fewer rows than data.vocab_size asked for
+    assert usage["requested_vocab_size"] == config.data.vocab_size > rows
+    # recounted from the run's own tokenizer over the training split of the same corpus,
+    # plus [MASK], which the 2 masked-LM steps feed to the model
+    tokenizer = load_tokenizer(run.path / "tokenizer.json", config.data.max_length)
+    n_train, _ = split_sizes(config.data.rows)
+    texts = make_corpus(config.data.rows, config.seed)["text"].to_list()[:n_train]
+    ids = {i for encoding in tokenizer.encode_batch(texts) for i in encoding.ids}
+    ids.add(tokenizer.token_to_id("[MASK]"))
+    assert usage["used_token_ids"] == len(ids)
+    # more than the 5 special tokens, never more than the vocabulary
+    assert len(SPECIAL_TOKENS) < usage["used_token_ids"] <= rows
