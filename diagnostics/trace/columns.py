@@ -80,7 +80,6 @@ RAW_FLOW_SCHEMA = {"ph": pl.String} | {
 _ARG_FIELDS = tuple(name for name in RAW_SCHEMA if name not in _EVENT_FIELDS)
 _GETTERS = {name: attrgetter(name) for name in (*_EVENT_FIELDS, *_ARG_FIELDS)}
 _GET_ARGS = attrgetter("args")
-_MIXED = frozenset({"pid", "tid", "id"})
 _FLOW_FIELDS = ("name", "cat", "ts", "pid", "tid", "id")
 # Which args keys each kind of event carries (raw categories, lower-cased, any Kineto).
 _GPU_CATS = ("kernel", "memcpy", "gpu_memcpy", "memset", "gpu_memset", "cuda_sync")
@@ -100,17 +99,27 @@ _MEMORY_ARGS = (
 FLOW_PHASES = ("s", "f", "t")
 
 
+def _all_none(values: list[Any]) -> bool:
+    # list.count(None) is quick over Nones but slow over other values (each compares
+    # through __eq__): a first value present settles it without the count.
+    return not values or (values[0] is None and values.count(None) == len(values))
+
+
+def _nulls(name: str, n: int) -> pl.Series:
+    return pl.repeat(None, n, dtype=RAW_SCHEMA[name], eager=True).alias(name)
+
+
 def _to_series(name: str, values: list[Any]) -> pl.Series:
     dtype = RAW_SCHEMA[name]
-    if values.count(None) == len(values):
+    if _all_none(values):
         # all absent (legacy keys in a modern trace): polars would scan for a first value
-        return pl.repeat(None, len(values), dtype=dtype, eager=True).alias(name)
-    if name in _MIXED:  # numeric strings parse, label strings ("Spans") become null
-        return pl.Series(name, values, dtype=dtype, strict=False)
+        return _nulls(name, len(values))
     try:
+        # ints and nulls (nearly every chunk) take polars' typed fast path
         return pl.Series(name, values, dtype=dtype)
     except (OverflowError, TypeError, ValueError, pl.exceptions.PolarsError):
-        # an integer beyond int64 (JSON allows any size): null rather than a crash
+        # pid/tid/id: numeric strings parse, label strings ("Spans") become null; and an
+        # integer beyond int64 (JSON allows any size): null rather than a crash
         return pl.Series(name, values, dtype=dtype, strict=False)
 
 
@@ -162,7 +171,7 @@ def _arg_columns(events: list[Event], cats: pl.Series, names: pl.Series) -> list
     for mask, _ in kinds:
         known = known | mask.fill_null(False)
     kinds.append((~known, _ARG_FIELDS))
-    columns = {name: pl.Series(name, [None] * n, dtype=RAW_SCHEMA[name]) for name in _ARG_FIELDS}
+    columns = {name: _nulls(name, n) for name in _ARG_FIELDS}
     for mask, fields in kinds:
         mask = mask.fill_null(False)
         if not mask.any():
@@ -171,7 +180,7 @@ def _arg_columns(events: list[Event], cats: pl.Series, names: pl.Series) -> list
         args = list(map(_GET_ARGS, compress(events, mask.to_list())))
         for name in fields:
             values = list(map(_GETTERS[name], args))
-            if values.count(None) < len(values):
+            if not _all_none(values):
                 columns[name] = columns[name].scatter(rows, _to_series(name, values))
     return list(columns.values())
 
