@@ -21,6 +21,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import polars as pl
+import psutil
 import pytest
 
 from diagnostics.analyze import analyze
@@ -29,6 +31,8 @@ from diagnostics.result import AnalysisResult
 from diagnostics.rules.registry import CORE_RULE_IDS
 from diagnostics.rules.worker_restarts import WorkerRestarts
 from diagnostics.thresholds import Thresholds
+from trainer.config import build_config, split_sizes
+from trainer.corpus import load_tokenizer, make_corpus
 
 pytestmark = pytest.mark.slow
 
@@ -121,6 +125,9 @@ def scenario_results(tmp_path_factory) -> dict[str, AnalysisResult]:
     for scenario in DESIGNED:
         jobs[scenario] = ["--scenario", scenario, *BASE_ARGS, *NO_PROFILER]
     jobs["leak-memory-lines"] = ["--scenario", "leak", *BASE_ARGS, *NO_PROFILER, "--memory-lines"]
+    # healthy keeps its workers across epochs; turned off, each epoch forks them again
+    jobs["workers-not-persistent"] = ["--scenario", "healthy", *BASE_ARGS, *NO_PROFILER]
+    jobs["workers-not-persistent"] += set_args({"data.persistent_workers": False})
     return {name: _analysed(path) for name, path in run_together(runs_dir, jobs).items()}
 
 
@@ -130,8 +137,8 @@ def fixed_results(scenario_results, tmp_path_factory) -> dict[str, AnalysisResul
     unpatched as the speed baseline that shares the fixed runs' machine load."""
     runs_dir = tmp_path_factory.mktemp("rule_fixes")
     jobs = {"slow-loader-baseline": ["--scenario", "slow-loader", *BASE_ARGS, *NO_PROFILER]}
-    restarts = finding(scenario_results["healthy"], "worker-restarts")
-    assert restarts is not None, "healthy (workers, not persistent) shows no restarts"
+    restarts = finding(scenario_results["workers-not-persistent"], "worker-restarts")
+    assert restarts is not None, "workers, not persistent: no restarts found"
     jobs["healthy"] = ["--scenario", "healthy", *BASE_ARGS, *NO_PROFILER]
     jobs["healthy"] += set_args(restarts.fix.config_patch)
     for scenario, rule in DESIGNED.items():
@@ -232,10 +239,10 @@ def test_fix_makes_the_finding_disappear(fixed_results, scenario, rule):
 
 
 def test_persistent_workers_remove_the_epoch_start_waits(scenario_results, fixed_results):
-    # healthy keeps workers but not across epochs: each epoch's first step waits for new
-    # workers. With the patch the rule skips (persistent_workers is on), so check the
-    # evidence itself: judged anyway, the epoch starts no longer stand out.
-    before = finding(scenario_results["healthy"], "worker-restarts")
+    # workers kept but not across epochs: each epoch's first step waits for new workers.
+    # With the patch the rule skips (persistent_workers is on), so check the evidence
+    # itself: judged anyway, the epoch starts no longer stand out.
+    before = finding(scenario_results["workers-not-persistent"], "worker-restarts")
     assert len(before.evidence["epoch_start_steps"]) >= 2
     patched = fixed_results["healthy"]
     assert patched.run.config["data"]["persistent_workers"] is True
@@ -252,3 +259,86 @@ def test_fixed_slow_loader_is_faster(fixed_results):
     baseline = median_step_ms(fixed_results["slow-loader-baseline"])
     fixed = median_step_ms(fixed_results["slow-loader"])
     assert fixed < baseline, f"fixed {fixed:.1f} ms vs baseline {baseline:.1f} ms"
+
+
+def test_healthy_crosses_epochs_on_persistent_workers_and_fires_no_restarts(scenario_results):
+    # 200 rows -> 168 training rows -> 5 full batches of 32 per epoch: 24 steps cross 4
+    # epoch boundaries, each of which used to fork the worker again
+    result = scenario_results["healthy"]
+    data = result.run.config["data"]
+    assert data["persistent_workers"] is True and data["num_workers"] >= 1
+    assert result.run.steps["epoch"].n_unique() >= 2
+    fired = {f.rule for f in result.findings}
+    assert not fired & set(CORE_RULE_IDS), [f.title for f in result.findings]
+    assert "worker-restarts" not in fired
+    # the rule skips on the config; judged anyway, the same worker serves every epoch and
+    # the epoch starts wait no longer than the rest
+    assert WorkerRestarts().check(AnalysisInputs(run=result.run), Thresholds()) == []
+
+
+def test_worker_restarts_patch_for_the_sharded_dataset_switches_to_the_map_dataset():
+    # the sharded dataset ignores persistent_workers (fresh workers per epoch, a run note
+    # says so): there the patch must change the dataset, or the re-run would restart again
+    sharded = next(e for e in WorkerRestarts.examples if "sharded" in e.name)
+    (found,) = WorkerRestarts().check(sharded.build(), Thresholds())
+    patch = found.fix.config_patch
+    assert patch == {"data.dataset": "map", "data.persistent_workers": True}
+    config = build_config("healthy", {"data.dataset": "sharded", **patch})
+    assert config.data.dataset == "map" and config.data.persistent_workers
+
+
+def test_unused_embedding_rows_fires_on_healthy_with_the_recorded_counts(scenario_results):
+    # It fires on the default config, correctly. WordPiece training keeps every character
+    # (and its "##" continuation) and every intermediate merge in the vocabulary, but
+    # greedy longest-match tokenisation of the same texts emits mostly the longest pieces:
+    # most rows are never fed to the model. And data.vocab_size (3000 here, or 20000) only
+    # caps the vocabulary: the corpus supports a few hundred tokens, and the model's
+    # embedding has exactly the tokenizer's rows, so the counts are against those.
+    result = scenario_results["healthy"]
+    found = finding(result, "unused-embedding-rows")
+    assert found is not None
+    ev = found.evidence
+    tokenizer = load_tokenizer(result.run.folder.path / "tokenizer.json", 32)
+    vocab = tokenizer.get_vocab()
+    assert ev["vocab_size"] == len(vocab) < result.run.config["data"]["vocab_size"]
+    # recount: distinct ids of the training split (no pre-training here, so no [MASK])
+    rows = result.run.config["data"]["rows"]
+    n_train, _ = split_sizes(rows)
+    texts = make_corpus(rows, result.run.config["seed"])["text"].to_list()[:n_train]
+    used = {i for encoding in tokenizer.encode_batch(texts) for i in encoding.ids}
+    assert ev["used_token_ids"] == len(used)
+    assert ev["unused_rows"] == len(vocab) - len(used)
+    assert ev["unused_pct"] == pytest.approx(100 * (len(vocab) - len(used)) / len(vocab), abs=0.05)
+    assert ev["unused_pct"] >= Thresholds().embedding_unused_min_pct
+    # input embedding + untied MLM decoder, hidden_size wide; 4 fp32 copies in training
+    hidden = result.run.config["model"]["hidden_size"]
+    assert ev["prunable_parameters"] == ev["unused_rows"] * hidden * 2
+    assert ev["training_memory_saved_bytes"] == ev["prunable_parameters"] * 4 * 4
+    assert ev["steps"] == [1, 24]  # the data feeds every step of the run
+    # why they are unused: nearly all are characters, "##" pieces or parts of longer tokens
+    bare = [t.removeprefix("##") for t in vocab]
+    unused = [t.removeprefix("##") for t, i in vocab.items() if i not in used]
+    pieces = [t for t in unused if len(t) == 1 or any(t in o and t != o for o in bare)]
+    assert len(pieces) >= 0.9 * len(unused), set(unused) - set(pieces)
+    # the suggested size is a valid trainer value (multiple of 64 covering the used ids)
+    patch = found.fix.config_patch
+    assert patch["data.vocab_size"] % 64 == 0 and patch["data.vocab_size"] >= len(used)
+    assert build_config("healthy", patch).data.vocab_size == patch["data.vocab_size"]
+
+
+def test_leak_projects_steps_to_oom_from_the_recorded_host_memory(scenario_results):
+    result = scenario_results["leak"]
+    found = finding(result, "memory-leak")
+    ev = found.evidence
+    assert ev["series"] == "host RSS of the trainer"
+    # the trainer recorded this machine's RAM; the projection runs against it
+    total = result.run.environment["memory_total_bytes"]
+    assert total == psutil.virtual_memory().total
+    assert ev["capacity_bytes"] == total
+    # steps left = (RAM - RSS at the last steady step) / bytes leaked per step
+    last_step = ev["steps"][1]
+    last_rss = result.run.steps.filter(pl.col("step") == last_step)["rss_bytes"].item()
+    expected = (total - last_rss) / ev["slope_bytes_per_step"]
+    assert isinstance(ev["projected_steps_to_oom"], int) and ev["projected_steps_to_oom"] > 0
+    assert ev["projected_steps_to_oom"] == pytest.approx(expected, rel=1e-3, abs=2)
+    assert f"about {ev['projected_steps_to_oom']} more steps" in found.recommendation

@@ -63,6 +63,13 @@ def vocab_usage(inputs: AnalysisInputs) -> dict[str, Any] | None:
     return usage
 
 
+def _step_range(inputs: AnalysisInputs) -> list[int] | None:
+    run = inputs.run
+    if run is None or run.steps.height == 0 or "step" not in run.steps.columns:
+        return None
+    return [int(run.steps["step"].min()), int(run.steps["step"].max())]
+
+
 class UnusedEmbeddingRows(Rule):
     id = "unused-embedding-rows"
     title = "Embedding rows the data never uses"
@@ -102,7 +109,8 @@ class UnusedEmbeddingRows(Rule):
             "prunable_parameters": params,
             "training_memory_saved_bytes": memory,
             "suggested_vocab_size": new_vocab,
-            "steps": None,
+            # the training data feeds every step: the usage covers the run's whole range
+            "steps": _step_range(inputs),
             "chart": {
                 "kind": "bar",
                 "title": "Vocabulary rows",
