@@ -38,18 +38,21 @@ def merge_intervals(frame: pl.DataFrame, by: Sequence[str] = ()) -> pl.DataFrame
     if ranges.height == 0:
         return ranges
     running_end = pl.col(END).cum_max()
-    previous_end = running_end.shift(1)
+    previous_end = pl.col("_run").shift(1)
     if by:
+        running_end = running_end.over(by)
         previous_end = previous_end.over(by)
-    opens_group = (pl.col(START) > previous_end).fill_null(True)
-    group = opens_group.cum_sum()
-    if by:
-        group = group.over(by)
-    return (
-        ranges.with_columns(_group=group)
-        .group_by([*by, "_group"], maintain_order=True)
-        .agg(pl.col(START).min(), pl.col(END).max())
-        .drop("_group")
+    marked = ranges.with_columns(_run=running_end).with_columns(
+        _open=(pl.col(START) > previous_end).fill_null(True)
+    )
+    # Rows are sorted by start, so a group's start is its first row's start, and its end
+    # is the running maximum at its last row (the row before the next group opens; a new
+    # key opens a group too): two filters instead of a group-by.
+    last_in_group = pl.col("_open").shift(-1, fill_value=True)
+    return marked.select(
+        *(pl.col(key).filter(pl.col("_open")) for key in by),
+        pl.col(START).filter(pl.col("_open")),
+        pl.col("_run").filter(last_in_group).alias(END),
     )
 
 
