@@ -96,6 +96,7 @@ _MEMORY_ARGS = (
     "device_type",
     "device_id",
 )
+_KIND_ARGS = (_MEMORY_ARGS, _GPU_ARGS, _RUNTIME_ARGS, _CPU_ARGS)
 FLOW_PHASES = ("s", "f", "t")
 
 
@@ -106,7 +107,8 @@ def _all_none(values: list[Any]) -> bool:
 
 
 def _nulls(name: str, n: int) -> pl.Series:
-    return pl.repeat(None, n, dtype=RAW_SCHEMA[name], eager=True).alias(name)
+    # new_from_index is a plain fill (µs); pl.repeat runs a query per call
+    return pl.Series(name, [None], dtype=RAW_SCHEMA[name]).new_from_index(0, n)
 
 
 def _to_series(name: str, values: list[Any]) -> pl.Series:
@@ -159,21 +161,21 @@ def _arg_columns(events: list[Event], cats: pl.Series, names: pl.Series) -> list
     category not listed here are read for every key.
     """
     n = len(events)
-    lower = cats.str.to_lowercase()
-    memory = names == "[memory]"
-    kinds = [
-        (memory, _MEMORY_ARGS),
-        (lower.is_in(_GPU_CATS) & ~memory, _GPU_ARGS),
-        (lower.is_in(_RUNTIME_CATS) & ~memory, _RUNTIME_ARGS),
-        (lower.is_in(_CPU_CATS) & ~memory, _CPU_ARGS),
+    # every mask in one query: per-call overhead, not the work, dominates at chunk size
+    lower, memory = pl.col("cat").str.to_lowercase(), pl.col("name") == "[memory]"
+    masks = [
+        memory.fill_null(False),
+        (lower.is_in(_GPU_CATS) & ~memory).fill_null(False),
+        (lower.is_in(_RUNTIME_CATS) & ~memory).fill_null(False),
+        (lower.is_in(_CPU_CATS) & ~memory).fill_null(False),
     ]
-    known = pl.Series([False] * n) if n else pl.Series([], dtype=pl.Boolean)
-    for mask, _ in kinds:
-        known = known | mask.fill_null(False)
-    kinds.append((~known, _ARG_FIELDS))
+    known = pl.any_horizontal(masks)
+    frame = pl.DataFrame([cats.alias("cat"), names.alias("name")]).select(
+        *(mask.alias(f"_{i}") for i, mask in enumerate(masks)), (~known).alias("_unknown")
+    )
+    kinds = list(zip(frame.get_columns(), (*_KIND_ARGS, _ARG_FIELDS), strict=True))
     columns = {name: _nulls(name, n) for name in _ARG_FIELDS}
     for mask, fields in kinds:
-        mask = mask.fill_null(False)
         if not mask.any():
             continue
         rows = mask.arg_true()
