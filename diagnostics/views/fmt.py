@@ -2,45 +2,30 @@
 
 from __future__ import annotations
 
-import math
 import time
-from typing import Any
 
+from diagnostics.report import fmt as report_fmt
 
-def _missing(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and not math.isfinite(value))
-
-
-def fmt_ms(value_ms: float | None) -> str:
-    """A duration given in milliseconds: '840 µs', '12.3 ms', '1.25 s', '3 min 20 s'."""
-    if _missing(value_ms):
-        return "—"
-    value_ms = float(value_ms)
-    if abs(value_ms) < 1.0:
-        return f"{value_ms * 1000:.0f} µs"
-    if abs(value_ms) < 100.0:
-        return f"{value_ms:.1f} ms"
-    if abs(value_ms) < 1000.0:
-        return f"{value_ms:.0f} ms"
-    return fmt_seconds(value_ms / 1000.0)
+# One formatter for the pages and the reports, so a number reads the same in both.
+_missing = report_fmt._missing
+fmt_ms = report_fmt.ms  # '840 µs', '12.3 ms', '1.25 s', '3 min 20 s'
+fmt_pct = report_fmt.pct  # '42.3 %'
+fmt_ratio = report_fmt.ratio  # '2.41×'
 
 
 def fmt_seconds(value_s: float | None) -> str:
-    """A duration in seconds: '4.2 s', '3 min 20 s', '1 h 05 min'."""
+    """Elapsed time and ETAs, where tenths past 10 s are noise: '4.2 s', '30 s', '3 min 20 s'."""
     if _missing(value_s):
         return "—"
     value_s = float(value_s)
     if value_s < 60.0:
         return f"{value_s:.1f} s" if value_s < 10 else f"{value_s:.0f} s"
-    minutes, seconds = divmod(int(round(value_s)), 60)
-    if minutes < 60:
-        return f"{minutes} min {seconds:02d} s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes:02d} min"
+    return report_fmt.seconds(value_s)
 
 
 def fmt_bytes(value: float | None) -> str:
-    """Binary units, three significant figures: '512 B', '1.50 KiB', '23.4 MiB', '1.02 GiB'."""
+    """Compact, for cards: three significant figures, '512 B', '1.5 KiB', '23.4 MiB'
+    (report tables use report_fmt.bytes_, two decimals, for columns that line up)."""
     if _missing(value):
         return "—"
     value = float(value)
@@ -49,12 +34,6 @@ def fmt_bytes(value: float | None) -> str:
             return f"{value:.0f} B" if unit == "B" else f"{value:.3g} {unit}"
         value /= 1024.0
     raise AssertionError("unreachable")
-
-
-def fmt_pct(value_pct: float | None, digits: int = 1) -> str:
-    if _missing(value_pct):
-        return "—"
-    return f"{float(value_pct):.{digits}f} %"
 
 
 def fmt_saving(value_pct: float | None) -> str:
@@ -85,13 +64,6 @@ def fmt_rate(value: float | None, unit: str) -> str:
     value = float(value)
     text = f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
     return f"{text} {unit}"
-
-
-def fmt_ratio(value: float | None) -> str:
-    """A ratio as a multiplier: '2.41×'."""
-    if _missing(value):
-        return "—"
-    return f"{float(value):.2f}×"
 
 
 def fmt_when(timestamp: float | None, now: float | None = None) -> str:

@@ -29,7 +29,7 @@ from tests.app.conftest import REPO_ROOT
         (0.84, "840 µs"),  # under 1 ms: shown in µs, 0.84 ms * 1000
         (12.34, "12.3 ms"),
         (250.0, "250 ms"),
-        (1250.0, "1.2 s"),  # 1.25 s rounds half to even in format(): 1.2
+        (1250.0, "1.25 s"),  # 1.25 s: two decimals under 10 s, as in the reports
         (200_000.0, "3 min 20 s"),  # 200 s = 3 * 60 + 20
         (None, "—"),
         (float("nan"), "—"),
