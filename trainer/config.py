@@ -72,6 +72,13 @@ class DataConfig:
         min=64,
         max=50_000,
     )
+    # the seed pipeline's pruning: WordPiece keeps its whole alphabet and every intermediate
+    # merge, most of which the tokenised data never contains; data.vocab_size cannot shed them
+    prune_vocab: bool = _spec(
+        False,
+        "embedding rows only for the token ids the training data uses (+ special tokens); "
+        "other ids become [UNK]",
+    )
 
 
 @dataclass

@@ -38,6 +38,7 @@ from trainer.corpus import (
     save_tokenizer,
     train_tokenizer,
 )
+from trainer.vocab import ModelVocab, full_vocab, used_id_mask
 
 Sample = dict[str, torch.Tensor]
 PHASES = ("pretrain", "finetune")
@@ -115,6 +116,9 @@ class TransactionDataset(Dataset[Sample]):
     With ``tokenize_on_the_fly`` each ``__getitem__`` augments and tokenises its text and
     then sleeps ``sample_latency_ms`` (a read from remote storage): the realistic per-sample
     cost of the slow-loader scenario. Otherwise the whole split is tokenised once up front.
+
+    ``apply_id_map`` renumbers the ids fed to the model (a pruned vocabulary): the cached
+    ids once, in one index lookup; on the fly, each sample's ids as it is tokenised.
     """
 
     def __init__(
@@ -138,6 +142,7 @@ class TransactionDataset(Dataset[Sample]):
         self.epoch = 0
         self._ids: torch.Tensor | None = None
         self._mask: torch.Tensor | None = None
+        self.id_map: torch.Tensor | None = None
         if not tokenize_on_the_fly:
             encoded = tokenizer.encode_batch(self.texts)
             self._ids = torch.tensor([e.ids for e in encoded], dtype=torch.long)
@@ -145,6 +150,14 @@ class TransactionDataset(Dataset[Sample]):
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
+
+    def apply_id_map(self, lookup: torch.Tensor) -> None:
+        """Feeds ``lookup[id]`` instead of each tokenizer id from now on (once per dataset)."""
+        if self.id_map is not None:
+            raise RuntimeError("the dataset's ids are already remapped")
+        self.id_map = lookup
+        if self._ids is not None:
+            self._ids = lookup[self._ids]
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -161,6 +174,8 @@ class TransactionDataset(Dataset[Sample]):
                 text = augment(text, self.seed, epoch, index)
             encoding = self.tokenizer.encode(text)
             ids = torch.tensor(encoding.ids, dtype=torch.long)
+            if self.id_map is not None:
+                ids = self.id_map[ids]
             mask = torch.tensor(encoding.attention_mask, dtype=torch.long)
         if self.sample_latency_s:
             time.sleep(self.sample_latency_s)
@@ -292,13 +307,19 @@ def make_train_dataset(corpus: Corpus, data: DataConfig, seed: int) -> Transacti
     )
 
 
-def make_val_dataset(corpus: Corpus, data: DataConfig) -> CachedDataset:
+def make_val_dataset(
+    corpus: Corpus, data: DataConfig, id_map: torch.Tensor | None = None
+) -> CachedDataset:
+    """Validation, cached; ``id_map`` renumbers its ids as the training split's were (ids
+    the map did not keep, i.e. text only validation has, become [UNK])."""
     base = TransactionDataset(
         corpus.val_texts,
         corpus.val_labels,
         corpus.tokenizer,
         tokenize_on_the_fly=data.tokenize_on_the_fly,
     )
+    if id_map is not None:
+        base.apply_id_map(id_map)
     return CachedDataset(base)
 
 
@@ -388,26 +409,23 @@ class EpochBatches:
             start_batch = 0
 
 
-VOCAB_SCAN_CHUNK = 8192  # texts tokenised at a time when no ids are cached: bounded memory
-
-
-def used_token_ids(corpus: Corpus, dataset: TransactionDataset, *, masking: bool) -> int:
+def used_token_ids(
+    corpus: Corpus, dataset: TransactionDataset, *, masking: bool, vocab: ModelVocab | None = None
+) -> int:
     """Distinct token ids the model is fed from the training split, as tokenised for it.
 
     Padded and truncated as in training, so [PAD], [CLS] and [SEP] count and ids past
     ``max_length`` do not. With masked-LM pre-training ``masking`` adds [MASK], which the
     masking puts into the inputs. Counted on the split's clean text: an augmenting
-    (on-the-fly) pipeline's per-epoch variants may reach a few more ids.
+    (on-the-fly) pipeline's per-epoch variants may reach a few more ids. Counted in the
+    model's numbering (``vocab``; the tokenizer's when not given) after the dataset's id map.
     """
-    used = np.zeros(corpus.vocab_size, dtype=bool)
-    if dataset._ids is not None:
-        used[torch.unique(dataset._ids).numpy()] = True
-    else:
-        for start in range(0, len(dataset.texts), VOCAB_SCAN_CHUNK):
-            encoded = corpus.tokenizer.encode_batch(dataset.texts[start : start + VOCAB_SCAN_CHUNK])
-            used[np.fromiter(itertools.chain.from_iterable(e.ids for e in encoded), int)] = True
+    vocab = vocab or full_vocab(corpus.tokenizer)
+    used = used_id_mask(corpus.tokenizer, dataset.texts, dataset._ids, vocab.size, dataset.id_map)
     if masking:
-        used[corpus.mask_id] = True
+        if vocab.mask_id is None:
+            raise ValueError("masking with a vocabulary that has no [MASK]")
+        used[vocab.mask_id] = True
     return int(used.sum())
 
 

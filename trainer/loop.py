@@ -48,6 +48,7 @@ from trainer.instruments.system import make_sampler
 from trainer.model import MultiTaskModel, mask_tokens, parameter_count
 from trainer.run_io import SafeWriter
 from trainer.runtime import StopRequests, seed_everything
+from trainer.vocab import ModelVocab, full_vocab, pruned_vocab, used_id_mask
 
 log = logging.getLogger("trainer")
 
@@ -100,15 +101,18 @@ class Trainer:
             config.data, config.seed, cache_dir, self.run_dir / TOKENIZER_FILE
         )
         self.train_set = make_train_dataset(self.corpus, config.data, config.seed)
-        self.val_set = make_val_dataset(self.corpus, config.data)
+        self.vocab = self._model_vocab()
+        if self.vocab.lookup is not None:
+            self.train_set.apply_id_map(self.vocab.lookup)
+        self.val_set = make_val_dataset(self.corpus, config.data, self.vocab.lookup)
         n_categories, n_types = num_labels()
         self.model = MultiTaskModel(
             config.model,
-            vocab_size=self.corpus.vocab_size,
+            vocab_size=self.vocab.size,
             max_length=config.data.max_length,
             num_categories=n_categories,
             num_merchant_types=n_types,
-            pad_id=self.corpus.pad_id,
+            pad_id=self.vocab.pad_id,
         ).to(self.device)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=config.train.lr, weight_decay=config.train.weight_decay
@@ -141,6 +145,19 @@ class Trainer:
             sample_hz=config.instruments.sample_hz,
         )
 
+    def _model_vocab(self) -> ModelVocab:
+        """The tokenizer's vocabulary, or with ``data.prune_vocab`` only the ids the training
+        split uses (before any id map: the tokenizer's own numbering) plus the specials."""
+        tokenizer = self.corpus.tokenizer
+        if not self.config.data.prune_vocab:
+            return full_vocab(tokenizer)
+        used = used_id_mask(
+            tokenizer, self.train_set.texts, self.train_set._ids, tokenizer.get_vocab_size()
+        )
+        vocab = pruned_vocab(tokenizer, used, masking=self.config.train.pretrain_steps > 0)
+        log.info("vocabulary pruned to the %d of %d ids the data uses", vocab.size, used.size)
+        return vocab
+
     # --- checkpoints ---------------------------------------------------------------------
 
     def checkpoint_path(self, step: int) -> Path:
@@ -168,6 +185,7 @@ class Trainer:
             "first_nonfinite_step": self.first_nonfinite_step,
             "evaluations": self.evaluations,
             "config": self.config.to_dict(),
+            "vocab_kept_ids": self.vocab.kept_ids,
         }
         path = self.checkpoint_path(pos.step)
         tmp = path.with_name(f".{path.name}.tmp")
@@ -181,6 +199,14 @@ class Trainer:
     def load_checkpoint(self, path: Path) -> None:
         # our own file (it holds NumPy RNG state, which weights_only refuses)
         state = torch.load(path, map_location=self.device, weights_only=False)
+        kept = state.get("vocab_kept_ids")
+        if (kept is None) != (self.vocab.kept_ids is None) or (
+            kept is not None and not torch.equal(kept.cpu(), self.vocab.kept_ids)
+        ):
+            raise ValueError(
+                f"{path.name}: the checkpoint's pruned vocabulary differs from the one rebuilt "
+                "from the run's tokenizer.json and data; cannot resume exactly"
+            )
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scaler.load_state_dict(state["scaler"])
@@ -218,11 +244,12 @@ class Trainer:
             enabled=self.autocast_dtype is not None,
         ):
             if phase == "pretrain":
+                assert self.vocab.mask_id is not None  # kept whenever pretrain_steps > 0
                 inputs, labels = mask_tokens(
                     batch["input_ids"],
-                    self.corpus.special_ids,
-                    self.corpus.mask_id,
-                    self.corpus.vocab_size,
+                    list(self.vocab.special_ids),
+                    self.vocab.mask_id,
+                    self.vocab.size,
                 )
                 loss = self.model.mlm_loss(inputs, batch["attention_mask"], labels)
                 hidden = None
@@ -400,15 +427,22 @@ class Trainer:
     def vocab_usage(self) -> dict[str, Any]:
         """The unused-embedding-rows rule's input: ids the data uses vs the model's rows.
 
-        ``vocab_size`` is the model's embedding rows, which is the trained tokenizer's
-        vocabulary: WordPiece stops growing when the corpus has no more pairs to merge,
-        so a large ``data.vocab_size`` does not make the embedding larger than that.
+        ``vocab_size`` is the model's embedding rows: the trained tokenizer's vocabulary
+        (WordPiece stops growing when the corpus has no more pairs to merge, so a large
+        ``data.vocab_size`` does not make the embedding larger than that), or with
+        ``data.prune_vocab`` the kept ids, the tokenizer's size then in ``pruned_from``.
+        ``used_token_ids`` counts in the model's numbering, after the id map.
         """
         return {
             "used_token_ids": used_token_ids(
-                self.corpus, self.train_set, masking=self.config.train.pretrain_steps > 0
+                self.corpus,
+                self.train_set,
+                masking=self.config.train.pretrain_steps > 0,
+                vocab=self.vocab,
             ),
-            "vocab_size": self.corpus.vocab_size,
+            "vocab_size": self.vocab.size,
+            "tokenizer_vocab_size": self.vocab.original_size,
+            "pruned_from": self.vocab.original_size if self.vocab.pruned else None,
             "requested_vocab_size": self.config.data.vocab_size,
             "embedding_dim": self.config.model.hidden_size,
             "embedding_matrices": self.model.vocab_matrices(),
