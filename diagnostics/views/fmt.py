@@ -40,7 +40,8 @@ def fmt_saving(value_pct: float | None) -> str:
     """An estimated saving: whole percent, and 'under 1 %' rather than a misleading '0 %'."""
     if _missing(value_pct):
         return "—"
-    return "under 1 %" if float(value_pct) < 0.5 else f"{float(value_pct):.0f} %"
+    # below 1 % a whole percent would round to a misleading "0 %" or "1 %"
+    return "under 1 %" if float(value_pct) < 1.0 else f"{float(value_pct):.0f} %"
 
 
 def fmt_number(value: float | None) -> str:

@@ -56,6 +56,7 @@ def test_fmt_other_units():
     assert views.fmt_pct(42.345) == "42.3 %"
     assert views.fmt_saving(33.6) == "34 %"
     assert views.fmt_saving(0.3) == "under 1 %"  # not "0 %": the fix still helps a little
+    assert views.fmt_saving(0.5) == "under 1 %"  # format() rounds 0.5 to even: "0 %"
     assert views.fmt_ratio(2.414) == "2.41×"
     assert views.fmt_rate(1234.5, "samples/s") == "1,234 samples/s"
     assert views.fmt_rate(12.54, "steps/s") == "12.5 steps/s"
