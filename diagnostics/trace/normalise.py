@@ -154,7 +154,9 @@ def _sorted_by_ts(chunks: list[pl.DataFrame]) -> pl.DataFrame:
         .get_column("row")
     )
     for i in range(len(columns)):
-        columns[i] = columns[i].gather(order)
+        # gather over one contiguous chunk is ~20x faster than over the per-chunk pieces
+        # (string columns most of all); the extra copy is one column at a time
+        columns[i] = columns[i].rechunk().gather(order)
     return pl.DataFrame(columns)
 
 
