@@ -134,13 +134,18 @@ def scenario_results(tmp_path_factory) -> dict[str, AnalysisResult]:
 @pytest.fixture(scope="session")
 def fixed_results(scenario_results, tmp_path_factory) -> dict[str, AnalysisResult]:
     """Each designed scenario re-run with its finding's config patch, plus slow-loader again
-    unpatched as the speed baseline that shares the fixed runs' machine load."""
+    unpatched as the speed baseline that shares the fixed runs' machine load, and healthy
+    with the unused-embedding-rows patch (a pruned vocabulary)."""
     runs_dir = tmp_path_factory.mktemp("rule_fixes")
     jobs = {"slow-loader-baseline": ["--scenario", "slow-loader", *BASE_ARGS, *NO_PROFILER]}
     restarts = finding(scenario_results["workers-not-persistent"], "worker-restarts")
     assert restarts is not None, "workers, not persistent: no restarts found"
     jobs["healthy"] = ["--scenario", "healthy", *BASE_ARGS, *NO_PROFILER]
     jobs["healthy"] += set_args(restarts.fix.config_patch)
+    unused_rows = finding(scenario_results["healthy"], "unused-embedding-rows")
+    assert unused_rows is not None, "healthy: no unused-embedding-rows finding"
+    jobs["healthy-pruned"] = ["--scenario", "healthy", *BASE_ARGS, *NO_PROFILER]
+    jobs["healthy-pruned"] += set_args(unused_rows.fix.config_patch)
     for scenario, rule in DESIGNED.items():
         found = finding(scenario_results[scenario], rule)
         assert found is not None and found.fix.config_patch, f"{scenario}: no {rule} patch"
@@ -320,10 +325,54 @@ def test_unused_embedding_rows_fires_on_healthy_with_the_recorded_counts(scenari
     unused = [t.removeprefix("##") for t, i in vocab.items() if i not in used]
     pieces = [t for t in unused if len(t) == 1 or any(t in o and t != o for o in bare)]
     assert len(pieces) >= 0.9 * len(unused), set(unused) - set(pieces)
-    # the suggested size is a valid trainer value (multiple of 64 covering the used ids)
+    # the patch is the trainer's pruning switch, which its config accepts; a smaller
+    # data.vocab_size could not remove these rows (the alphabet stays whatever the size)
     patch = found.fix.config_patch
-    assert patch["data.vocab_size"] % 64 == 0 and patch["data.vocab_size"] >= len(used)
-    assert build_config("healthy", patch).data.vocab_size == patch["data.vocab_size"]
+    assert patch == {"data.prune_vocab": True}
+    assert build_config("healthy", patch).data.prune_vocab is True
+
+
+def test_pruned_vocabulary_makes_unused_embedding_rows_disappear(scenario_results, fixed_results):
+    before = scenario_results["healthy"]
+    found = finding(before, "unused-embedding-rows")
+    pruned = fixed_results["healthy-pruned"]
+    assert pruned.run.config["data"]["prune_vocab"] is True
+    assert finding(pruned, "unused-embedding-rows") is None
+    assert "unused-embedding-rows" not in {s.rule for s in pruned.skipped}  # judged, quiet
+    usage = pruned.run.environment["vocab_usage"]
+    # pruned from the run's own tokenizer (trained afresh: its size may differ by a token or
+    # two from the unpruned run's) to the ids its training split uses plus [UNK], which the
+    # clean text never produces ([PAD], [CLS] and [SEP] are used anyway; no pre-training
+    # here, so no [MASK]): one row more than the ids fed
+    tokenizer = load_tokenizer(pruned.run.folder.path / "tokenizer.json", 32)
+    assert usage["pruned_from"] == tokenizer.get_vocab_size()
+    rows = pruned.run.config["data"]["rows"]
+    n_train, _ = split_sizes(rows)
+    texts = make_corpus(rows, pruned.run.config["seed"])["text"].to_list()[:n_train]
+    used = {i for encoding in tokenizer.encode_batch(texts) for i in encoding.ids}
+    assert usage["used_token_ids"] == len(used)
+    assert usage["vocab_size"] == len(used) + 1 < usage["pruned_from"]
+    # and the model was built that small: each row fewer is an input-embedding row and an
+    # MLM-decoder row (hidden_size wide each) plus two biases, the decoder's own and the
+    # prediction head's (untied: the head is used outside BertForMaskedLM)
+    hidden = pruned.run.config["model"]["hidden_size"]
+    fewer_rows = found.evidence["vocab_size"] - usage["vocab_size"]
+    params_before = before.run.manifest.extra["model_parameters"]
+    params_pruned = pruned.run.manifest.extra["model_parameters"]
+    assert params_before - params_pruned == fewer_rows * (2 * hidden + 2)
+
+
+def test_pruned_run_still_trains(fixed_results):
+    run = fixed_results["healthy-pruned"].run
+    assert run.status.status == "completed" and run.steps.height == 24
+    losses = run.steps["loss"]
+    # fine-tuning from random init: the last five steps' mean loss is below the first five's
+    assert losses.is_finite().all()
+    assert losses.tail(5).mean() < losses.head(5).mean()
+    evaluations = run.manifest.extra["evaluations"]
+    assert evaluations and evaluations[-1]["step"] == 24
+    for key in ("category_accuracy", "merchant_type_accuracy"):
+        assert 0.0 <= evaluations[-1][key] <= 1.0
 
 
 def test_leak_projects_steps_to_oom_from_the_recorded_host_memory(scenario_results):

@@ -14,13 +14,16 @@ Why it matters
     time and, in the output softmax, compute on every step.
 
 How to fix
-    Prune the vocabulary to the ids the data uses (remap ids once, slice the embedding
-    matrix), or train the tokenizer with a vocabulary sized to the corpus.
+    Prune the vocabulary to the ids the data uses: remap ids once when preprocessing (ids
+    outside the kept set become [UNK]) and build the embedding with only those rows. A
+    smaller tokenizer vocabulary does not do it: WordPiece keeps its whole character
+    alphabet and the intermediate merges whatever size it is asked for. In the reference
+    trainer ``data.prune_vocab=true`` does the remap (the ids of the training split plus
+    [PAD], [UNK], [CLS], [SEP] and, with masked-LM pre-training, [MASK]).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any, ClassVar
 
 from diagnostics.model import AnalysisInputs
@@ -32,20 +35,19 @@ from diagnostics.thresholds import Thresholds
 # fp32 parameter + gradient + AdamW's two moments: 4 copies of each parameter in training.
 TRAINING_COPIES = 4
 BYTES_PER_PARAM = 4
-# Embedding tables sized to a multiple of 64 rows keep GEMM shapes Tensor-Core friendly.
-VOCAB_MULTIPLE = 64
 
 FIX_CODE = """\
 # before: the full tokenizer vocabulary
 model = BertModel(BertConfig(vocab_size=tokenizer.get_vocab_size()))
 
-# after: only the ids the data uses (remap them once when preprocessing)
-used = sorted({i for ids in dataset_token_ids for i in ids})
-remap = {old: new for new, old in enumerate(used)}
-dataset_token_ids = [[remap[i] for i in ids] for ids in dataset_token_ids]
-model = BertModel(BertConfig(vocab_size=len(used)))
-with torch.no_grad():
-    model.embeddings.word_embeddings.weight.copy_(old_weight[used])
+# after: only the ids the training data uses, plus the special tokens
+# (the reference trainer: --set data.prune_vocab=true)
+specials = [tokenizer.token_to_id(t) for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")]
+kept = torch.unique(torch.cat([train_ids.flatten(), torch.tensor(specials)]))  # ascending
+lookup = torch.full((tokenizer.get_vocab_size(),), int(torch.searchsorted(kept, specials[1])))
+lookup[kept] = torch.arange(len(kept))  # old id -> new id; ids not kept -> [UNK]
+train_ids, val_ids = lookup[train_ids], lookup[val_ids]  # one index lookup, no Python loop
+model = BertModel(BertConfig(vocab_size=len(kept), pad_token_id=int(lookup[specials[0]])))
 """
 
 
@@ -97,7 +99,6 @@ class UnusedEmbeddingRows(Rule):
         matrices = int(usage.get("embedding_matrices", 1))
         params = unused * dim * matrices if isinstance(dim, int) else None
         memory = params * BYTES_PER_PARAM * TRAINING_COPIES if params is not None else None
-        new_vocab = max(VOCAB_MULTIPLE, math.ceil(used / VOCAB_MULTIPLE) * VOCAB_MULTIPLE)
         evidence: dict[str, Any] = {
             "source": "run: vocabulary usage of the training data",
             "vocab_size": vocab,
@@ -108,7 +109,8 @@ class UnusedEmbeddingRows(Rule):
             "embedding_matrices": matrices,
             "prunable_parameters": params,
             "training_memory_saved_bytes": memory,
-            "suggested_vocab_size": new_vocab,
+            # the kept ids: the used ones (special tokens the data never uses add a few)
+            "rows_after_pruning": used,
             # the training data feeds every step: the usage covers the run's whole range
             "steps": _step_range(inputs),
             "chart": {
@@ -134,9 +136,13 @@ class UnusedEmbeddingRows(Rule):
                 evidence=evidence,
                 recommendation=(
                     f"The data uses {used} of {vocab} token ids. Pruning the other {unused} rows "
-                    f"saves {pct:.0f}% of the embedding{saved}."
+                    f"saves {pct:.0f}% of the embedding{saved}: remap the ids the data uses to "
+                    "0..n-1 once (the rest to [UNK]) and size the embedding to them. A smaller "
+                    "tokenizer vocabulary would not shed them: WordPiece keeps its whole "
+                    "character alphabet. The reference trainer does this with "
+                    "data.prune_vocab=true."
                 ),
-                fix=Fix(code=FIX_CODE, config_patch={"data.vocab_size": new_vocab}),
+                fix=Fix(code=FIX_CODE, config_patch={"data.prune_vocab": True}),
                 estimated_saving_pct=None,
             )
         ]
@@ -161,6 +167,24 @@ class UnusedEmbeddingRows(Rule):
                     ex.series(3, step_time_ms=10.0),
                     config={"data.vocab_size": 3000, "model.hidden_size": 192},
                     environment={**ex.CPU_ENV, "vocab_usage": {"used_token_ids": 2900}},
+                )
+            ),
+        ),
+        Example(
+            "run: vocabulary pruned from 372 to 112 rows, 111 used ([UNK] kept, unused)",
+            False,
+            lambda: ex.inputs(
+                run=ex.run(
+                    ex.series(3, step_time_ms=10.0),
+                    config={"data.vocab_size": 3000, "model.hidden_size": 192},
+                    environment={
+                        **ex.CPU_ENV,
+                        "vocab_usage": {
+                            "used_token_ids": 111,
+                            "vocab_size": 112,
+                            "pruned_from": 372,
+                        },
+                    },
                 )
             ),
         ),
