@@ -116,6 +116,17 @@ def run_measured(argv: list[str], repeat: int, timeout_s: float = 900.0) -> Meas
     return best
 
 
+def _best(best: Measured | None, run: Measured) -> Measured:
+    """The faster of two runs; a failed run wins (the first failure is kept and reported)."""
+    if best is None:
+        return run
+    if best.seconds is None:
+        return best
+    if run.seconds is None:
+        return run
+    return run if run.seconds < best.seconds else best
+
+
 def ensure_peers_venv() -> Path | None:
     """bench/.venv-peers with HTA 0.5.0 (outside git); None with a note when it fails."""
     python = PEERS_VENV / "bin" / "python"
@@ -157,14 +168,26 @@ def json_mb(path: Path) -> float:
     return size / 2**20
 
 
-def bench_traces(traces: list[Path], repeat: int, hta_python: Path | None) -> list[dict]:
+def bench_traces(
+    traces: list[Path], repeat: int, hta_python: Path | None, tb: bool = True
+) -> list[dict]:
     ours_cmd = [sys.executable, "-m", "diagnostics", "analyze"]
     rows = []
     for path in traces:
         print(f"  {path.name} ...", flush=True)
-        baseline = run_measured([sys.executable, "-c", JSON_LOAD, str(path)], repeat)
-        ours = run_measured([*ours_cmd, str(path)], repeat)
-        tb = run_measured([sys.executable, "-c", TB_PROFILER, str(path)], repeat)
+        # Alternating runs, so a burst of load on a shared machine hits both sides alike.
+        baseline = ours = None
+        for _ in range(repeat):
+            base_run = run_measured([sys.executable, "-c", JSON_LOAD, str(path)], 1)
+            ours_run = run_measured([*ours_cmd, str(path)], 1)
+            baseline = _best(baseline, base_run)
+            ours = _best(ours, ours_run)
+        assert baseline is not None and ours is not None
+        tb = (
+            run_measured([sys.executable, "-c", TB_PROFILER, str(path)], repeat)
+            if tb
+            else Measured(None, None, error="skipped (--no-tb)")
+        )
         hta = (
             run_measured([str(hta_python), "-c", HTA, str(path)], repeat)
             if hta_python is not None
@@ -319,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=None, help="runs per tool (best wall)")
     parser.add_argument("--no-hta", action="store_true", help="skip HTA (no venv set up)")
     parser.add_argument("--no-scale", action="store_true", help="skip the synthetic scale run")
+    parser.add_argument("--no-tb", action="store_true", help="skip torch-tb-profiler (slow)")
     parser.add_argument("--only", help="only traces whose name contains this")
     parser.add_argument(
         "--scale-mb", type=int, nargs="+", help="synthetic sizes, MB (default 512 1024)"
@@ -333,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     hta_python = None if args.no_hta else ensure_peers_venv()
     print(f"machine: {os.cpu_count()} CPUs; best wall of {repeat} run(s) per tool")
-    print_trace_table(bench_traces(traces, repeat, hta_python))
+    print_trace_table(bench_traces(traces, repeat, hta_python, tb=not args.no_tb))
     if not args.no_scale:
         sizes = args.scale_mb or ([128, 256] if args.quick else [512, 1024])
         with tempfile.TemporaryDirectory(prefix="pd-bench-") as folder:
