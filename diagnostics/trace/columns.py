@@ -96,7 +96,6 @@ _MEMORY_ARGS = (
     "device_type",
     "device_id",
 )
-_KIND_ARGS = (_MEMORY_ARGS, _GPU_ARGS, _RUNTIME_ARGS, _CPU_ARGS)
 FLOW_PHASES = ("s", "f", "t")
 
 
@@ -153,6 +152,26 @@ def columns(
     return frame, flows_frame, _metadata_names(events, frame)
 
 
+# Kinds of event by the args keys they carry; _UNKNOWN (a category not listed, no
+# category, or no name) is read for every key.
+_MEMORY, _GPU, _RUNTIME, _CPU, _UNKNOWN = range(5)
+_KIND_FIELDS = (
+    (_MEMORY, _MEMORY_ARGS),
+    (_GPU, _GPU_ARGS),
+    (_RUNTIME, _RUNTIME_ARGS),
+    (_CPU, _CPU_ARGS),
+    (_UNKNOWN, _ARG_FIELDS),
+)
+
+
+def _kind_of_category(cat: str) -> int:
+    lower = cat.lower()
+    for kind, known in ((_GPU, _GPU_CATS), (_RUNTIME, _RUNTIME_CATS), (_CPU, _CPU_CATS)):
+        if lower in known:
+            return kind
+    return _UNKNOWN
+
+
 def _arg_columns(events: list[Event], cats: pl.Series, names: pl.Series) -> list[pl.Series]:
     """The args columns, each read only from the kinds of event that carry it.
 
@@ -161,29 +180,33 @@ def _arg_columns(events: list[Event], cats: pl.Series, names: pl.Series) -> list
     category not listed here are read for every key.
     """
     n = len(events)
-    # every mask in one query: per-call overhead, not the work, dominates at chunk size
-    lower, memory = pl.col("cat").str.to_lowercase(), pl.col("name") == "[memory]"
-    masks = [
-        memory.fill_null(False),
-        (lower.is_in(_GPU_CATS) & ~memory).fill_null(False),
-        (lower.is_in(_RUNTIME_CATS) & ~memory).fill_null(False),
-        (lower.is_in(_CPU_CATS) & ~memory).fill_null(False),
-    ]
-    known = pl.any_horizontal(masks)
-    frame = pl.DataFrame([cats.alias("cat"), names.alias("name")]).select(
-        *(mask.alias(f"_{i}") for i, mask in enumerate(masks)), (~known).alias("_unknown")
+    # A chunk holds a handful of distinct categories: each is classified once in Python
+    # and the rows get their kind in one query (string work per row was most of the cost).
+    kind_of = {cat: _kind_of_category(cat) for cat in cats.unique().drop_nulls().to_list()}
+    name = pl.col("name")
+    kind = (
+        pl.when(name == "[memory]")
+        .then(pl.lit(_MEMORY, pl.Int8))
+        .when(name.is_null())
+        .then(pl.lit(_UNKNOWN, pl.Int8))
+        .otherwise(
+            pl.col("cat")
+            .replace_strict(kind_of, default=_UNKNOWN, return_dtype=pl.Int8)
+            .fill_null(_UNKNOWN)
+        )
     )
-    kinds = list(zip(frame.get_columns(), (*_KIND_ARGS, _ARG_FIELDS), strict=True))
+    kinds = pl.DataFrame([cats.alias("cat"), names.alias("name")]).select(kind).to_series()
     columns = {name: _nulls(name, n) for name in _ARG_FIELDS}
-    for mask, fields in kinds:
+    for value, fields in _KIND_FIELDS:
+        mask = kinds == value
         if not mask.any():
             continue
         rows = mask.arg_true()
         args = list(map(_GET_ARGS, compress(events, mask.to_list())))
-        for name in fields:
-            values = list(map(_GETTERS[name], args))
+        for field in fields:
+            values = list(map(_GETTERS[field], args))
             if not _all_none(values):
-                columns[name] = columns[name].scatter(rows, _to_series(name, values))
+                columns[field] = columns[field].scatter(rows, _to_series(field, values))
     return list(columns.values())
 
 
