@@ -81,6 +81,8 @@ class Measured:
     rss_mb: float | None  # peak RSS of that run, MiB
     stdout: str = ""
     error: str | None = None
+    # user + system CPU of that run, s: on a busy shared machine wall time tracks it
+    cpu_s: float | None = None
 
 
 def run_measured(argv: list[str], repeat: int, timeout_s: float = 900.0) -> Measured:
@@ -109,7 +111,8 @@ def run_measured(argv: list[str], repeat: int, timeout_s: float = 900.0) -> Meas
         if proc.returncode != 0:
             last = (stderr.strip().splitlines() or ["failed"])[-1][:160]
             return Measured(None, None, stdout, f"exit {proc.returncode}: {last}")
-        measured = Measured(seconds, usage.ru_maxrss / 1024.0, stdout)
+        cpu_s = usage.ru_utime + usage.ru_stime
+        measured = Measured(seconds, usage.ru_maxrss / 1024.0, stdout, cpu_s=cpu_s)
         if best is None or measured.seconds < best.seconds:
             best = measured
     assert best is not None
@@ -211,10 +214,10 @@ def print_trace_table(rows: list[dict]) -> None:
     print()
     print(
         "| trace | events | JSON MB | ours s | ours MB | json.load s | json.load MB "
-        "| ours/json.load time | ours/json.load RSS | HTA 0.5.0 s | HTA MB | HTA/ours time "
+        "| ours/json.load time | ours/json.load RSS | ours/json.load CPU | HTA 0.5.0 s | HTA MB | HTA/ours time "
         "| tb-profiler s | tb-profiler MB | tb/ours time |"
     )
-    print("|---" * 15 + "|")
+    print("|---" * 16 + "|")
     for r in rows:
         ours, base, hta, tb = r["ours"], r["json_load"], r["hta"], r["tb"]
         print(
@@ -222,6 +225,7 @@ def print_trace_table(rows: list[dict]) -> None:
             f"| {fmt(ours.seconds)} | {fmt(ours.rss_mb, 0)} "
             f"| {fmt(base.seconds)} | {fmt(base.rss_mb, 0)} "
             f"| {ratio(ours.seconds, base.seconds)} | {ratio(ours.rss_mb, base.rss_mb)} "
+            f"| {ratio(ours.cpu_s, base.cpu_s)} "
             f"| {fmt(hta.seconds)} | {fmt(hta.rss_mb, 0)} | {ratio(hta.seconds, ours.seconds)} "
             f"| {fmt(tb.seconds)} | {fmt(tb.rss_mb, 0)} | {ratio(tb.seconds, ours.seconds)} |"
         )
