@@ -48,7 +48,7 @@ from trainer.instruments.system import make_sampler
 from trainer.model import MultiTaskModel, mask_tokens, parameter_count
 from trainer.run_io import SafeWriter
 from trainer.runtime import StopRequests, seed_everything
-from trainer.vocab import ModelVocab, full_vocab, pruned_vocab, used_id_mask
+from trainer.vocab import model_vocab
 
 log = logging.getLogger("trainer")
 
@@ -101,7 +101,13 @@ class Trainer:
             config.data, config.seed, cache_dir, self.run_dir / TOKENIZER_FILE
         )
         self.train_set = make_train_dataset(self.corpus, config.data, config.seed)
-        self.vocab = self._model_vocab()
+        self.vocab = model_vocab(
+            self.corpus.tokenizer,
+            self.train_set.texts,
+            self.train_set._ids,  # before any id map: the tokenizer's own numbering
+            prune=config.data.prune_vocab,
+            masking=config.train.pretrain_steps > 0,
+        )
         if self.vocab.lookup is not None:
             self.train_set.apply_id_map(self.vocab.lookup)
         self.val_set = make_val_dataset(self.corpus, config.data, self.vocab.lookup)
@@ -145,19 +151,6 @@ class Trainer:
             sample_hz=config.instruments.sample_hz,
         )
 
-    def _model_vocab(self) -> ModelVocab:
-        """The tokenizer's vocabulary, or with ``data.prune_vocab`` only the ids the training
-        split uses (before any id map: the tokenizer's own numbering) plus the specials."""
-        tokenizer = self.corpus.tokenizer
-        if not self.config.data.prune_vocab:
-            return full_vocab(tokenizer)
-        used = used_id_mask(
-            tokenizer, self.train_set.texts, self.train_set._ids, tokenizer.get_vocab_size()
-        )
-        vocab = pruned_vocab(tokenizer, used, masking=self.config.train.pretrain_steps > 0)
-        log.info("vocabulary pruned to the %d of %d ids the data uses", vocab.size, used.size)
-        return vocab
-
     # --- checkpoints ---------------------------------------------------------------------
 
     def checkpoint_path(self, step: int) -> Path:
@@ -199,10 +192,7 @@ class Trainer:
     def load_checkpoint(self, path: Path) -> None:
         # our own file (it holds NumPy RNG state, which weights_only refuses)
         state = torch.load(path, map_location=self.device, weights_only=False)
-        kept = state.get("vocab_kept_ids")
-        if (kept is None) != (self.vocab.kept_ids is None) or (
-            kept is not None and not torch.equal(kept.cpu(), self.vocab.kept_ids)
-        ):
+        if not self.vocab.same_kept_ids(state.get("vocab_kept_ids")):
             raise ValueError(
                 f"{path.name}: the checkpoint's pruned vocabulary differs from the one rebuilt "
                 "from the run's tokenizer.json and data; cannot resume exactly"

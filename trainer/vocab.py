@@ -16,12 +16,15 @@ so a resumed run rebuilds the same map; checkpoints also carry it and are checke
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from tokenizers import Tokenizer
+
+log = logging.getLogger("trainer")
 
 # fed to the model by every pipeline: padding, sequence markers, and [UNK] for ids outside
 # the kept set; [MASK] only when masked-LM pre-training puts it into the inputs
@@ -53,6 +56,12 @@ class ModelVocab:
     def remap(self, ids: torch.Tensor) -> torch.Tensor:
         """Tokenizer ids as model ids (one index lookup; unchanged when not pruned)."""
         return ids if self.lookup is None else self.lookup[ids]
+
+    def same_kept_ids(self, kept_ids: torch.Tensor | None) -> bool:
+        """Whether a checkpoint's kept ids (None: not pruned) are this vocabulary's."""
+        if kept_ids is None or self.kept_ids is None:
+            return kept_ids is None and self.kept_ids is None
+        return torch.equal(kept_ids.cpu(), self.kept_ids)
 
 
 def _token_id(tokenizer: Tokenizer, token: str) -> int:
@@ -103,6 +112,24 @@ def pruned_vocab(tokenizer: Tokenizer, used: np.ndarray, *, masking: bool) -> Mo
         kept_ids=kept,
         lookup=lookup,
     )
+
+
+def model_vocab(
+    tokenizer: Tokenizer,
+    texts: Sequence[str],
+    ids: torch.Tensor | None,
+    *,
+    prune: bool,
+    masking: bool,
+) -> ModelVocab:
+    """The tokenizer's vocabulary, or with ``prune`` only the ids that ``texts`` (or their
+    cached ``ids``, in the tokenizer's numbering) use plus the special tokens."""
+    if not prune:
+        return full_vocab(tokenizer)
+    used = used_id_mask(tokenizer, texts, ids, tokenizer.get_vocab_size())
+    vocab = pruned_vocab(tokenizer, used, masking=masking)
+    log.info("vocabulary pruned to the %d of %d ids the data uses", vocab.size, used.size)
+    return vocab
 
 
 def used_id_mask(

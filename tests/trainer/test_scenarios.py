@@ -60,9 +60,14 @@ def test_no_pin_memory_says_it_has_no_effect_on_cpu(runs):
 def test_unstable_gradient_norm_climbs_without_clipping(runs):
     grad_norm = runs["unstable"].steps()["grad_norm"].to_list()
     # lr 1.0 x weight decay 2.3 scales every weight by -1.3 a step: within six steps the
-    # norm is far above its start (here by well over 10x); nothing clips it
+    # norm is far above its start; nothing clips it. How far depends on the session's
+    # tokenizer (WordPiece training breaks ties in hash order, so each fresh one numbers
+    # tokens differently): 8x to 54x over six fresh tokenizers, while healthy's never
+    # exceeds its first step's. 5x keeps that margin without depending on the draw.
     finite = [g for g in grad_norm if math.isfinite(g)]
-    assert max(finite) > 10 * grad_norm[0]
+    assert max(finite) > 5 * grad_norm[0]
+    healthy = runs["healthy"].steps()["grad_norm"].to_list()
+    assert max(finite) / grad_norm[0] > 2 * max(healthy) / healthy[0]
     assert runs["unstable"].manifest().config["train"]["grad_clip"] is None
 
 
