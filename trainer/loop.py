@@ -402,7 +402,12 @@ class Trainer:
             self.load_checkpoint(resume_from)
             log.info("resumed from %s at step %d", resume_from.name, self.position.step)
         self.writer.update_manifest(model_parameters=parameter_count(self.model))
-        self.writer.update_environment(vocab_usage=self.vocab_usage())
+        self.writer.update_environment(
+            vocab_usage=self.vocab_usage(),
+            # the training split, not data.rows: a tenth is held out for validation, and
+            # the last partial batch is still a step
+            steps_per_epoch=math.ceil(len(self.train_set) / self.config.train.batch_size),
+        )
         self._probe_getitem()
         self.model.train()
         self.sampler.start()

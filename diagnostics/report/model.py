@@ -227,6 +227,7 @@ def _cost(result: Any, metrics: KeyMetrics, pricing: Pricing | None) -> CostEsti
         device=metrics.device,
         world_size=world_size(result),
         pricing=pricing,
+        environment=run.environment if run is not None else None,
     )
 
 

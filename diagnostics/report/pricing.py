@@ -97,8 +97,17 @@ def config_value(config: Mapping[str, Any] | None, dotted: str) -> Any:
     return node
 
 
-def steps_per_epoch(config: Mapping[str, Any] | None) -> tuple[int | None, str]:
-    """(steps per epoch, how it was found or why it is unknown)."""
+def steps_per_epoch(
+    config: Mapping[str, Any] | None, environment: Mapping[str, Any] | None = None
+) -> tuple[int | None, str]:
+    """(steps per epoch, how it was found or why it is unknown).
+
+    The run's own count (``environment["steps_per_epoch"]``, from its training split) wins
+    over the config's ``data.rows``, which also counts the rows held out for validation.
+    """
+    recorded = (environment or {}).get("steps_per_epoch")
+    if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded > 0:
+        return recorded, "the run's training split / train.batch_size, rounded up"
     rows = config_value(config, "data.rows")
     batch = config_value(config, "train.batch_size")
     if not config:
@@ -159,6 +168,7 @@ def estimate_cost(
     device: str | None,
     world_size: int | None = None,
     pricing: Pricing | None = None,
+    environment: Mapping[str, Any] | None = None,
 ) -> CostEstimate:
     pricing = pricing or Pricing()
     entry = price_named(pricing.gpu) if pricing.gpu else guess_price(gpu_name, device)
@@ -167,7 +177,7 @@ def estimate_cost(
     )
     rate = pricing.usd_per_gpu_hour if pricing.usd_per_gpu_hour is not None else default_rate
     gpus = pricing.gpus or (world_size if world_size and world_size > 0 else 1)
-    per_epoch, note = steps_per_epoch(config)
+    per_epoch, note = steps_per_epoch(config, environment)
     saving = combined_saving_pct(savings_pct)
     keep = 1.0 - saving / 100.0
 

@@ -134,6 +134,15 @@ def test_environment_records_the_memory_totals_the_leak_rule_projects_against(ru
     assert "gpu_memory_bytes" not in env
 
 
+def test_environment_records_steps_per_epoch_of_the_training_split(run):
+    config = TrainerConfig.from_dict(run.manifest().config)
+    train_rows, _ = split_sizes(config.data.rows)
+    # 400 rows keep 400 - max(32, 40) = 360 for training; batches of 16, the last partial
+    # one counted: ceil(360 / 16) = 23 steps, where data.rows alone would say 25
+    assert (train_rows, config.train.batch_size) == (360, 16)
+    assert run.manifest().environment["steps_per_epoch"] == 23
+
+
 def test_vocab_usage_is_recorded_from_the_tokenised_training_split(run):
     usage = run.manifest().environment["vocab_usage"]
     config = TrainerConfig.from_dict(run.manifest().config)

@@ -101,3 +101,12 @@ def test_default_spot_price_and_world_size():
 def test_pricing_rejects_bad_values(kwargs):
     with pytest.raises(ValueError):
         Pricing(**kwargs)
+
+
+def test_steps_per_epoch_prefers_the_runs_own_training_split():
+    config = {"data": {"rows": 1000}, "train": {"batch_size": 8}}
+    # 900 training rows after the validation tenth: ceil(900 / 8) = 113, not 125
+    count, note = steps_per_epoch(config, {"steps_per_epoch": 113})
+    assert (count, "training split" in note) == (113, True)
+    # a run folder from before the field existed falls back to data.rows
+    assert steps_per_epoch(config, {})[0] == 125
