@@ -227,14 +227,7 @@ class BatchTooSmall(Rule):
             False,
             lambda: ex.inputs(
                 trace=ex.trace(
-                    gpu=[
-                        {
-                            "device": 0,
-                            "busy_us": 45_000.0,
-                            "span_us": 50_000.0,
-                            "utilization_pct": 90.0,
-                        }
-                    ],
+                    gpu=ex.gpu_rows(45_000.0),
                     memory={
                         "ts_us": [0.0],
                         "device": [0],

@@ -115,6 +115,18 @@ def step_rows(steps: int, step_us: float) -> list[dict[str, float]]:
     ]
 
 
+def gpu_rows(busy_us: float, span_us: float = 50_000.0) -> list[dict[str, float]]:
+    """One GPU's busy time over the steps' span; utilisation follows as busy / span."""
+    return [
+        {
+            "device": 0,
+            "busy_us": busy_us,
+            "span_us": span_us,
+            "utilization_pct": 100.0 * busy_us / span_us,
+        }
+    ]
+
+
 def trace(
     device: str = "cuda",
     *,

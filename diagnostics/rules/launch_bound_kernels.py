@@ -143,14 +143,7 @@ class LaunchBoundKernels(Rule):
                             "short_count": 900,
                         }
                     ],
-                    gpu=[
-                        {
-                            "device": 0,
-                            "busy_us": 10_000.0,
-                            "span_us": 50_000.0,
-                            "utilization_pct": 20.0,
-                        }
-                    ],
+                    gpu=ex.gpu_rows(10_000.0),
                 )
             ),
         ),
@@ -169,14 +162,7 @@ class LaunchBoundKernels(Rule):
                             "short_count": 900,
                         }
                     ],
-                    gpu=[
-                        {
-                            "device": 0,
-                            "busy_us": 47_500.0,
-                            "span_us": 50_000.0,
-                            "utilization_pct": 95.0,
-                        }
-                    ],
+                    gpu=ex.gpu_rows(47_500.0),
                 )
             ),
         ),

@@ -235,14 +235,7 @@ class LowGpuUtilization(Rule):
             True,
             lambda: ex.inputs(
                 trace=ex.trace(
-                    gpu=[
-                        {
-                            "device": 0,
-                            "busy_us": 15_000.0,
-                            "span_us": 50_000.0,
-                            "utilization_pct": 30.0,
-                        }
-                    ],
+                    gpu=ex.gpu_rows(15_000.0),
                     idle_gaps=[
                         {
                             "device": 0,
@@ -269,18 +262,7 @@ class LowGpuUtilization(Rule):
         Example(
             "trace: GPU busy 92% of the steps",
             False,
-            lambda: ex.inputs(
-                trace=ex.trace(
-                    gpu=[
-                        {
-                            "device": 0,
-                            "busy_us": 46_000.0,
-                            "span_us": 50_000.0,
-                            "utilization_pct": 92.0,
-                        }
-                    ]
-                )
-            ),
+            lambda: ex.inputs(trace=ex.trace(gpu=ex.gpu_rows(46_000.0))),
         ),
         Example(
             "run: NVML p95 utilisation 40%",
