@@ -1,6 +1,7 @@
 """CLI: ``python -m diagnostics analyze|report|rules ...``.
 
-analyze PATH [--format json|text] [-o FILE] [--max-decompressed-mb N] [--thresholds FILE]
+analyze PATH [--format json|text] [-o FILE] [--max-decompressed-mb N] [--max-events N]
+        [--thresholds FILE]
     exit 0 with the result; 2 with one line on stderr for bad input or usage; 1 with one
     line for an internal error (a bug: never a traceback either way).
 report ...  -> diagnostics.report.cli.main ; rules ... -> diagnostics.rules.docs.main
@@ -15,6 +16,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from diagnostics.cli_limits import LimitOptionError as _LimitOptionError
+from diagnostics.cli_limits import add_limit_options, limits_from, resource_error
 
 USAGE = (
     "usage: python -m diagnostics {analyze,report,rules} ...\n"
@@ -36,8 +40,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _analyze_parser() -> argparse.ArgumentParser:
-    from diagnostics.trace.source import DEFAULT_MAX_DECOMPRESSED_BYTES
-
     parser = _Parser(
         prog="python -m diagnostics analyze",
         description="Analyse a trace (.json/.json.gz), a folder of per-rank traces or a run "
@@ -46,12 +48,7 @@ def _analyze_parser() -> argparse.ArgumentParser:
     parser.add_argument("path", help="trace file, folder of rank traces, or run folder")
     parser.add_argument("--format", choices=("json", "text"), default="json")
     parser.add_argument("-o", "--output", help="write to this file instead of stdout")
-    parser.add_argument(
-        "--max-decompressed-mb",
-        type=float,
-        default=DEFAULT_MAX_DECOMPRESSED_BYTES / 2**20,
-        help="refuse a trace whose JSON is larger than this, MiB (default %(default).0f)",
-    )
+    add_limit_options(parser)
     parser.add_argument("--thresholds", help="rule thresholds override (.toml or .json)")
     return parser
 
@@ -144,9 +141,8 @@ def _write_out(text: str, output: str | None) -> None:
 def analyze_main(argv: Sequence[str]) -> int:
     try:
         args = _analyze_parser().parse_args(list(argv))
-        if args.max_decompressed_mb <= 0:
-            raise _UsageError("--max-decompressed-mb must be positive")
-    except _UsageError as exc:
+        limits = limits_from(args)
+    except (_UsageError, _LimitOptionError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if "polars" not in sys.modules and (os.cpu_count() or 1) <= 2:
@@ -162,7 +158,7 @@ def analyze_main(argv: Sequence[str]) -> int:
     try:
         result = analyze(
             args.path,
-            max_decompressed_bytes=int(args.max_decompressed_mb * 2**20),
+            **limits,
             thresholds=args.thresholds,
         )
         doc = result.to_json()
@@ -179,8 +175,8 @@ def analyze_main(argv: Sequence[str]) -> int:
         where = args.output or "stdout"
         print(f"error: {where}: cannot write ({exc.strerror or exc})", file=sys.stderr)
         return 2
-    except MemoryError:
-        print(f"error: {args.path}: not enough memory to analyse it", file=sys.stderr)
+    except (MemoryError, RecursionError) as exc:
+        print(resource_error(args.path, exc), file=sys.stderr)
         return 2
     except Exception as exc:  # a bug: still one line, and a distinct exit code
         print(

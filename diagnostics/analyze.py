@@ -33,21 +33,31 @@ from diagnostics.result import (
 )
 from diagnostics.rules.base import Skipped
 from diagnostics.rules.engine import run_rules
+from diagnostics.trace.budget import DEFAULT_MAX_DECOMPRESSED_BYTES, DEFAULT_MAX_EVENTS
 from diagnostics.trace.loader import LoadedInput, load, load_trace_files
 from diagnostics.trace.schema import LoadedTrace
-from diagnostics.trace.source import DEFAULT_MAX_DECOMPRESSED_BYTES
 
-__all__ = ["DEFAULT_MAX_DECOMPRESSED_BYTES", "analyze", "analyze_files", "summarise"]
+__all__ = [
+    "DEFAULT_MAX_DECOMPRESSED_BYTES",
+    "DEFAULT_MAX_EVENTS",
+    "analyze",
+    "analyze_files",
+    "summarise",
+]
 
 
 def analyze(
     path: str | os.PathLike[str],
     *,
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
+    max_events: int = DEFAULT_MAX_EVENTS,
     thresholds: Any = None,
 ) -> AnalysisResult:
-    """A trace file (.json/.json.gz), a folder of per-rank traces, or a run folder."""
-    loaded = load(path, max_decompressed_bytes=max_decompressed_bytes)
+    """A trace file (.json/.json.gz), a folder of per-rank traces, or a run folder.
+
+    The byte and event budgets hold for the whole input (all files of a folder together).
+    """
+    loaded = load(path, max_decompressed_bytes=max_decompressed_bytes, max_events=max_events)
     return analyze_loaded(loaded, thresholds=thresholds)
 
 
@@ -56,12 +66,13 @@ def analyze_files(
     *,
     display_names: Sequence[str] | None = None,
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
+    max_events: int = DEFAULT_MAX_EVENTS,
     thresholds: Any = None,
 ) -> AnalysisResult:
     """Uploaded trace files, one per rank (or several windows of one rank).
 
     ``display_names`` are the names the user knows the files by: every message uses them
-    instead of the (temporary) paths.
+    instead of the (temporary) paths. All files together draw on one byte and event budget.
     """
     files = [Path(p) for p in paths]
     names = list(display_names) if display_names is not None else [str(p) for p in files]
@@ -70,7 +81,10 @@ def analyze_files(
     if len(names) != len(files):
         raise ValueError("display_names must name every path")
     traces, notes = load_trace_files(
-        files, display_names=names, max_decompressed_bytes=max_decompressed_bytes
+        files,
+        display_names=names,
+        max_decompressed_bytes=max_decompressed_bytes,
+        max_events=max_events,
     )
     loaded = LoadedInput(
         kind="trace" if len(files) == 1 else "ranks",

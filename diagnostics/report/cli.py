@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from diagnostics.cli_limits import LimitOptionError, add_limit_options, limits_from, resource_error
 from diagnostics.errors import InputError
 from diagnostics.report.pricing import GPU_PRICES, Pricing
 
@@ -60,6 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--gpus", type=int, help="GPUs the job uses (default: its world size, else 1)"
     )
+    add_limit_options(parser)
     return parser
 
 
@@ -84,7 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             usd_per_gpu_hour=args.price,
             gpus=args.gpus,
         )
-    except _UsageError as exc:
+        limits = limits_from(args)
+    except (_UsageError, LimitOptionError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except ValueError as exc:
@@ -100,10 +103,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from diagnostics.report.model import build_comparison_report, build_report
 
     try:
-        result = analyze(args.path)
+        result = analyze(args.path, **limits)
         if args.compare:
             report = build_comparison_report(
-                compare(result, analyze(args.compare)), pricing=pricing
+                compare(result, analyze(args.compare, **limits)), pricing=pricing
             )
         else:
             report = build_report(result, pricing=pricing)
@@ -111,6 +114,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         content = render(report)
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (MemoryError, RecursionError) as exc:
+        print(resource_error(args.path, exc), file=sys.stderr)
         return 2
     except Exception as exc:  # a bug must still reach the user as one line, not a traceback
         print(

@@ -359,10 +359,18 @@ def decode_trace(
             flow_frames.append(flows)
 
     chunker = _Chunker(display, iter(blocks), chunk_bytes, sink or collect)
-    mode = chunker.start()
-    top = chunker.head() if mode == "object" else {}
-    chunker.body()
-    top.update(chunker.tail(mode))
+    try:
+        mode = chunker.start()
+        top = chunker.head() if mode == "object" else {}
+        chunker.body()
+        top.update(chunker.tail(mode))
+    except RecursionError:
+        # msgspec stops at a fixed nesting depth; a trace never nests more than a few levels
+        raise InputError(
+            display,
+            "nests JSON arrays or objects deeper than the decoder's recursion limit; "
+            "not a Chrome trace",
+        ) from None
     top.pop("traceEvents", None)
     return DecodedTrace(
         frame=pl.concat(frames, rechunk=False) if frames else pl.DataFrame(schema=RAW_EVENT_SCHEMA),

@@ -21,10 +21,17 @@ import polars as pl
 from diagnostics.errors import InputError
 from diagnostics.model import RunData
 from diagnostics.runs import RunFolder, RunFolderError
+from diagnostics.trace.budget import (
+    DEFAULT_MAX_DECOMPRESSED_BYTES,
+    DEFAULT_MAX_EVENTS,
+    Budget,
+    BudgetExceeded,
+    Limits,
+)
 from diagnostics.trace.decode import DEFAULT_CHUNK_BYTES, decode_trace
 from diagnostics.trace.normalise import TableBuilder
 from diagnostics.trace.schema import LoadedTrace, TraceMetadata
-from diagnostics.trace.source import DEFAULT_MAX_DECOMPRESSED_BYTES, iter_blocks, prefetch
+from diagnostics.trace.source import iter_blocks, prefetch
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 # "rank-3", "rank_3", "rank3" (HTA, torchrun layouts) or "worker3" (tb plugin samples)
@@ -144,20 +151,32 @@ def load_trace_file(
     display_name: str | None = None,
     rank: int | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    max_events: int = DEFAULT_MAX_EVENTS,
+    budget: Budget | None = None,
 ) -> LoadedTrace:
     """One Chrome-trace file -> its event table, metadata and flows.
 
     The rank is ``rank`` when given, else ``distributedInfo.rank``, else a number in the
     file name (``rank3``, ``rank-3``, ``worker3``), else 0 (with a note saying so).
+    ``budget`` is shared by every file of one input; without it this file alone may use
+    ``max_decompressed_bytes`` and ``max_events``.
     """
     path = Path(path)
     display = display_name or str(path)
+    if budget is None:
+        budget = Budget(Limits(max_decompressed_bytes, max_events))
     builder = TableBuilder()
+
+    def sink(raw: pl.DataFrame, raw_flows: pl.DataFrame | None) -> None:
+        # counted before the chunk is normalised: a bomb stops one chunk past the limit
+        budget.take_events(raw.height + (raw_flows.height if raw_flows is not None else 0), display)
+        builder.add(raw, raw_flows)
+
     decoded = decode_trace(
-        prefetch(iter_blocks(path, max_bytes=max_decompressed_bytes, display=display)),
+        prefetch(iter_blocks(path, display=display, budget=budget)),
         display,
         chunk_bytes=chunk_bytes,
-        sink=builder.add,
+        sink=sink,
     )
     notes: list[str] = []
     distributed = decoded.top.get("distributedInfo")
@@ -249,28 +268,31 @@ def load_trace_files(
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     on_error: Callable[[InputError], None] | None = None,
+    max_events: int = DEFAULT_MAX_EVENTS,
 ) -> tuple[tuple[LoadedTrace, ...], tuple[str, ...]]:
     """Loads each file and groups them by rank: (traces by rank, notes).
 
-    A file that cannot be read raises its InputError, or, with ``on_error``, is handed to
-    it and left out.
+    All files draw on one budget of ``max_decompressed_bytes`` and ``max_events``. A file
+    that cannot be read raises its InputError, or, with ``on_error``, is handed to it and
+    left out; going over the budget always raises (leaving out one file would hide it).
     """
     if display_names is not None and len(display_names) != len(paths):
         raise ValueError("display_names must name every path")
     names = display_names or [str(p) for p in paths]
+    budget = Budget(Limits(max_decompressed_bytes, max_events))
     loaded = []
     for path, name in zip(paths, names, strict=True):
         try:
             loaded.append(
                 load_trace_file(
                     path,
-                    max_decompressed_bytes=max_decompressed_bytes,
                     display_name=name,
                     chunk_bytes=chunk_bytes,
+                    budget=budget,
                 )
             )
         except InputError as exc:
-            if on_error is None:
+            if on_error is None or isinstance(exc, BudgetExceeded):
                 raise
             on_error(exc)
     notes: list[str] = []
@@ -325,15 +347,22 @@ def load(
     *,
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    max_events: int = DEFAULT_MAX_EVENTS,
 ) -> LoadedInput:
-    """A trace file, a folder of per-rank traces, or a run folder (with or without traces)."""
+    """A trace file, a folder of per-rank traces, or a run folder (with or without traces).
+
+    The budgets hold for the input as a whole: every file of a folder draws on them.
+    """
     path = Path(path)
     display = str(path)
     if not path.exists():
         raise InputError(display, "no such file or folder")
     if path.is_file():
         traces, notes = load_trace_files(
-            [path], max_decompressed_bytes=max_decompressed_bytes, chunk_bytes=chunk_bytes
+            [path],
+            max_decompressed_bytes=max_decompressed_bytes,
+            chunk_bytes=chunk_bytes,
+            max_events=max_events,
         )
         return LoadedInput(
             kind="trace",
@@ -368,6 +397,7 @@ def load(
         files,
         max_decompressed_bytes=max_decompressed_bytes,
         chunk_bytes=chunk_bytes,
+        max_events=max_events,
         on_error=(lambda exc: skipped.append(f"trace left out: {exc}")) if run else None,
     )
     if run is not None:

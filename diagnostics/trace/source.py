@@ -2,7 +2,7 @@
 
 A trace upload is untrusted: a few megabytes of gzip can inflate to terabytes. Reading
 goes block by block and stops with an :class:`InputError` as soon as the decompressed
-total passes ``max_bytes``, so memory stays bounded whatever the file holds. Gzip is
+total passes the input's byte budget (diagnostics.trace.budget), so memory stays bounded whatever the file holds. Gzip is
 recognised by its magic bytes, not the file name (a ``.json.gz`` that is plain JSON, or a
 ``.json`` that is gzip, both load).
 """
@@ -17,32 +17,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from diagnostics.errors import InputError
+from diagnostics.trace.budget import DEFAULT_MAX_DECOMPRESSED_BYTES, Budget, Limits
 
-# 2 GiB of JSON is about 8 million Kineto events: far more than any one profiler window
-# writes, yet small enough that a bomb stops long before it hurts the machine.
-DEFAULT_MAX_DECOMPRESSED_BYTES = 2 * 1024**3
+__all__ = ["DEFAULT_MAX_DECOMPRESSED_BYTES", "iter_blocks", "prefetch"]
 
 GZIP_MAGIC = b"\x1f\x8b"
 # Compressed bytes read per call, and the most decompressed bytes one block may carry.
 _READ_BYTES = 1 << 20
 BLOCK_BYTES = 1 << 20
-
-
-def _human(n: int) -> str:
-    for unit in ("bytes", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} bytes"
-
-
-def _too_big(display: str, max_bytes: int, compressed: bool) -> InputError:
-    what = "decompresses to" if compressed else "is"
-    return InputError(
-        display,
-        f"{what} more than {_human(max_bytes)} of JSON, the limit "
-        f"(raise max_decompressed_bytes / --max-decompressed-mb to read it)",
-    )
 
 
 def iter_blocks(
@@ -51,10 +33,17 @@ def iter_blocks(
     max_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
     display: str | None = None,
     block_bytes: int = BLOCK_BYTES,
+    budget: Budget | None = None,
 ) -> Iterator[bytes]:
-    """Yields the file's (decompressed) content in blocks of at most ``block_bytes``."""
+    """Yields the file's (decompressed) content in blocks of at most ``block_bytes``.
+
+    Every block is drawn from ``budget`` (shared by all files of one input); without one,
+    this file alone may decompress to ``max_bytes``.
+    """
     path = Path(path)
     display = display or str(path)
+    if budget is None:
+        budget = Budget(Limits(max_decompressed_bytes=max_bytes))
     try:
         handle = path.open("rb")
     except FileNotFoundError:
@@ -70,20 +59,17 @@ def iter_blocks(
         except OSError as exc:
             raise InputError(display, f"cannot be read ({exc.strerror or exc})") from None
         if head == GZIP_MAGIC:
-            yield from _gunzip(handle, display, max_bytes, block_bytes)
+            yield from _gunzip(handle, display, budget, block_bytes)
         else:
-            yield from _plain(handle, display, max_bytes, block_bytes)
+            yield from _plain(handle, display, budget, block_bytes)
 
 
-def _plain(handle, display: str, max_bytes: int, block_bytes: int) -> Iterator[bytes]:
-    total = 0
+def _plain(handle, display: str, budget: Budget, block_bytes: int) -> Iterator[bytes]:
     while True:
         block = _read(handle, display, block_bytes)
         if not block:
             return
-        total += len(block)
-        if total > max_bytes:
-            raise _too_big(display, max_bytes, compressed=False)
+        budget.take_bytes(len(block), display, compressed=False)
         yield block
 
 
@@ -104,9 +90,8 @@ def _only_padding_left(handle, display: str, rest: bytes) -> bool:
             return True
 
 
-def _gunzip(handle, display: str, max_bytes: int, block_bytes: int) -> Iterator[bytes]:
+def _gunzip(handle, display: str, budget: Budget, block_bytes: int) -> Iterator[bytes]:
     """Inflates gzip members one after another (``cat a.gz b.gz`` is valid gzip)."""
-    total = 0
     inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
     pending = b""
     while True:
@@ -120,9 +105,7 @@ def _gunzip(handle, display: str, max_bytes: int, block_bytes: int) -> Iterator[
             raise InputError(display, f"is not valid gzip ({exc})") from None
         pending = inflater.unconsumed_tail
         if out:
-            total += len(out)
-            if total > max_bytes:
-                raise _too_big(display, max_bytes, compressed=True)
+            budget.take_bytes(len(out), display, compressed=True)
             yield out
         if inflater.eof:
             rest = inflater.unused_data + pending
@@ -142,9 +125,7 @@ def _gunzip(handle, display: str, max_bytes: int, block_bytes: int) -> Iterator[
     except zlib.error as exc:
         raise InputError(display, f"is not valid gzip ({exc})") from None
     if out:
-        total += len(out)
-        if total > max_bytes:
-            raise _too_big(display, max_bytes, compressed=True)
+        budget.take_bytes(len(out), display, compressed=True)
         yield out
     if not inflater.eof:
         raise InputError(display, "is a truncated gzip file (the stream ends early)")

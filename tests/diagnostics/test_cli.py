@@ -116,8 +116,9 @@ def test_gzip_bomb_over_the_cli_cap_is_refused(tmp_path, capsys):
     assert main(["analyze", str(bomb), "--max-decompressed-mb", "1"]) == 2
     err = capsys.readouterr().err
     assert err == (
-        f"error: {bomb}: decompresses to more than 1.0 MiB of JSON, the limit "
-        "(raise max_decompressed_bytes / --max-decompressed-mb to read it)\n"
+        f"error: {bomb}: decompresses to more than 1.0 MiB of JSON (all files of the input "
+        "together), the limit (raise --max-decompressed-mb or "
+        "PIPELINE_DOCTOR_MAX_DECOMPRESSED_MB to read it)\n"
     )
 
 

@@ -1,0 +1,106 @@
+"""What one input may cost: decompressed bytes and events, counted over all its files.
+
+An upload may hold several files and a folder many ranks: a per-file cap lets sixteen files
+just under it through, sixteen times over. One :class:`Budget` is made per input and
+every file of that input draws on it, so the limits hold for the input as a whole. Going
+over raises :class:`BudgetExceeded`, a one-line :class:`InputError` naming the limit and
+how to raise it (CLI flag and environment variable).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from diagnostics.errors import InputError
+
+# 2 GiB of JSON is about 8 million Kineto events: far more than any one profiler window
+# writes, yet small enough that a bomb stops long before it hurts the machine.
+DEFAULT_MAX_DECOMPRESSED_BYTES = 2 * 1024**3
+# The event table and the facts cost about 0.5 KB of memory per event (216k events of
+# hta_v100_rank1_of_2_large peak at 224 MB): 5 million events is ~2.5 GB at the peak,
+# 23x the largest real trace in ../shared/traces, and it is reached by the issue's
+# 1.5 GiB bomb long before that bomb's 12 GB.
+DEFAULT_MAX_EVENTS = 5_000_000
+
+ENV_MAX_DECOMPRESSED_MB = "PIPELINE_DOCTOR_MAX_DECOMPRESSED_MB"
+ENV_MAX_EVENTS = "PIPELINE_DOCTOR_MAX_EVENTS"
+
+
+class BudgetExceeded(InputError):
+    """The input is larger than a configured limit (never a reason to skip just one file)."""
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} bytes"
+
+
+def _positive(environ: Mapping[str, str], name: str, default: float) -> float:
+    raw = environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number") from None
+    if not value > 0:
+        raise ValueError(f"{name}={raw!r} must be positive")
+    return value
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Budgets for one input (all of its files together)."""
+
+    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES
+    max_events: int = DEFAULT_MAX_EVENTS
+
+    def __post_init__(self) -> None:
+        if self.max_decompressed_bytes <= 0 or self.max_events <= 0:
+            raise ValueError("limits must be positive")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Limits:
+        """The defaults, overridden by PIPELINE_DOCTOR_MAX_DECOMPRESSED_MB / _MAX_EVENTS."""
+        environ = os.environ if environ is None else environ
+        mib = _positive(environ, ENV_MAX_DECOMPRESSED_MB, DEFAULT_MAX_DECOMPRESSED_BYTES / 2**20)
+        events = _positive(environ, ENV_MAX_EVENTS, DEFAULT_MAX_EVENTS)
+        return cls(max_decompressed_bytes=int(mib * 2**20), max_events=int(events))
+
+
+class Budget:
+    """What is left of one input's :class:`Limits` while its files are read.
+
+    Files are read one after another (the inflate thread of one file at a time draws on
+    it), so plain counters suffice.
+    """
+
+    def __init__(self, limits: Limits | None = None):
+        self.limits = limits or Limits()
+        self.bytes_read = 0
+        self.events_read = 0
+
+    def take_bytes(self, n: int, display: str, *, compressed: bool) -> None:
+        self.bytes_read += n
+        if self.bytes_read > self.limits.max_decompressed_bytes:
+            what = "decompresses to" if compressed else "is"
+            raise BudgetExceeded(
+                display,
+                f"{what} more than {human_bytes(self.limits.max_decompressed_bytes)} of JSON "
+                f"(all files of the input together), the limit (raise --max-decompressed-mb "
+                f"or {ENV_MAX_DECOMPRESSED_MB} to read it)",
+            )
+
+    def take_events(self, n: int, display: str) -> None:
+        self.events_read += n
+        if self.events_read > self.limits.max_events:
+            raise BudgetExceeded(
+                display,
+                f"holds more than {self.limits.max_events:,} events (all files of the input "
+                f"together), the limit (raise --max-events or {ENV_MAX_EVENTS} to read it)",
+            )

@@ -1,0 +1,120 @@
+"""One byte budget and one event budget for the whole input (all files together), and
+resource failures (deep nesting, no memory) as exit 2 with one line naming the limit."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from diagnostics.__main__ import main
+from diagnostics.analyze import analyze, analyze_files
+from diagnostics.errors import InputError
+from diagnostics.trace.budget import DEFAULT_MAX_EVENTS, Limits
+from diagnostics.trace.loader import load
+from tests.diagnostics.trace.helpers import SHARED_TRACES, kernel, trace_doc
+
+MIB = 1 << 20
+SMALL_REAL = SHARED_TRACES / "hta_a100_alexnet_with_syncs.json.gz"
+
+
+def write_kernels(path, n: int, *, pad: int = 0) -> None:
+    """A gzip trace of ``n`` kernels, each padded with ``pad`` bytes of args text."""
+    events = [
+        {**kernel(float(i * 10), 5.0, correlation=i), "args": {"pad": "x" * pad}} for i in range(n)
+    ]
+    path.write_bytes(gzip.compress(json.dumps(trace_doc(events)).encode(), 6))
+
+
+def test_files_under_the_byte_limit_one_by_one_are_refused_together(tmp_path):
+    # three ~0.4 MiB files against a 1 MiB budget: each alone fits, together they do not
+    # (the issue: three 60 MiB files passed a 100 MiB cap that was counted per file)
+    paths = [tmp_path / f"rank{i}.json.gz" for i in range(3)]
+    for path in paths:
+        write_kernels(path, 1000, pad=300)
+        assert 0.3 * MIB < len(gzip.decompress(path.read_bytes())) < 0.5 * MIB
+        analyze(path, max_decompressed_bytes=MIB)  # fine on its own
+    with pytest.raises(InputError, match=r"rank2\.json\.gz: decompresses to more than 1\.0 MiB"):
+        analyze_files(paths, max_decompressed_bytes=MIB)
+    # and the same for a folder of ranks
+    with pytest.raises(InputError, match=r"all files of the input together"):
+        load(tmp_path, max_decompressed_bytes=MIB)
+
+
+def test_events_over_the_event_budget_are_refused_naming_the_flag_and_variable(tmp_path):
+    path = tmp_path / "many.json.gz"
+    write_kernels(path, 3000)
+    assert analyze(path, max_events=3000).summary["events"] == 3000
+    with pytest.raises(InputError) as caught:
+        analyze(path, max_events=2999)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: holds more than 2,999 events")
+    assert "--max-events" in message and "PIPELINE_DOCTOR_MAX_EVENTS" in message
+
+
+def test_event_budget_is_shared_by_the_files_of_an_upload(tmp_path):
+    paths = [tmp_path / f"rank{i}.json.gz" for i in range(2)]
+    for path in paths:
+        write_kernels(path, 600)
+    assert analyze_files(paths, max_events=1200).summary["events"] == 1200
+    with pytest.raises(InputError, match=r"rank1\.json\.gz: holds more than 1,000 events"):
+        analyze_files(paths, max_events=1000)
+
+
+def test_cli_max_events_flag_and_environment_variable(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "many.json.gz"
+    write_kernels(path, 3000)
+    assert main(["analyze", str(path), "--max-events", "100"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}: holds more than 100 events") and err.count("\n") == 1
+    monkeypatch.setenv("PIPELINE_DOCTOR_MAX_EVENTS", "200")
+    assert main(["report", str(path), "--format", "json", "-o", str(tmp_path / "r.json")]) == 2
+    assert "holds more than 200 events" in capsys.readouterr().err
+    monkeypatch.setenv("PIPELINE_DOCTOR_MAX_EVENTS", "lots")
+    assert main(["analyze", str(path)]) == 2
+    assert capsys.readouterr().err == ("error: PIPELINE_DOCTOR_MAX_EVENTS='lots' is not a number\n")
+
+
+def test_limits_from_the_environment_and_their_defaults():
+    assert Limits.from_env({}) == Limits()
+    assert Limits().max_events == DEFAULT_MAX_EVENTS
+    limits = Limits.from_env(
+        {"PIPELINE_DOCTOR_MAX_DECOMPRESSED_MB": "10", "PIPELINE_DOCTOR_MAX_EVENTS": "5e3"}
+    )
+    assert limits == Limits(max_decompressed_bytes=10 * MIB, max_events=5000)
+    with pytest.raises(ValueError, match="must be positive"):
+        Limits.from_env({"PIPELINE_DOCTOR_MAX_EVENTS": "0"})
+
+
+@pytest.mark.parametrize("where", ["args", "top", "document"])
+def test_json_nested_100k_deep_is_exit_2_naming_the_recursion_limit(tmp_path, capsys, where):
+    deep = "[" * 100_000 + "]" * 100_000
+    event = '{"ph":"X","name":"a","ts":1,"dur":1,"pid":1,"tid":1}'
+    text = {
+        "args": '{"traceEvents":[{"ph":"X","name":"a","ts":1,"dur":1,"args":{"x":' + deep + "}}]}",
+        "top": '{"deviceProperties":' + deep + ',"traceEvents":[' + event + "]}",
+        "document": deep,
+    }[where]
+    path = tmp_path / "deep.json"
+    path.write_text(text)
+    assert main(["analyze", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"error: {path}: nests JSON arrays or objects deeper than the decoder's recursion "
+        "limit; not a Chrome trace\n"
+    )
+
+
+def test_memory_error_is_exit_2_naming_the_limit(tmp_path, capsys, monkeypatch):
+    # A MemoryError from deep inside the analysis (here: the rules) must not be exit 1
+    import diagnostics.analyze as analyze_module
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(analyze_module, "run_rules", no_memory)
+    assert main(["analyze", str(SMALL_REAL)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {SMALL_REAL}: not enough memory to analyse it (")
+    assert "memory" in err and err.count("\n") == 1
