@@ -14,6 +14,7 @@ import streamlit as st
 
 from diagnostics.analyze import analyze
 from diagnostics.runs import RunFolder
+from diagnostics.trace.budget import Limits
 
 CACHE_ENTRIES = 32
 CACHE_TTL_S = 3600
@@ -25,7 +26,14 @@ if TYPE_CHECKING:
 @st.cache_data(max_entries=CACHE_ENTRIES, ttl=CACHE_TTL_S, show_spinner="Analysing the run…")
 def _analyse_run_cached(run_path: str, mtime_key: float) -> AnalysisResult:
     del mtime_key  # part of the cache key only: a new record or trace means a new analysis
-    return analyze(Path(run_path))
+    # Local run folders are written by our own trainer, so they are analysed in process
+    # (cached, no child start-up), but under the same input budgets as uploads.
+    limits = Limits.from_env()
+    return analyze(
+        Path(run_path),
+        max_decompressed_bytes=limits.max_decompressed_bytes,
+        max_events=limits.max_events,
+    )
 
 
 def analyse_run(run_path: Path) -> AnalysisResult:

@@ -1,7 +1,9 @@
 """Upload trace: one torch.profiler trace, or one per rank, diagnosed like a run.
 
 Uploads are analysed from a private temporary folder that is removed straight after; they
-are kept only when the user presses "Save upload" (into <runs dir>/uploads/).
+are kept only when the user presses "Save upload" (into <runs dir>/uploads/). The analysis
+runs in a child process with a memory and time limit (diagnostics.isolated): a bomb ends
+that child with one line here, never the server.
 """
 
 from __future__ import annotations
@@ -10,8 +12,8 @@ import streamlit as st
 
 from app_ui import render, session
 from diagnostics import views
-from diagnostics.analyze import DEFAULT_MAX_DECOMPRESSED_BYTES, analyze_files
 from diagnostics.errors import InputError
+from diagnostics.isolated import analyze_files_isolated
 
 session.setup_page("Upload trace", ":material/upload_file:")
 st.title(":material/upload_file: Upload a trace")
@@ -22,9 +24,8 @@ st.markdown(
 )
 st.caption(
     f"`.json` or `.json.gz` · up to {views.MAX_UPLOAD_FILES} files · "
-    f"up to **{max_upload_mb} MB per file** as uploaded and "
-    f"**{views.fmt_bytes(DEFAULT_MAX_DECOMPRESSED_BYTES)}** once decompressed · analysed from "
-    "a temporary copy that is deleted straight after, unless you save it."
+    f"up to **{max_upload_mb} MB per file** as uploaded · {views.upload_limits_text()} · "
+    "analysed from a temporary copy that is deleted straight after, unless you save it."
 )
 
 uploads = st.file_uploader(
@@ -48,7 +49,7 @@ cached = st.session_state["upload_analysis"]
 if cached is None or cached[0] != key:
     with st.spinner(f"Analysing {len(files)} trace file{'s' if len(files) > 1 else ''}…"):
         try:
-            cached = (key, views.analyse_uploads(files, analyze_files), None)
+            cached = (key, views.analyse_uploads(files, analyze_files_isolated), None)
         except InputError as exc:
             cached = (key, None, str(exc))
     st.session_state["upload_analysis"] = cached

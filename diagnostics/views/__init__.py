@@ -82,6 +82,7 @@ from diagnostics.views.uploads import (
     save_uploads,
     saved_upload_dir,
     upload_key,
+    upload_limits_text,
     write_uploads,
 )
 
@@ -96,6 +97,7 @@ __all__ = [
     "SEVERITY_BADGES",
     "STATUS_BADGES",
     "analyse_uploads",
+    "upload_limits_text",
     "children_of",
     "comparison_card",
     "comparison_table",

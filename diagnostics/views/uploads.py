@@ -68,6 +68,23 @@ def write_uploads(files: Sequence[tuple[str, BinaryIO]], folder: Path) -> list[P
 MAX_UPLOAD_FILES = 16
 
 
+def upload_limits_text(environ: dict[str, str] | None = None) -> str:
+    """The limits an upload is analysed under, for the page (what the environment sets)."""
+    from diagnostics.isolated import ChildLimits
+    from diagnostics.trace.budget import Limits
+    from diagnostics.views.fmt import fmt_bytes
+
+    try:
+        limits, child = Limits.from_env(environ), ChildLimits.from_env(environ)
+    except ValueError as exc:
+        return f"limits misconfigured: {exc}"
+    return (
+        f"at most **{fmt_bytes(limits.max_decompressed_bytes)}** decompressed and "
+        f"**{limits.max_events:,} events** for all files together, analysed within "
+        f"**{fmt_bytes(child.memory_bytes)}** of memory and **{child.timeout_s:g} s**"
+    )
+
+
 def analyse_uploads(
     files: Sequence[tuple[str, BinaryIO]],
     analyse: Callable[..., Any],
