@@ -14,6 +14,16 @@ Method (torch-tb-profiler 0.4.3, event_parser.py ``_find_device_steps`` and
 3. Trailing steps that launched nothing are dropped, and so is the last one if it launched
    fewer than 80% of its predecessor's GPU events (the profiler cut it short).
 
+Before that, the host ranges are checked, because a wrong range is a confident wrong answer
+(twice the steps at half the time, or a p95 far too high):
+
+* The same ``ProfilerStep#N`` twice on one thread with the same range (within 1 µs or 1% of
+  its length) is one step written twice: the copies are dropped, with a warning. A step on
+  the GPU timeline (``gpu_user_annotation``, current PyTorch) is not a host range and never
+  counts as a copy.
+* Steps run one after another, so a range that reaches past the next step's start is cut
+  there, with a warning naming the steps and the steps used.
+
 No ``ProfilerStep#`` at all: the host span (operators and annotations, else every event)
 stands in as one step 0, with ``steps_inferred`` set and a warning.
 """
@@ -52,8 +62,20 @@ class Steps:
         return float(self.frame["start_us"].min()), float(self.frame["end_us"].max())
 
 
+# Two ranges of one step number on one thread are one step written twice when both ends
+# agree within this many µs, or this share of the step's length if larger.
+DUPLICATE_TOLERANCE_US = 1.0
+DUPLICATE_TOLERANCE_SHARE = 0.01
+# Overlaps up to this long are clock rounding (ns-resolution floats), not a defect.
+OVERLAP_TOLERANCE_US = 1.0
+
+
 def host_steps(events: pl.DataFrame) -> pl.DataFrame:
-    """step, host_start_us, host_end_us of every ProfilerStep#N, in time order."""
+    """step, host_start_us, host_end_us of every ProfilerStep#N, in time order (as written)."""
+    return _host_ranges(events).drop("pid", "tid")
+
+
+def _host_ranges(events: pl.DataFrame) -> pl.DataFrame:
     return (
         events.filter(sel.STEP & pl.col("dur").is_not_null())
         .select(
@@ -64,9 +86,68 @@ def host_steps(events: pl.DataFrame) -> pl.DataFrame:
             .alias("step"),
             pl.col("ts").alias("host_start_us"),
             sel.END_US.alias("host_end_us"),
+            "pid",
+            "tid",
         )
-        .sort("host_start_us")
+        .sort("host_start_us", maintain_order=True)
     )
+
+
+def _step_list(steps: list[int | None]) -> str:
+    shown = [f"#{s}" for s in steps[:8]]
+    return ", ".join(shown) + (f" and {len(steps) - 8} more" if len(steps) > 8 else "")
+
+
+def _without_duplicates(host: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
+    """Drops second copies of one step's range on one thread (see the module docstring)."""
+    key = ["step", "pid", "tid"]
+    tolerance = pl.max_horizontal(
+        pl.lit(DUPLICATE_TOLERANCE_US),
+        (pl.col("host_end_us") - pl.col("host_start_us")) * DUPLICATE_TOLERANCE_SHARE,
+    )
+    marked = (
+        host.with_row_index("_order")
+        .sort([*key, "host_start_us"], nulls_last=True, maintain_order=True)
+        .with_columns(
+            _copy=(
+                pl.all_horizontal([pl.col(k).eq_missing(pl.col(k).shift(1)) for k in key])
+                & ((pl.col("host_start_us") - pl.col("host_start_us").shift(1)).abs() <= tolerance)
+                & ((pl.col("host_end_us") - pl.col("host_end_us").shift(1)).abs() <= tolerance)
+            ).fill_null(False)
+        )
+        .sort("_order")
+    )
+    copies = marked.filter(pl.col("_copy"))
+    if copies.height == 0:
+        return host, []
+    steps = sorted(set(copies["step"].to_list()), key=lambda s: (s is None, s))
+    warning = (
+        f"removed {copies.height} duplicate ProfilerStep range(s): "
+        f"{_step_list(steps)} appear more than once on the same thread with the same range; "
+        "each step is counted once"
+    )
+    return marked.filter(~pl.col("_copy")).drop("_order", "_copy"), [warning]
+
+
+def _without_overlaps(host: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
+    """Cuts each range at the next step's start (steps run one after another)."""
+    next_start = pl.col("host_start_us").shift(-1)
+    checked = host.with_columns(_overlap_us=(pl.col("host_end_us") - next_start).fill_null(0.0))
+    over = checked.filter(pl.col("_overlap_us") > OVERLAP_TOLERANCE_US)
+    cut = checked.with_columns(
+        host_end_us=pl.min_horizontal(pl.col("host_end_us"), next_start.fill_null(float("inf")))
+    ).drop("_overlap_us")
+    if over.height == 0:
+        return cut, []
+    worst = over.sort("_overlap_us", descending=True).row(0, named=True)
+    used = cut["step"].to_list()
+    warning = (
+        f"{over.height} ProfilerStep range(s) overlap the next step "
+        f"({_step_list(over['step'].to_list())}; the most: #{worst['step']} by "
+        f"{worst['_overlap_us'] / 1000:.1f} ms): each range was cut at the next step's start. "
+        f"Steps used: {_step_list(used)} ({len(used)})"
+    )
+    return cut, [warning]
 
 
 def _inferred_step(events: pl.DataFrame) -> pl.DataFrame:
@@ -86,7 +167,10 @@ def _inferred_step(events: pl.DataFrame) -> pl.DataFrame:
 def find_steps(events: pl.DataFrame, index: TraceIndex | None = None) -> Steps:
     index = index or build_index(events)
     warnings: list[str] = []
-    host = host_steps(events)
+    host, duplicates = _without_duplicates(_host_ranges(events))
+    host, overlaps = _without_overlaps(host)
+    host = host.drop("pid", "tid")
+    warnings.extend(duplicates + overlaps)
     inferred = host.height == 0
     if inferred:
         host = _inferred_step(events)

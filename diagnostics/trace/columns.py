@@ -41,7 +41,7 @@ class Event(msgspec.Struct, frozen=True, gc=False):
     ph: str | None = None
     name: str | None = None
     cat: str | None = None
-    ts: float | None = None
+    ts: int | float | None = None  # ints stay ints: beyond 2^53 a float cannot hold them
     dur: float | None = None
     pid: int | str | None = None  # Kineto writes "Spans"/"Traces" for its own rows
     tid: int | str | None = None  # and "stream 7" or "25738" in PyTorch 1.9 traces
@@ -124,30 +124,92 @@ def _to_series(name: str, values: list[Any]) -> pl.Series:
         return pl.Series(name, values, dtype=dtype, strict=False)
 
 
-def _series(name: str, items: list[Any]) -> pl.Series:
-    return _to_series(name, list(map(_GETTERS[name], items)))
+# float64 holds every integer up to 2^53 exactly; past it, neighbouring µs merge.
+EXACT_FLOAT_LIMIT = 2**53
+
+
+class TsClock:
+    """Keeps integer timestamps beyond 2^53 µs exact, one file at a time.
+
+    When the file's first chunk holds such timestamps, the smallest integer among them
+    becomes the file's base, subtracted from every ``ts`` in exact integer arithmetic
+    before the column turns float: the table then holds small offsets, exact to the µs,
+    and ``base_us`` goes into the trace's metadata. Fractional timestamps that large were
+    already rounded when the JSON was read; they are counted in ``lossy`` for a warning.
+    Ordinary timestamps (below 2^53) take the plain float path untouched.
+    """
+
+    def __init__(self) -> None:
+        self.base_us: int | None = None
+        self.decided = False
+        self.lossy = 0
+
+    def decide(self, values: list[Any]) -> None:
+        """Sets the base from the file's first chunk (all its rows, flows included)."""
+        if self.decided:
+            return
+        self.decided = True
+        ints = [v for v in values if type(v) is int]
+        largest = max(ints, key=abs, default=0)
+        if abs(largest) > EXACT_FLOAT_LIMIT:
+            self.base_us = min(ints)
+
+    def series(self, name: str, values: list[Any]) -> pl.Series:
+        self.decide(values)
+        plain = _to_series(name, values)
+        if self.base_us is None:
+            largest = plain.abs().max() if plain.len() else None
+            if largest is not None and float(largest) > EXACT_FLOAT_LIMIT:  # type: ignore[arg-type]
+                self.lossy += int((plain.abs() > EXACT_FLOAT_LIMIT).sum())
+            return plain
+        base = self.base_us
+        exact = pl.Series(
+            name,
+            [v - base if type(v) is int else None for v in values],
+            dtype=pl.Int64,
+            strict=False,
+        )
+        fractional = [v for v in values if type(v) is float]
+        if not fractional:
+            return exact.cast(pl.Float64)
+        self.lossy += sum(1 for v in fractional if abs(v) > EXACT_FLOAT_LIMIT)
+        shifted = pl.Series(
+            name, [v - base if type(v) is float else None for v in values], dtype=pl.Float64
+        )
+        return exact.cast(pl.Float64).fill_null(shifted)
+
+
+def _series(name: str, items: list[Any], clock: TsClock | None = None) -> pl.Series:
+    values = list(map(_GETTERS[name], items))
+    if name == "ts" and clock is not None:
+        return clock.series(name, values)
+    return _to_series(name, values)
 
 
 def columns(
     events: list[Event],
+    clock: TsClock | None = None,
 ) -> tuple[pl.DataFrame, pl.DataFrame | None, list[tuple[str, Any, Any, Any]]]:
     """Struct list -> (event rows, flow rows, M-event names) as polars frames.
 
     One C-level pass (``map(attrgetter)``) per column: no Python code runs per event.
     Flows (a third of a modern trace) are split off first so that only their few
-    columns are extracted for them.
+    columns are extracted for them. ``clock`` (one per file) keeps huge integer
+    timestamps exact; without it ``ts`` is read as plain floats.
     """
+    if clock is not None and not clock.decided:
+        clock.decide(list(map(_GETTERS["ts"], events)))
     phases = pl.Series("ph", list(map(_GETTERS["ph"], events)), dtype=pl.String)
     is_flow = phases.is_in(FLOW_PHASES)
     flows_frame = None
     if is_flow.any():
         flow_rows = list(compress(events, is_flow.to_list()))
         flows_frame = pl.DataFrame(
-            [phases.filter(is_flow)] + [_series(name, flow_rows) for name in _FLOW_FIELDS]
+            [phases.filter(is_flow)] + [_series(name, flow_rows, clock) for name in _FLOW_FIELDS]
         )
         events = list(compress(events, (~is_flow).to_list()))
         phases = phases.filter(~is_flow)
-    data = [phases] + [_series(name, events) for name in _EVENT_FIELDS[1:] if name != "id"]
+    data = [phases] + [_series(name, events, clock) for name in _EVENT_FIELDS[1:] if name != "id"]
     frame = pl.DataFrame(data).with_columns(_arg_columns(events, data[2], data[1]))
     return frame, flows_frame, _metadata_names(events, frame)
 

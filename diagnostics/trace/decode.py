@@ -38,6 +38,7 @@ from diagnostics.trace.columns import (
     RAW_EVENT_SCHEMA,
     RAW_FLOW_SCHEMA,
     Event,
+    TsClock,
     columns,
 )
 
@@ -76,6 +77,8 @@ class DecodedTrace:
     top: dict[str, Any]
     names: list[tuple[str, Any, Any, Any]]  # M events: (name, pid, tid, args.name)
     skipped: Counter[str] = field(default_factory=Counter)
+    ts_base_us: int | None = None  # subtracted from every ts (integers beyond 2^53)
+    ts_lossy: int = 0  # fractional timestamps beyond 2^53: already rounded by float64
 
 
 def _one_line(message: str) -> str:
@@ -95,7 +98,8 @@ def _reason(message: str) -> str:
         return message
     if not match["at"]:
         return "not a JSON object"
-    want = match["want"].replace(" | null", "")
+    # ts is typed int | float (ints stay exact); to a user both are just a number
+    want = match["want"].replace(" | null", "").replace("int | float", "float")
     return f"{match['at']} is {match['got']}, expected {want}"
 
 
@@ -113,6 +117,7 @@ class _Chunker:
         self.eof = False
         self.names: list[tuple[str, Any, Any, Any]] = []
         self.skipped: Counter[str] = Counter()
+        self.clock = TsClock()
 
     # -- reading ---------------------------------------------------------------------
     def more(self) -> bool:
@@ -301,7 +306,7 @@ class _Chunker:
     def add(self, events: list[Event]) -> None:
         if not events:
             return
-        frame, flows, names = columns(events)
+        frame, flows, names = columns(events, self.clock)
         self.names.extend(names)
         self.sink(frame, flows)
 
@@ -382,4 +387,6 @@ def decode_trace(
         top=top,
         names=chunker.names,
         skipped=chunker.skipped,
+        ts_base_us=chunker.clock.base_us,
+        ts_lossy=chunker.clock.lossy,
     )

@@ -208,6 +208,12 @@ def load_trace_file(
             "has no complete (ph X) or instant (ph i) events: nothing to analyse",
         )
     warnings: list[str] = []
+    if decoded.ts_lossy:
+        warnings.append(
+            f"{display}: {decoded.ts_lossy:,} timestamps are fractional numbers beyond 2^53 µs, "
+            "where a 64-bit float cannot keep every µs: times between those events may be "
+            "off by several µs (write integer or smaller timestamps to keep them exact)"
+        )
     if n_skipped:
         total = total_rows + sum(decoded.skipped.values())
         warnings.append(
@@ -224,6 +230,7 @@ def load_trace_file(
     fields = _metadata(decoded.top, decoded.names, display, rank, rank_source)
     metadata = TraceMetadata(
         **fields,
+        ts_base_us=decoded.ts_base_us,
         event_count=table.events.height,
         flow_count=table.flows.height,
         skipped_events=n_skipped,
@@ -295,6 +302,7 @@ def load_trace_files(
             if on_error is None or isinstance(exc, BudgetExceeded):
                 raise
             on_error(exc)
+    loaded = _on_one_clock(loaded)
     notes: list[str] = []
     unknown = [t for t in loaded if t.metadata.rank_source == "default"]
     if len(loaded) > 1 and unknown:
@@ -336,6 +344,33 @@ def load_trace_files(
         by_rank.setdefault(trace.rank, []).append(trace)
     merged = tuple(_merge_same_rank(by_rank[rank]) for rank in sorted(by_rank))
     return merged, tuple(notes)
+
+
+def _on_one_clock(traces: list[LoadedTrace]) -> list[LoadedTrace]:
+    """Files whose huge timestamps were rebased on different bases: one base for all.
+
+    The shift between two bases is an exact integer and the offsets stay small, so the
+    times stay exact while the files line up as written.
+    """
+    bases = {t.metadata.ts_base_us for t in traces} - {None}
+    if len(bases) <= 1:
+        return traces
+    common = min(b for b in bases if b is not None)
+    aligned = []
+    for trace in traces:
+        base = trace.metadata.ts_base_us
+        if base is None or base == common:
+            aligned.append(trace)
+            continue
+        shift = pl.col("ts") + float(base - common)
+        aligned.append(
+            LoadedTrace(
+                events=trace.events.with_columns(shift),
+                metadata=replace(trace.metadata, ts_base_us=common),
+                flows=trace.flows.with_columns(shift),
+            )
+        )
+    return aligned
 
 
 def trace_files_in(folder: Path) -> list[Path]:

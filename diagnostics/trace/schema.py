@@ -136,6 +136,9 @@ class TraceMetadata:
     pytorch_version: str | None = None
     schema_version: int | None = None
     base_time_ns: int | None = None
+    # Subtracted from every ts when the file's integer timestamps pass 2^53 µs (beyond
+    # float64's exact integers): ts are then exact offsets from it. None: ts as written.
+    ts_base_us: int | None = None
     display_time_unit: str | None = None
     process_names: dict[int, str] = field(default_factory=dict)
     thread_names: dict[tuple[int, int], str] = field(default_factory=dict)
@@ -152,9 +155,11 @@ class TraceMetadata:
         """Add to ``ts / 1e6`` for Unix seconds, the clock of a run's ``wall_time``.
 
         Kineto's ts are µs since the Unix epoch, or, when it wrote
-        ``baseTimeNanoseconds`` (PyTorch 2.2+), µs since that base.
+        ``baseTimeNanoseconds`` (PyTorch 2.2+), µs since that base; plus ``ts_base_us``
+        where the loader took one out to keep huge timestamps exact.
         """
-        return self.base_time_ns / 1e9 if self.base_time_ns else 0.0
+        offset_s = self.base_time_ns / 1e9 if self.base_time_ns else 0.0
+        return offset_s + (self.ts_base_us / 1e6 if self.ts_base_us else 0.0)
 
 
 @dataclass(frozen=True)
