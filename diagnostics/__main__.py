@@ -1,7 +1,7 @@
 """CLI: ``python -m diagnostics analyze|report|rules ...``.
 
 analyze PATH [--format json|text] [-o FILE] [--max-decompressed-mb N] [--max-events N]
-        [--thresholds FILE]
+        [--max-memory-mb N] [--timeout-s S] [--thresholds FILE]
     exit 0 with the result; 2 with one line on stderr for bad input or usage; 1 with one
     line for an internal error (a bug: never a traceback either way).
 report ...  -> diagnostics.report.cli.main ; rules ... -> diagnostics.rules.docs.main
@@ -18,7 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from diagnostics.cli_limits import LimitOptionError as _LimitOptionError
-from diagnostics.cli_limits import add_limit_options, limits_from, resource_error
+from diagnostics.cli_limits import (
+    add_isolation_options,
+    add_limit_options,
+    isolation_from,
+    limits_from,
+    resource_error,
+)
 
 USAGE = (
     "usage: python -m diagnostics {analyze,report,rules} ...\n"
@@ -49,6 +55,7 @@ def _analyze_parser() -> argparse.ArgumentParser:
     parser.add_argument("--format", choices=("json", "text"), default="json")
     parser.add_argument("-o", "--output", help="write to this file instead of stdout")
     add_limit_options(parser)
+    add_isolation_options(parser)
     parser.add_argument("--thresholds", help="rule thresholds override (.toml or .json)")
     return parser
 
@@ -142,6 +149,7 @@ def analyze_main(argv: Sequence[str]) -> int:
     try:
         args = _analyze_parser().parse_args(list(argv))
         limits = limits_from(args)
+        child = isolation_from(args)
     except (_UsageError, _LimitOptionError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -156,11 +164,15 @@ def analyze_main(argv: Sequence[str]) -> int:
     from diagnostics.thresholds import ThresholdsError
 
     try:
-        result = analyze(
-            args.path,
-            **limits,
-            thresholds=args.thresholds,
-        )
+        if child is None:
+            result = analyze(args.path, **limits, thresholds=args.thresholds)
+        else:
+            from diagnostics.isolated import analyze_isolated
+            from diagnostics.trace.budget import Limits
+
+            result = analyze_isolated(
+                args.path, limits=Limits(**limits), child=child, thresholds=args.thresholds
+            )
         doc = result.to_json()
         text = (
             json.dumps(doc, indent=2, allow_nan=False) + "\n"

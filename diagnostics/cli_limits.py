@@ -71,3 +71,36 @@ def resource_error(path: str, exc: BaseException) -> str:
         f"error: {path}: not enough memory to analyse it ({limit}); "
         "lower --max-events or analyse fewer files at once"
     )
+
+
+def add_isolation_options(parser: argparse.ArgumentParser) -> None:
+    """--max-memory-mb and --timeout-s: analyse in a child process bounded as the app's."""
+    parser.add_argument(
+        "--max-memory-mb",
+        type=float,
+        help="analyse in a child process with this address-space limit, MiB (as the app does "
+        "for uploads); a failed allocation is then one line, exit 2",
+    )
+    parser.add_argument(
+        "--timeout-s",
+        type=float,
+        help="analyse in a child process stopped after this many seconds (exit 2)",
+    )
+
+
+def isolation_from(args: argparse.Namespace) -> object | None:
+    """The ChildLimits for the parsed options, or None to analyse in this process."""
+    if args.max_memory_mb is None and args.timeout_s is None:
+        return None
+    from diagnostics.isolated import ChildLimits
+
+    for flag, value in (("--max-memory-mb", args.max_memory_mb), ("--timeout-s", args.timeout_s)):
+        if value is not None and not value > 0:
+            raise LimitOptionError(f"{flag} must be positive")
+    defaults = ChildLimits()
+    return ChildLimits(
+        memory_bytes=int(args.max_memory_mb * 2**20)
+        if args.max_memory_mb
+        else defaults.memory_bytes,
+        timeout_s=args.timeout_s or defaults.timeout_s,
+    )

@@ -48,6 +48,14 @@ ENV_ANALYSIS_TIMEOUT_S = "PIPELINE_DOCTOR_ANALYSIS_TIMEOUT_S"
 # Exit codes of the child besides 0 (result written) and signals.
 _EXIT_INPUT, _EXIT_MEMORY, _EXIT_RECURSION, _EXIT_BUG = 2, 3, 4, 1
 _STDERR_TAIL_BYTES = 2000
+# What a child that ran out of address space may say on its way out.
+_MEMORY_MARKERS = (
+    "memory allocation",
+    "<jemalloc>",
+    "Cannot allocate memory",
+    "MemoryError",
+    "out of memory",
+)
 
 
 class AnalysisStopped(InputError):
@@ -122,18 +130,44 @@ def analyze_files_isolated(
     PIPELINE_DOCTOR_ANALYSIS_TIMEOUT_S). Raises InputError (bad input, over a budget) or
     AnalysisStopped (memory, time, crash): one line either way.
     """
+    names = [str(n) for n in (display_names or [str(p) for p in paths])]
+    source = names[0] if len(names) == 1 else ", ".join(names)
+    request = {
+        "paths": [str(Path(p).resolve()) for p in paths],
+        "display_names": names,
+    }
+    return _isolated(request, source, limits, child)
+
+
+def analyze_isolated(
+    path: str | os.PathLike[str],
+    *,
+    limits: Limits | None = None,
+    child: ChildLimits | None = None,
+    thresholds: str | None = None,
+) -> AnalysisResult:
+    """``diagnostics.analyze.analyze`` (a file, a folder of ranks, a run folder) in a child
+    process with bounded memory and time; errors as for :func:`analyze_files_isolated`."""
+    # as given: the child starts in this process's folder, so messages name the same path
+    request = {"path": str(path), "thresholds": str(thresholds) if thresholds else None}
+    return _isolated(request, str(path), limits, child)
+
+
+def _isolated(
+    request: dict[str, object],
+    source: str,
+    limits: Limits | None,
+    child: ChildLimits | None,
+) -> AnalysisResult:
     try:
         limits = limits or Limits.from_env()
         child = child or ChildLimits.from_env()
     except ValueError as exc:
         raise InputError("server configuration", str(exc)) from None
-    names = [str(n) for n in (display_names or [str(p) for p in paths])]
-    source = names[0] if len(names) == 1 else ", ".join(names)
     work = Path(tempfile.mkdtemp(prefix="pipeline-doctor-analysis-"))
     try:
         request = {
-            "paths": [str(Path(p).resolve()) for p in paths],
-            "display_names": names,
+            **request,
             "max_decompressed_bytes": limits.max_decompressed_bytes,
             "max_events": limits.max_events,
             "memory_bytes": child.memory_bytes,
@@ -142,35 +176,48 @@ def analyze_files_isolated(
         }
         (work / "request.json").write_text(json.dumps(request), encoding="utf-8")
         code = _run_child(work, child.timeout_s)
-        if code is None:
-            raise AnalysisStopped(
-                source,
-                f"the analysis took longer than {child.timeout_s:g} s, the time limit "
-                f"(raise {ENV_ANALYSIS_TIMEOUT_S}); it was stopped and nothing else was affected",
-            )
         if code == 0:
             with (work / "result.pickle").open("rb") as handle:
                 return pickle.load(handle)  # written by our own child, never by a user
-        error = _read_error(work / "error.json")
-        stderr = _read_tail(work / "stderr.txt")
-        if code == _EXIT_INPUT and error.get("message"):
-            raise InputError(error.get("source", source), error.get("problem", error["message"]))
-        if code == _EXIT_MEMORY or "memory allocation" in stderr or code == -signal.SIGKILL:
-            raise AnalysisStopped(source, _memory_message(child.memory_bytes))
-        if code == -signal.SIGABRT:  # Rust's allocation failure aborts without a message here
-            raise AnalysisStopped(source, _memory_message(child.memory_bytes))
-        if code == _EXIT_RECURSION:
-            raise AnalysisStopped(
-                source, f"nested too deeply to analyse (the recursion limit, {error.get('limit')})"
-            )
-        if code < 0:
-            raise AnalysisStopped(
-                source, f"the analysis crashed ({signal.Signals(-code).name}) and was stopped"
-            )
-        detail = error.get("message") or (stderr.strip().splitlines() or ["no message"])[-1]
-        raise AnalysisStopped(source, f"internal error in the analysis: {detail}")
+        raise _stopped(code, work, source, child)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _stopped(code: int | None, work: Path, source: str, child: ChildLimits) -> Exception:
+    """The one-line error for a child that did not write a result."""
+    if code is None:
+        return AnalysisStopped(
+            source,
+            f"the analysis took longer than {child.timeout_s:g} s, the time limit "
+            f"(raise {ENV_ANALYSIS_TIMEOUT_S}); it was stopped and nothing else was affected",
+        )
+    error = _read_error(work / "error.json")
+    stderr = _read_tail(work / "stderr.txt")
+    if code == _EXIT_INPUT and error.get("thresholds"):
+        from diagnostics.thresholds import ThresholdsError
+
+        return ThresholdsError(error["thresholds"])
+    if code == _EXIT_INPUT and error.get("message"):
+        return InputError(error.get("source", source), error.get("problem", error["message"]))
+    # Rust's allocation failure aborts (SIGABRT) after "memory allocation of N bytes
+    # failed"; the kernel's OOM killer sends SIGKILL; polars' allocator may instead fail to
+    # map a thread's stack ("<jemalloc>: background thread creation failed (11)")
+    said = f"{stderr} {error.get('message', '')}"
+    if code in (_EXIT_MEMORY, -signal.SIGABRT, -signal.SIGKILL) or any(
+        marker in said for marker in _MEMORY_MARKERS
+    ):
+        return AnalysisStopped(source, _memory_message(child.memory_bytes))
+    if code == _EXIT_RECURSION:
+        return AnalysisStopped(
+            source, f"nested too deeply to analyse (the recursion limit, {error.get('limit')})"
+        )
+    if code < 0:
+        return AnalysisStopped(
+            source, f"the analysis crashed ({signal.Signals(-code).name}) and was stopped"
+        )
+    detail = error.get("message") or (stderr.strip().splitlines() or ["no message"])[-1]
+    return AnalysisStopped(source, f"internal error in the analysis: {detail}")
 
 
 def _run_child(work: Path, timeout_s: float) -> int | None:
@@ -185,7 +232,7 @@ def _run_child(work: Path, timeout_s: float) -> int | None:
             stdout=subprocess.DEVNULL,
             stderr=stderr,
             env=env,
-            cwd=work,
+            cwd=os.getcwd(),
             start_new_session=True,  # its own group: a kill reaches polars' threads too
         )
         try:
@@ -213,14 +260,19 @@ def child_main(request_path: str) -> int:
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     error_path = request["error"]
     try:
-        from diagnostics.analyze import analyze_files
+        from diagnostics.analyze import analyze, analyze_files
+        from diagnostics.thresholds import ThresholdsError
 
-        result = analyze_files(
-            request["paths"],
-            display_names=request["display_names"],
-            max_decompressed_bytes=int(request["max_decompressed_bytes"]),
-            max_events=int(request["max_events"]),
-        )
+        budgets = {
+            "max_decompressed_bytes": int(request["max_decompressed_bytes"]),
+            "max_events": int(request["max_events"]),
+        }
+        if "paths" in request:
+            result = analyze_files(
+                request["paths"], display_names=request["display_names"], **budgets
+            )
+        else:
+            result = analyze(request["path"], thresholds=request.get("thresholds"), **budgets)
         out = Path(request["result"])
         tmp = out.with_suffix(".tmp")
         with tmp.open("wb") as handle:
@@ -231,6 +283,9 @@ def child_main(request_path: str) -> int:
         _write_error(
             error_path, {"message": str(exc), "source": exc.source, "problem": exc.problem}
         )
+        return _EXIT_INPUT
+    except ThresholdsError as exc:
+        _write_error(error_path, {"thresholds": str(exc)})
         return _EXIT_INPUT
     except MemoryError:
         return _EXIT_MEMORY

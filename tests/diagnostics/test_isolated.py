@@ -119,3 +119,31 @@ def test_child_limits_from_the_environment():
     assert limits == ChildLimits(memory_bytes=1024 * MIB, timeout_s=9.0)
     with pytest.raises(ValueError, match="PIPELINE_DOCTOR_ANALYSIS_TIMEOUT_S"):
         ChildLimits.from_env({"PIPELINE_DOCTOR_ANALYSIS_TIMEOUT_S": "-1"})
+
+
+def test_cli_with_a_memory_limit_is_exit_2_naming_the_limit(capsys):
+    from diagnostics.__main__ import main
+
+    assert main(["analyze", str(LARGE), "--max-memory-mb", "600"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith(f"error: {LARGE}: the analysis needed more than 600.0 MiB")
+    assert captured.err.count("\n") == 1
+
+
+def test_cli_with_a_timeout_is_exit_2_naming_the_limit(capsys):
+    from diagnostics.__main__ import main
+
+    assert main(["analyze", str(LARGE), "--timeout-s", "0.5"]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"error: {LARGE}: the analysis took longer than 0.5 s, the time limit"
+    )
+
+
+def test_cli_in_a_child_gives_the_same_json_as_in_process(capsys):
+    from diagnostics.__main__ import main
+
+    assert main(["analyze", str(RESNET)]) == 0
+    direct = json.loads(capsys.readouterr().out)
+    assert main(["analyze", str(RESNET), "--max-memory-mb", "8192", "--timeout-s", "300"]) == 0
+    assert json.loads(capsys.readouterr().out) == direct
