@@ -118,3 +118,14 @@ def test_memory_error_is_exit_2_naming_the_limit(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert err.startswith(f"error: {SMALL_REAL}: not enough memory to analyse it (")
     assert "memory" in err and err.count("\n") == 1
+
+
+def test_a_run_folder_over_the_budget_is_refused_not_analysed_without_its_trace(tmp_path):
+    # a run's unreadable trace window is left out with a warning; a trace over the budget
+    # must not be, or the budget would silently turn into "analysed without the trace"
+    from tests.diagnostics.test_analyze import one_step_trace, write_run
+
+    run = write_run(tmp_path, [10.0, 20.0], trace=one_step_trace(2000.0, 500.0, 0))
+    assert analyze(run).facts is not None
+    with pytest.raises(InputError, match=r"holds more than 1 events"):
+        analyze(run, max_events=1)
