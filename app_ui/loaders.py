@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import streamlit as st
 
 from diagnostics.analyze import analyze
+from diagnostics.errors import InputError
 from diagnostics.runs import RunFolder
 from diagnostics.trace.budget import Limits
 
@@ -28,7 +29,10 @@ def _analyse_run_cached(run_path: str, mtime_key: float) -> AnalysisResult:
     del mtime_key  # part of the cache key only: a new record or trace means a new analysis
     # Local run folders are written by our own trainer, so they are analysed in process
     # (cached, no child start-up), but under the same input budgets as uploads.
-    limits = Limits.from_env()
+    try:
+        limits = Limits.from_env()
+    except ValueError as exc:  # a misconfigured server: one line on the page, as bad input
+        raise InputError("server configuration", str(exc)) from None
     return analyze(
         Path(run_path),
         max_decompressed_bytes=limits.max_decompressed_bytes,
