@@ -35,7 +35,8 @@ class TraceFacts:
     idle_gaps: pl.DataFrame
     # name, calls, host_us, device_us (device time linked through correlation ids)
     operators: pl.DataFrame
-    # name, calls, device_us, mean_us, tensor_core:bool, fp16:bool (half-precision kernel)
+    # name, calls, device_us, mean_us, tensor_core:bool, fp16:bool, bf16:bool (named format),
+    # cuda_core_gemm:bool, precision (bf16|fp16|half|tf32|fp32|null): facts/kernel_classes.py
     kernels: pl.DataFrame
     # direction (HtoD|DtoH|DtoD|HtoH|PtoP|Memset), src_memory, dst_memory (Pageable|Pinned|
     # Device|...), count, bytes, dur_us, bandwidth_gb_s
