@@ -25,9 +25,11 @@ class TraceFacts:
     # step, kernel_us, memcpy_us, memset_us, runtime_us, dataloader_us, cpu_exec_us,
     # other_us, total_us: torch-tb-profiler's categories and priority; parts add up to total
     breakdown: pl.DataFrame
-    # device, busy_us, span_us, utilization_pct: union of kernel/memcpy/memset over streams
-    # (busy_us, within the steps' span); utilization_pct is torch-tb-profiler's definition
-    # (kernels only / span), with kernel_busy_us and busy_pct (copies included) beside it
+    # device, busy_us, span_us, utilization_pct: union of the kernels/memcpys/memsets launched
+    # in the steps, over streams (busy_us, within the steps' span); utilization_pct is
+    # torch-tb-profiler's definition (kernels only / span), with kernel_busy_us and busy_pct
+    # (copies included) beside it; copy_busy_us, comm_busy_us, compute_busy_us,
+    # copy_overlap_us, comm_overlap_us: per-kind unions and their overlap with compute
     gpu: pl.DataFrame
     # device, stream, start_us, end_us, dur_us, idle_kind (host_wait|kernel_wait|other),
     # host_activity (dataloader|sync|pageable_copy|cpu_ops|none): what the host did meanwhile

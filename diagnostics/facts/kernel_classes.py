@@ -70,19 +70,26 @@ TENSOR_CORE_PATTERNS: tuple[str, ...] = (
     "direct_group",
 )
 # 3. Matrix-multiply kernels, whose low-precision format means Tensor Cores.
+# (Narrow on purpose: "mma" alone is in "GammaBeta...", "conv" in "convert_fp32_to_bf16".)
 MATMUL_PATTERNS: tuple[str, ...] = (
     "gemm",
     "xmma",
     "cutlass",
     "cublas",
     "nvjet",
-    "mma",
-    "conv",
+    "_mma",
+    "convolution",
+    "convolve",
+    "conv2d",
+    "conv3d",
+    "fprop",
+    "dgrad",
+    "wgrad",
     "implicit",
     "winograd",
     "sdpa",
     "fmha",
-    "flash",
+    "flash_",
 )
 TENSOR_CORE_FORMAT_PATTERNS: tuple[str, ...] = ("bf16", "f16", "tf32", "i8")
 

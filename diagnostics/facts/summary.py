@@ -57,6 +57,8 @@ def overlap_summary(gpu: pl.DataFrame) -> dict[str, float | None]:
     if gpu.height == 0:
         return out
     for kind in ("copy", "comm"):
+        if f"{kind}_busy_us" not in gpu.columns:  # a hand-built frame (rule examples)
+            continue
         total = float(gpu[f"{kind}_busy_us"].sum())
         overlap = float(gpu[f"{kind}_overlap_us"].sum())
         out[f"gpu_{kind}_us"] = total

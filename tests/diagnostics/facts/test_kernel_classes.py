@@ -78,3 +78,14 @@ def test_cuda_core_words_win_over_tensor_core_families():
         "cutlass3x_sm90_simt_sgemm_f32_f32_f32_f32_f32_128x128x8_1x1x1_3_nnn_align1",
     ):
         assert not is_tensor_core(name) and is_cuda_core_gemm(name)
+
+
+def test_formats_outside_matmul_names_are_not_tensor_cores():
+    # a bf16 conversion or a LayerNorm backward is not a GEMM, whatever its format
+    for name in (
+        "void convert_fp32_to_bf16_kernel<256>(float const*, __nv_bfloat16*, long)",
+        "void at::native::(anonymous namespace)::GammaBetaBackwardCUDAKernelTemplate<c10::Half,"
+        " float, 32u, 32u, 256u, false, true, false>",
+        "void at::native::bfloat16_copy_kernel_cuda(at::TensorIteratorBase&)",
+    ):
+        assert not is_tensor_core(name)
