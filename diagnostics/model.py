@@ -61,6 +61,9 @@ class TraceFacts:
     # device (-1 host), peak_allocated_bytes, peak_reserved_bytes, device_total_bytes,
     # peak_allocated_pct (of deviceProperties totalGlobalMem)
     memory_peak: pl.DataFrame | None = None
+    # dtype (c10::Half | c10::BFloat16), ops: CPU operator calls with an input of that
+    # 16-bit dtype (traces recorded with record_shapes); None when not computed
+    op_half_dtypes: pl.DataFrame | None = None
 
     @property
     def device_memory_bytes(self) -> int | None:

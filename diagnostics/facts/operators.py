@@ -181,6 +181,25 @@ def kernel_table(index: TraceIndex) -> pl.DataFrame:
     )
 
 
+OP_DTYPES_SCHEMA: dict[str, pl.DataType] = {"dtype": pl.String, "ops": pl.UInt32}
+
+
+def half_dtype_ops(events: pl.DataFrame) -> pl.DataFrame:
+    """dtype ("c10::Half" | "c10::BFloat16"), ops: how many CPU operator calls had an input
+    of that 16-bit float dtype (recorded with record_shapes; empty without)."""
+    if "half_dtypes" not in events.columns:
+        return pl.DataFrame(schema=OP_DTYPES_SCHEMA)
+    return (
+        events.filter((pl.col("cat") == "cpu_op") & pl.col("half_dtypes").is_not_null())
+        .select(pl.col("half_dtypes").str.split(",").alias("dtype"))
+        .explode("dtype")
+        .group_by("dtype")
+        .agg(pl.len().alias("ops"))
+        .cast(OP_DTYPES_SCHEMA)
+        .sort("dtype")
+    )
+
+
 def top(frame: pl.DataFrame, by: str, n: int = 10) -> pl.DataFrame:
     """The ``n`` rows with the largest ``by`` (e.g. top(facts.operators, "host_us"))."""
     return frame.sort([by, "name"], descending=[True, False]).head(n)

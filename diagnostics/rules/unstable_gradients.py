@@ -102,17 +102,21 @@ def _formats(trace: TraceFacts) -> pl.DataFrame:
 def fp16_without_scaler_in_trace(trace: TraceFacts | None) -> dict[str, Any] | None:
     """fp16 (not bf16) ran but no GradScaler op did: evidence, else None.
 
-    fp16 is known from kernels named fp16 (``c10::Half``, ``_hsh_``, ``h884``...). Kernels
-    that say only ``f16`` count as fp16 only when no kernel in the trace is bf16: cuDNN names
-    its fused attention ``..._wgmma_f16_...`` for bf16 inputs too, and bf16 needs no
+    fp16 is known from kernels named fp16 (``c10::Half``, ``_hsh_``, ``h884``...) or from
+    operators whose recorded input dtypes include ``c10::Half``. Kernels that say only
+    ``f16`` count as fp16 only when nothing in the trace (kernel or operator) is bf16: cuDNN
+    names its fused attention ``..._wgmma_f16_...`` for bf16 inputs too, and bf16 needs no
     GradScaler.
     """
     if trace is None or trace.device != "cuda" or trace.kernels.height == 0:
         return None
     kernels = _formats(trace)
-    bf16_seen = bool((kernels["_precision"] == "bf16").any())
+    op_ops = trace.op_half_dtypes
+    op_dtypes = dict(op_ops.iter_rows()) if op_ops is not None and op_ops.height else {}
+    bf16_seen = bool((kernels["_precision"] == "bf16").any()) or "c10::BFloat16" in op_dtypes
     fp16 = kernels.filter(pl.col("_precision").is_in(["fp16"] if bf16_seen else ["fp16", "half"]))
-    if fp16.height == 0:
+    fp16_ops = int(op_dtypes.get("c10::Half", 0))
+    if fp16.height == 0 and fp16_ops == 0:
         return None
     op_names = trace.operators["name"].to_list() + kernels["name"].to_list()
     if any(marker in name for name in op_names for marker in UNSCALE_OPS):
@@ -121,6 +125,7 @@ def fp16_without_scaler_in_trace(trace: TraceFacts | None) -> dict[str, Any] | N
     return {
         "fp16_kernels": fp16.height,
         "fp16_kernel_us": r(float(fp16["device_us"].sum()), 0),
+        "fp16_input_ops": fp16_ops,
         "top_fp16_kernels": top["name"].to_list(),
         "top_fp16_kernel_us": top["device_us"].to_list(),
         "unscale_ops_found": 0,
@@ -462,6 +467,26 @@ class UnstableGradients(Rule):
             ),
         ),
         Example(
+            "trace: ops with c10::Half inputs, kernel names without a format, no GradScaler",
+            True,
+            lambda: ex.inputs(
+                trace=ex.trace(
+                    kernels=[{**_F16_ATTENTION_KERNEL, "name": "nvjet_sm90_64x32_64x16_NTT"}],
+                    op_half_dtypes=[{"dtype": "c10::Half", "ops": 120}],
+                )
+            ),
+        ),
+        Example(
+            "trace: ops with c10::BFloat16 inputs, kernels named only f16 (bf16 autocast)",
+            False,
+            lambda: ex.inputs(
+                trace=ex.trace(
+                    kernels=[_F16_ATTENTION_KERNEL],
+                    op_half_dtypes=[{"dtype": "c10::BFloat16", "ops": 120}],
+                )
+            ),
+        ),
+        Example(
             "trace: fp16 kernels with GradScaler's unscale op",
             False,
             lambda: ex.inputs(
@@ -488,6 +513,18 @@ class UnstableGradients(Rule):
             ),
         ),
     )
+
+
+_F16_ATTENTION_KERNEL = {
+    # cuDNN's fused attention: "f16" in the name for fp16 and bf16 inputs alike (H200)
+    "name": "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x64_"
+    "4x1x1_cga1x1x1_kernel0_0",
+    "calls": 18,
+    "device_us": 2800.0,
+    "mean_us": 155.0,
+    "tensor_core": True,
+    "fp16": False,
+}
 
 
 def _step_range(inputs: AnalysisInputs) -> list[int]:
