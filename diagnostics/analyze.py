@@ -24,6 +24,7 @@ from diagnostics.facts import (
     rank_summary,
     step_time_spread,
 )
+from diagnostics.facts.summary import overlap_summary
 from diagnostics.model import AnalysisInputs, RunData, TraceFacts
 from diagnostics.result import (
     BREAKDOWN_KEYS,
@@ -294,6 +295,7 @@ def summarise(
         if facts.gpu.height:
             summary["gpu_utilization_pct"] = _finite(facts.gpu["utilization_pct"].mean())
             summary["gpu_busy_us"] = _finite(facts.gpu["busy_us"].sum())
+            summary.update(overlap_summary(facts.gpu))
             idle = idle_breakdown_pct(facts.idle_gaps)
             summary["gpu_idle_breakdown_pct"] = (
                 {key: _finite(idle.get(key)) for key in IDLE_KEYS} if idle else None

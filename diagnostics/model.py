@@ -25,9 +25,11 @@ class TraceFacts:
     # step, kernel_us, memcpy_us, memset_us, runtime_us, dataloader_us, cpu_exec_us,
     # other_us, total_us: torch-tb-profiler's categories and priority; parts add up to total
     breakdown: pl.DataFrame
-    # device, busy_us, span_us, utilization_pct: union of kernel/memcpy/memset over streams
-    # (busy_us, within the steps' span); utilization_pct is torch-tb-profiler's definition
-    # (kernels only / span), with kernel_busy_us and busy_pct (copies included) beside it
+    # device, busy_us, span_us, utilization_pct: union of the kernels/memcpys/memsets launched
+    # in the steps, over streams (busy_us, within the steps' span); utilization_pct is
+    # torch-tb-profiler's definition (kernels only / span), with kernel_busy_us and busy_pct
+    # (copies included) beside it; copy_busy_us, comm_busy_us, compute_busy_us,
+    # copy_overlap_us, comm_overlap_us: per-kind unions and their overlap with compute
     gpu: pl.DataFrame
     # device, stream, start_us, end_us, dur_us, idle_kind (host_wait|kernel_wait|other),
     # host_activity (dataloader|sync|pageable_copy|cpu_ops|none): what the host did meanwhile
@@ -35,7 +37,8 @@ class TraceFacts:
     idle_gaps: pl.DataFrame
     # name, calls, host_us, device_us (device time linked through correlation ids)
     operators: pl.DataFrame
-    # name, calls, device_us, mean_us, tensor_core:bool, fp16:bool (half-precision kernel)
+    # name, calls, device_us, mean_us, tensor_core:bool, fp16:bool, bf16:bool (named format),
+    # cuda_core_gemm:bool, precision (bf16|fp16|half|tf32|fp32|null): facts/kernel_classes.py
     kernels: pl.DataFrame
     # direction (HtoD|DtoH|DtoD|HtoH|PtoP|Memset), src_memory, dst_memory (Pageable|Pinned|
     # Device|...), count, bytes, dur_us, bandwidth_gb_s
@@ -58,6 +61,9 @@ class TraceFacts:
     # device (-1 host), peak_allocated_bytes, peak_reserved_bytes, device_total_bytes,
     # peak_allocated_pct (of deviceProperties totalGlobalMem)
     memory_peak: pl.DataFrame | None = None
+    # dtype (c10::Half | c10::BFloat16), ops: CPU operator calls with an input of that
+    # 16-bit dtype (traces recorded with record_shapes); None when not computed
+    op_half_dtypes: pl.DataFrame | None = None
 
     @property
     def device_memory_bytes(self) -> int | None:

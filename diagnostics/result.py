@@ -28,7 +28,14 @@ SUMMARY_KEYS: dict[str, str] = {
     "breakdown_pct": "{kernel, memcpy, memset, runtime, dataloader, cpu_exec, other}: "
     "share of profiled step time, % (torch-tb-profiler's categories and priority)",
     "gpu_utilization_pct": "GPU busy time (kernels, copies, memsets) over the steps' span, %",
-    "gpu_busy_us": "union of GPU activity over the profiled steps, µs",
+    "gpu_busy_us": "union of the GPU work (kernels, copies, memsets, every stream, each "
+    "instant once) launched in the profiled steps, µs",
+    "gpu_copy_us": "union of memory copies (memcpy) in gpu_busy_us, µs",
+    "gpu_copy_overlap_us": "copy time that ran while compute kernels ran, µs",
+    "gpu_copy_overlap_pct": "gpu_copy_overlap_us over gpu_copy_us, % (null without copies)",
+    "gpu_comm_us": "union of communication kernels (NCCL) in gpu_busy_us, µs",
+    "gpu_comm_overlap_us": "communication time that ran while compute kernels ran, µs",
+    "gpu_comm_overlap_pct": "gpu_comm_overlap_us over gpu_comm_us, % (null without communication)",
     "gpu_idle_breakdown_pct": "{host_wait, kernel_wait, other}: share of GPU idle time, %",
     "step_time_source": '"run" (per-step records) or "trace" (profiler steps)',
     "steps_inferred": "true when the trace had no ProfilerStep#N (whole span = one step)",

@@ -14,7 +14,7 @@ from diagnostics.facts.idle import idle_gaps
 from diagnostics.facts.launches import launch_table
 from diagnostics.facts.linking import build_index
 from diagnostics.facts.memory import memory_curve, memory_peaks
-from diagnostics.facts.operators import kernel_table, operator_table
+from diagnostics.facts.operators import half_dtype_ops, kernel_table, operator_table
 from diagnostics.facts.ranks import rank_summary
 from diagnostics.facts.steps import find_steps
 from diagnostics.facts.syncs import sync_per_step, sync_table
@@ -68,6 +68,7 @@ def _one_rank(events: pl.DataFrame, metadata: Any, rank: int) -> TraceFacts:
         launches=launch_table(index),
         memory=memory,
         memory_peak=memory_peaks(memory, props),
+        op_half_dtypes=half_dtype_ops(events),
         device_properties=props,
         distributed=dist,
         pytorch_version=version,

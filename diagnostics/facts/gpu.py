@@ -1,17 +1,30 @@
-"""GPU busy time and utilisation per device, over the span of the profiler steps.
+"""GPU busy time, utilisation and overlap per device, over the span of the profiler steps.
 
-busy_us: the union of kernel, memcpy and memset ranges on the device, all streams together
-(overlapping streams count once), inside [first step start, last step end].
-utilization_pct: torch-tb-profiler's "GPU Utilization" (gpu_metrics_parser.py
-calculate_gpu_utilization): the union of *kernel* ranges on the device inside that span,
-divided by the span. Copies do not count there; busy_pct (with copies) is alongside.
+Which GPU work counts: the kernels, copies and memsets *launched in the profiled steps*
+(their launching runtime call lies inside a step's host range, as steps.py assigns device
+work to steps), on every stream. Work queued before the profiler started runs into the first
+step with no launching call in the trace (on ``hta_a100_rank0_of_16`` 872 events, 57.6 ms of
+the first step, launched by the unprofiled iteration before it); it belongs to no profiled
+step and is left out. A trace with no GPU work linked to a launching call at all (nothing to
+attribute) counts all of it.
+
+- busy_us: the union of that work's ranges on the device, all streams together (each
+  instant once however many streams ran), inside [first step start, last step end].
+- kernel_busy_us, copy_busy_us (memcpy), comm_busy_us (communication kernels, NCCL),
+  compute_busy_us (kernels other than communication): unions of each kind, the per-kind
+  breakdown; kinds overlap each other, so they do not add up to busy_us.
+- copy_overlap_us / comm_overlap_us: how much of the copy (communication) union ran while
+  compute kernels ran: |A ∩ C| = |A| + |C| - |A ∪ C|, from the three unions.
+- utilization_pct: torch-tb-profiler's "GPU Utilization" (gpu_metrics_parser.py
+  calculate_gpu_utilization): kernel union / span. busy_pct (copies included) is beside it.
 """
 
 from __future__ import annotations
 
 import polars as pl
 
-from diagnostics.facts.intervals import clip_to, merge_intervals
+from diagnostics.facts.intervals import clip_to, merge_intervals, union_of
+from diagnostics.facts.kernel_classes import COMMUNICATION
 from diagnostics.facts.linking import TraceIndex
 from diagnostics.facts.steps import Steps
 
@@ -22,47 +35,98 @@ GPU_SCHEMA: dict[str, pl.DataType] = {
     "span_us": pl.Float64,
     "utilization_pct": pl.Float64,
     "busy_pct": pl.Float64,
+    "copy_busy_us": pl.Float64,
+    "comm_busy_us": pl.Float64,
+    "compute_busy_us": pl.Float64,
+    "copy_overlap_us": pl.Float64,
+    "comm_overlap_us": pl.Float64,
+}
+_KINDS: dict[str, pl.Expr] = {
+    "all": pl.lit(True),
+    "kernel": pl.col("cat") == "kernel",
+    "copy": pl.col("cat") == "gpu_memcpy",
+    "comm": (pl.col("cat") == "kernel") & COMMUNICATION,
+    "compute": (pl.col("cat") == "kernel") & ~COMMUNICATION,
 }
 
 
-def busy_intervals(index: TraceIndex, *, kernels_only: bool = False) -> pl.DataFrame:
-    """Merged busy ranges per device over the whole trace: device, start_us, end_us."""
-    key = f"busy:{kernels_only}"
-    if key not in index.memo:
-        gpu = index.gpu
-        if kernels_only:
-            gpu = gpu.filter(pl.col("cat") == "kernel")
-        index.memo[key] = merge_intervals(gpu.select("device", "start_us", "end_us"), by=["device"])
-    return index.memo[key]
+def launched_in_steps(index: TraceIndex, steps: Steps) -> pl.DataFrame:
+    """The GPU events launched by a runtime call lying wholly inside a step's host range
+    (all of them when no GPU event is linked to a launching call)."""
+    host = steps.frame.select("host_start_us", "host_end_us")
+    key = f"in_steps:{host.hash_rows().sum() if host.height else 0}"
+    if key in index.memo:
+        return index.memo[key]
+    gpu = index.gpu
+    linked = gpu.filter(pl.col("rt_start_us").is_not_null())
+    if linked.height == 0 or host.height == 0:
+        chosen = gpu
+    else:
+        chosen = (
+            linked.sort("rt_start_us")
+            .join_asof(
+                host.sort("host_start_us"),
+                left_on="rt_start_us",
+                right_on="host_start_us",
+                strategy="backward",
+            )
+            .filter(
+                pl.col("host_start_us").is_not_null()
+                & (pl.col("rt_end_us") <= pl.col("host_end_us"))
+            )
+            .select(gpu.columns)
+        )
+    index.memo[key] = chosen
+    return chosen
+
+
+def busy_intervals(
+    index: TraceIndex, steps: Steps | None = None, *, kind: str = "all"
+) -> pl.DataFrame:
+    """Merged busy ranges per device (device, start_us, end_us) of the GPU work launched in
+    ``steps`` (all GPU work without steps), of one kind: all, kernel, copy, comm, compute."""
+    gpu = index.gpu if steps is None else launched_in_steps(index, steps)
+    return merge_intervals(
+        gpu.filter(_KINDS[kind]).select("device", "start_us", "end_us"), by=["device"]
+    )
+
+
+def _per_device(ranges: pl.DataFrame, lo: float, hi: float, out: str) -> pl.DataFrame:
+    return (
+        clip_to(ranges, lo, hi)
+        .group_by("device")
+        .agg((pl.col("end_us") - pl.col("start_us")).sum().alias(out))
+    )
 
 
 def gpu_utilization(index: TraceIndex, steps: Steps) -> pl.DataFrame:
-    """device, busy_us, kernel_busy_us, span_us, utilization_pct, busy_pct."""
+    """One row per device with GPU_SCHEMA's columns."""
     span = steps.span
     if span is None or index.gpu.height == 0 or span[1] <= span[0]:
         return pl.DataFrame(schema=GPU_SCHEMA)
     lo, hi = span
-    length = hi - lo
-
-    def per_device(ranges: pl.DataFrame, out: str) -> pl.DataFrame:
-        return (
-            clip_to(ranges, lo, hi)
-            .group_by("device")
-            .agg((pl.col("end_us") - pl.col("start_us")).sum().alias(out))
-        )
-
-    devices = index.gpu.select(pl.col("device").unique()).filter(pl.col("device").is_not_null())
+    unions = {kind: busy_intervals(index, steps, kind=kind) for kind in _KINDS}
+    # copy ∪ compute and comm ∪ compute, for the overlaps by inclusion-exclusion
+    unions["copy|compute"] = union_of([unions["copy"], unions["compute"]], by=["device"])
+    unions["comm|compute"] = union_of([unions["comm"], unions["compute"]], by=["device"])
+    table = index.gpu.select(pl.col("device").unique()).filter(pl.col("device").is_not_null())
+    for kind, ranges in unions.items():
+        table = table.join(_per_device(ranges, lo, hi, kind), on="device", how="left")
+    table = table.with_columns(pl.col(kind).fill_null(0.0) for kind in unions)
     return (
-        devices.join(per_device(busy_intervals(index), "busy_us"), on="device", how="left")
-        .join(
-            per_device(busy_intervals(index, kernels_only=True), "kernel_busy_us"),
-            on="device",
-            how="left",
-        )
-        .with_columns(
-            pl.col("busy_us").fill_null(0.0),
-            pl.col("kernel_busy_us").fill_null(0.0),
-            pl.lit(length).alias("span_us"),
+        table.with_columns(
+            pl.col("all").alias("busy_us"),
+            pl.col("kernel").alias("kernel_busy_us"),
+            pl.lit(hi - lo).alias("span_us"),
+            pl.col("copy").alias("copy_busy_us"),
+            pl.col("comm").alias("comm_busy_us"),
+            pl.col("compute").alias("compute_busy_us"),
+            (pl.col("copy") + pl.col("compute") - pl.col("copy|compute"))
+            .clip(lower_bound=0.0)
+            .alias("copy_overlap_us"),
+            (pl.col("comm") + pl.col("compute") - pl.col("comm|compute"))
+            .clip(lower_bound=0.0)
+            .alias("comm_overlap_us"),
         )
         .with_columns(
             (pl.col("kernel_busy_us") / pl.col("span_us") * 100.0).alias("utilization_pct"),

@@ -1,6 +1,7 @@
 """GPU idle gaps inside the profiled steps, with their cause and what the host did meanwhile.
 
-Gaps are taken per device on the union of kernel, memcpy and memset ranges over all streams,
+Gaps are taken per device on the union of the kernel, memcpy and memset ranges launched in
+the steps (gpu.py says which work counts) over all streams,
 so a gap is time when the device ran nothing at all, and the gaps of a device add up to
 span - busy_us (HTA takes gaps per stream; there a stream can be idle while another runs).
 Each gap is classified as HTA's idle-time breakdown does, from the GPU event that ends it:
@@ -24,7 +25,7 @@ from __future__ import annotations
 import polars as pl
 
 from diagnostics.facts import selectors as sel
-from diagnostics.facts.gpu import busy_intervals
+from diagnostics.facts.gpu import busy_intervals, launched_in_steps
 from diagnostics.facts.intervals import covered_between
 from diagnostics.facts.linking import TraceIndex
 from diagnostics.facts.roles import prefix_unions
@@ -51,11 +52,13 @@ def idle_gaps(events: pl.DataFrame, index: TraceIndex, steps: Steps) -> pl.DataF
     if span is None or index.gpu.height == 0:
         return pl.DataFrame(schema=IDLE_SCHEMA)
     lo, hi = span
-    busy = busy_intervals(index)
+    # the same GPU work busy_us counts (launched in the steps), so gaps = span - busy_us
+    busy = busy_intervals(index, steps)
     # The GPU event that opens each busy range (the earliest-starting one) ends the gap
     # before it; its launching call decides host_wait.
     first_events = (
-        index.gpu.sort("start_us")
+        launched_in_steps(index, steps)
+        .sort("start_us")
         .select("device", "start_us", "stream", "rt_start_us")
         .unique(subset=["device", "start_us"], keep="first")
     )
@@ -68,7 +71,13 @@ def idle_gaps(events: pl.DataFrame, index: TraceIndex, steps: Steps) -> pl.DataF
         "rt_start_us",
     )
     # The tail: after the device's last busy range up to the end of the steps.
-    tails = busy.group_by("device").agg(pl.col("end_us").max().alias("prev_end_us"))
+    # A device whose work all lies outside the steps is idle for the whole span.
+    devices = index.gpu.select(pl.col("device").unique()).filter(pl.col("device").is_not_null())
+    tails = devices.join(
+        busy.group_by("device").agg(pl.col("end_us").max().alias("prev_end_us")),
+        on="device",
+        how="left",
+    ).with_columns(pl.col("prev_end_us").fill_null(float("-inf")))
     tails = tails.filter(pl.col("prev_end_us") < hi).select(
         "device",
         pl.lit(None, pl.Int64).alias("stream"),

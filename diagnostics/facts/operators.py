@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from diagnostics.facts.kernel_classes import HALF_PRECISION, TENSOR_CORE
+from diagnostics.facts.kernel_classes import CUDA_CORE_GEMM, PRECISION, TENSOR_CORE
 from diagnostics.facts.linking import TraceIndex
 
 OPERATORS_SCHEMA: dict[str, pl.DataType] = {
@@ -37,7 +37,10 @@ KERNELS_SCHEMA: dict[str, pl.DataType] = {
     "min_us": pl.Float64,
     "max_us": pl.Float64,
     "tensor_core": pl.Boolean,
-    "fp16": pl.Boolean,
+    "fp16": pl.Boolean,  # named fp16 (never bf16): see kernel_classes
+    "bf16": pl.Boolean,
+    "cuda_core_gemm": pl.Boolean,  # a GEMM/convolution on CUDA cores (ffma, simt, sgemm)
+    "precision": pl.String,  # bf16, fp16, half (16-bit, format not named), tf32, fp32, null
 }
 
 
@@ -149,8 +152,8 @@ def operator_table(index: TraceIndex) -> pl.DataFrame:
 
 
 def kernel_table(index: TraceIndex) -> pl.DataFrame:
-    """name, calls, device_us, mean_us, min_us, max_us, tensor_core, fp16 over every kernel
-    in the trace; by device_us, desc."""
+    """name, calls, device_us, mean_us, min_us, max_us, tensor_core, fp16, bf16,
+    cuda_core_gemm, precision over every kernel in the trace; by device_us, desc."""
     kernels = index.gpu.filter(pl.col("cat") == "kernel")
     if kernels.height == 0:
         return pl.DataFrame(schema=KERNELS_SCHEMA)
@@ -163,9 +166,37 @@ def kernel_table(index: TraceIndex) -> pl.DataFrame:
             pl.col("dur_us").min().alias("min_us"),
             pl.col("dur_us").max().alias("max_us"),
         )
-        .with_columns(TENSOR_CORE.alias("tensor_core"), HALF_PRECISION.alias("fp16"))
+        .with_columns(
+            TENSOR_CORE.alias("tensor_core"),
+            CUDA_CORE_GEMM.alias("cuda_core_gemm"),
+            PRECISION.alias("precision"),
+        )
+        .with_columns(
+            (pl.col("precision") == "fp16").fill_null(False).alias("fp16"),
+            (pl.col("precision") == "bf16").fill_null(False).alias("bf16"),
+        )
+        .select(list(KERNELS_SCHEMA))
         .cast(KERNELS_SCHEMA)
         .sort(["device_us", "name"], descending=[True, False])
+    )
+
+
+OP_DTYPES_SCHEMA: dict[str, pl.DataType] = {"dtype": pl.String, "ops": pl.UInt32}
+
+
+def half_dtype_ops(events: pl.DataFrame) -> pl.DataFrame:
+    """dtype ("c10::Half" | "c10::BFloat16"), ops: how many CPU operator calls had an input
+    of that 16-bit float dtype (recorded with record_shapes; empty without)."""
+    if "half_dtypes" not in events.columns:
+        return pl.DataFrame(schema=OP_DTYPES_SCHEMA)
+    return (
+        events.filter((pl.col("cat") == "cpu_op") & pl.col("half_dtypes").is_not_null())
+        .select(pl.col("half_dtypes").str.split(",").alias("dtype"))
+        .explode("dtype")
+        .group_by("dtype")
+        .agg(pl.len().alias("ops"))
+        .cast(OP_DTYPES_SCHEMA)
+        .sort("dtype")
     )
 
 

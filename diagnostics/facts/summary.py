@@ -39,9 +39,38 @@ def idle_host_activity_pct(gaps: pl.DataFrame) -> dict[str, float] | None:
     return {k: float(sums.get(k, 0.0)) / total * 100.0 for k in (*ACTIVITIES, "none")}
 
 
+OVERLAP_KEYS: tuple[str, ...] = (
+    "gpu_copy_us",
+    "gpu_copy_overlap_us",
+    "gpu_copy_overlap_pct",
+    "gpu_comm_us",
+    "gpu_comm_overlap_us",
+    "gpu_comm_overlap_pct",
+)
+
+
+def overlap_summary(gpu: pl.DataFrame) -> dict[str, float | None]:
+    """Copy and communication time and how much of each overlapped compute kernels (facts.gpu
+    rows summed over devices); every OVERLAP_KEYS key, null without a GPU, the shares null
+    when there was no copy (communication) to overlap."""
+    out: dict[str, float | None] = dict.fromkeys(OVERLAP_KEYS)
+    if gpu.height == 0:
+        return out
+    for kind in ("copy", "comm"):
+        if f"{kind}_busy_us" not in gpu.columns:  # a hand-built frame (rule examples)
+            continue
+        total = float(gpu[f"{kind}_busy_us"].sum())
+        overlap = float(gpu[f"{kind}_overlap_us"].sum())
+        out[f"gpu_{kind}_us"] = total
+        out[f"gpu_{kind}_overlap_us"] = overlap
+        out[f"gpu_{kind}_overlap_pct"] = 100.0 * overlap / total if total > 0 else None
+    return out
+
+
 def trace_summary(facts: TraceFacts) -> dict[str, Any]:
     """device, steps, steps_inferred, step_time_ms, breakdown_pct, gpu_utilization_pct,
-    gpu_busy_us, gpu_busy_pct, gpu_idle_breakdown_pct, gpu_idle_host_activity_pct.
+    gpu_busy_us, gpu_busy_pct, gpu_idle_breakdown_pct, gpu_idle_host_activity_pct and the
+    OVERLAP_KEYS.
 
     With several GPUs, utilisation and busy share are the mean over devices and busy_us their
     sum."""
@@ -60,4 +89,5 @@ def trace_summary(facts: TraceFacts) -> dict[str, Any]:
         "gpu_idle_host_activity_pct": (
             idle_host_activity_pct(facts.idle_gaps) if has_gpu else None
         ),
+        **overlap_summary(gpu),
     }

@@ -84,6 +84,7 @@ TRACE_FRAME_SCHEMAS: dict[str, dict[str, pl.DataType]] = {
         "step_time_ms_p50": F,
         "gpu_utilization_pct": F,
     },
+    "op_half_dtypes": {"dtype": S, "ops": N},
 }
 
 Rows = Sequence[Mapping[str, Any]] | Mapping[str, Sequence[Any]]

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import polars as pl
 
+from diagnostics.facts.kernel_classes import PRECISION
 from diagnostics.model import AnalysisInputs, TraceFacts
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
@@ -93,26 +94,40 @@ def _divergence(loss: np.ndarray, window: int, ratio: float) -> tuple[float, flo
     return None
 
 
+def _formats(trace: TraceFacts) -> pl.DataFrame:
+    """The trace's kernels with their float format (kernel_classes.PRECISION)."""
+    return trace.kernels.with_columns(PRECISION.alias("_precision"))
+
+
 def fp16_without_scaler_in_trace(trace: TraceFacts | None) -> dict[str, Any] | None:
-    """fp16 (not bf16) kernels ran but no GradScaler op did: evidence, else None."""
+    """fp16 (not bf16) ran but no GradScaler op did: evidence, else None.
+
+    fp16 is known from kernels named fp16 (``c10::Half``, ``_hsh_``, ``h884``...) or from
+    operators whose recorded input dtypes include ``c10::Half``. Kernels that say only
+    ``f16`` count as fp16 only when nothing in the trace (kernel or operator) is bf16: cuDNN
+    names its fused attention ``..._wgmma_f16_...`` for bf16 inputs too, and bf16 needs no
+    GradScaler.
+    """
     if trace is None or trace.device != "cuda" or trace.kernels.height == 0:
         return None
-    kernels = trace.kernels
-    fp16 = kernels.filter(
-        pl.col("fp16").fill_null(False) & ~pl.col("name").str.to_lowercase().str.contains("bf16")
-    )
-    if fp16.height == 0:
+    kernels = _formats(trace)
+    op_ops = trace.op_half_dtypes
+    op_dtypes = dict(op_ops.iter_rows()) if op_ops is not None and op_ops.height else {}
+    bf16_seen = bool((kernels["_precision"] == "bf16").any()) or "c10::BFloat16" in op_dtypes
+    fp16 = kernels.filter(pl.col("_precision").is_in(["fp16"] if bf16_seen else ["fp16", "half"]))
+    fp16_ops = int(op_dtypes.get("c10::Half", 0))
+    if fp16.height == 0 and fp16_ops == 0:
         return None
     op_names = trace.operators["name"].to_list() + kernels["name"].to_list()
     if any(marker in name for name in op_names for marker in UNSCALE_OPS):
         return None
+    top = fp16.sort("device_us", descending=True).head(5)
     return {
         "fp16_kernels": fp16.height,
         "fp16_kernel_us": r(float(fp16["device_us"].sum()), 0),
-        "top_fp16_kernels": fp16.sort("device_us", descending=True)["name"].head(5).to_list(),
-        "top_fp16_kernel_us": fp16.sort("device_us", descending=True)["device_us"]
-        .head(5)
-        .to_list(),
+        "fp16_input_ops": fp16_ops,
+        "top_fp16_kernels": top["name"].to_list(),
+        "top_fp16_kernel_us": top["device_us"].to_list(),
         "unscale_ops_found": 0,
     }
 
@@ -386,6 +401,92 @@ class UnstableGradients(Rule):
             ),
         ),
         Example(
+            "trace: H200 fp16 kernels (c10::Half, nvjet hsh) but no GradScaler ops",
+            True,
+            lambda: ex.inputs(
+                trace=ex.trace(
+                    compute_capability=(9, 0),
+                    kernels=[
+                        {
+                            "name": "nvjet_sm90_hsh_64x32_64x16_1x4_h_bz_NTT",
+                            "calls": 30,
+                            "device_us": 110.0,
+                            "mean_us": 3.7,
+                            "tensor_core": True,
+                            "fp16": True,
+                        },
+                        {
+                            "name": "void at::native::vectorized_elementwise_kernel<4, "
+                            "at::native::CUDAFunctor_add<c10::Half>>",
+                            "calls": 60,
+                            "device_us": 90.0,
+                            "mean_us": 1.5,
+                            "tensor_core": False,
+                            "fp16": True,
+                        },
+                    ],
+                )
+            ),
+        ),
+        Example(
+            "trace: H200 bf16 autocast (BFloat16 kernels, cuDNN attention named wgmma_f16)",
+            False,
+            lambda: ex.inputs(
+                trace=ex.trace(
+                    compute_capability=(9, 0),
+                    kernels=[
+                        {
+                            "name": "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_"
+                            "f16_knob_7_64x128x64_4x1x1_cga1x1x1_kernel0_0",
+                            "calls": 18,
+                            "device_us": 2800.0,
+                            "mean_us": 155.0,
+                            "tensor_core": True,
+                            "fp16": True,
+                        },
+                        {
+                            "name": "void at::native::reduce_kernel<512, 1, at::native::ReduceOp"
+                            "<c10::BFloat16, at::native::func_wrapper_t<float>>>",
+                            "calls": 40,
+                            "device_us": 300.0,
+                            "mean_us": 7.5,
+                            "tensor_core": False,
+                            "fp16": True,
+                        },
+                        {
+                            "name": "void at::native::bfloat16_copy_kernel_cuda("
+                            "at::TensorIteratorBase&)",
+                            "calls": 40,
+                            "device_us": 200.0,
+                            "mean_us": 5.0,
+                            "tensor_core": False,
+                            "fp16": True,
+                        },
+                    ],
+                )
+            ),
+        ),
+        Example(
+            "trace: ops with c10::Half inputs, kernel names without a format, no GradScaler",
+            True,
+            lambda: ex.inputs(
+                trace=ex.trace(
+                    kernels=[{**_F16_ATTENTION_KERNEL, "name": "nvjet_sm90_64x32_64x16_NTT"}],
+                    op_half_dtypes=[{"dtype": "c10::Half", "ops": 120}],
+                )
+            ),
+        ),
+        Example(
+            "trace: ops with c10::BFloat16 inputs, kernels named only f16 (bf16 autocast)",
+            False,
+            lambda: ex.inputs(
+                trace=ex.trace(
+                    kernels=[_F16_ATTENTION_KERNEL],
+                    op_half_dtypes=[{"dtype": "c10::BFloat16", "ops": 120}],
+                )
+            ),
+        ),
+        Example(
             "trace: fp16 kernels with GradScaler's unscale op",
             False,
             lambda: ex.inputs(
@@ -412,6 +513,18 @@ class UnstableGradients(Rule):
             ),
         ),
     )
+
+
+_F16_ATTENTION_KERNEL = {
+    # cuDNN's fused attention: "f16" in the name for fp16 and bf16 inputs alike (H200)
+    "name": "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x64_"
+    "4x1x1_cga1x1x1_kernel0_0",
+    "calls": 18,
+    "device_us": 2800.0,
+    "mean_us": 155.0,
+    "tensor_core": True,
+    "fp16": False,
+}
 
 
 def _step_range(inputs: AnalysisInputs) -> list[int]:

@@ -32,6 +32,10 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     device_type: int | None = msgspec.field(name="Device Type", default=None)
     device_id: int | None = msgspec.field(name="Device Id", default=None)
     name: Any = None  # M events: the process or thread name
+    # CPU ops recorded with record_shapes: each input's dtype ("c10::BFloat16", "float", "");
+    # Any, so that an unexpected shape is dropped rather than the whole event refused
+    input_types: Any = msgspec.field(name="Input type", default=None)
+    dtype: Any = None  # a few ops name one dtype instead ("Half", "BFloat16", "Float")
 
 
 NO_ARGS = Args()
@@ -71,6 +75,8 @@ RAW_SCHEMA: dict[str, pl.DataType] = {
     "total_reserved": pl.Int64,
     "device_type": pl.Int64,
     "device_id": pl.Int64,
+    "input_types": pl.String,  # only the 16-bit float dtypes among them (see _half_dtypes)
+    "dtype": pl.String,  # the same for the single "dtype" arg
 }
 _EVENT_FIELDS = ("ph", "name", "cat", "ts", "dur", "pid", "tid", "id")
 RAW_EVENT_SCHEMA = {name: dtype for name, dtype in RAW_SCHEMA.items() if name != "id"}
@@ -87,7 +93,7 @@ _RUNTIME_CATS = ("runtime", "cuda_runtime", "cuda_driver", "driver")
 _CPU_CATS = ("operator", "cpu_op", "user_annotation", "python_function")
 _GPU_ARGS = ("device", "stream", "correlation", "external_id", "external_id_legacy", "bytes")
 _RUNTIME_ARGS = ("correlation", "external_id", "external_id_legacy")
-_CPU_ARGS = ("external_id", "external_id_legacy")
+_CPU_ARGS = ("external_id", "external_id_legacy", "input_types", "dtype")
 _MEMORY_ARGS = (
     "memory_bytes",
     "bytes",
@@ -110,8 +116,47 @@ def _nulls(name: str, n: int) -> pl.Series:
     return pl.Series(name, [None], dtype=RAW_SCHEMA[name]).new_from_index(0, n)
 
 
+# The op dtypes the rules read: fp16 and bf16 tell apart runs kernel names cannot.
+HALF_DTYPES = ("c10::Half", "c10::BFloat16")
+
+
+_HALF_NAMES = {
+    (False, False): None,
+    (True, False): "c10::Half",
+    (False, True): "c10::BFloat16",
+    (True, True): "c10::Half,c10::BFloat16",
+}
+
+
+_HALF_DTYPE_ARG = {
+    "Half": "c10::Half",
+    "c10::Half": "c10::Half",
+    "torch.float16": "c10::Half",
+    "BFloat16": "c10::BFloat16",
+    "c10::BFloat16": "c10::BFloat16",
+    "torch.bfloat16": "c10::BFloat16",
+}
+
+
+def _half_of(types: Any) -> str | None:
+    if types.__class__ is list:
+        return _HALF_NAMES[("c10::Half" in types, "c10::BFloat16" in types)]
+    if types.__class__ is str:
+        return _HALF_DTYPE_ARG.get(types)
+    return None
+
+
+def _half_dtypes(values: list[Any]) -> pl.Series:
+    """Each op's "Input type" list -> the 16-bit float dtypes in it, joined by "," (null when
+    none): all the rules need, one short string per op. Two list lookups per op in Python
+    cost less than building polars list columns from the nested lists."""
+    return pl.Series("input_types", list(map(_half_of, values)), dtype=pl.String)
+
+
 def _to_series(name: str, values: list[Any]) -> pl.Series:
     dtype = RAW_SCHEMA[name]
+    if name in ("input_types", "dtype") and not _all_none(values):
+        return _half_dtypes(values)
     if _all_none(values):
         # all absent (legacy keys in a modern trace): polars would scan for a first value
         return _nulls(name, len(values))

@@ -113,6 +113,7 @@ def _normalise_chunk(
             pl.col("total_reserved"),
             pl.col("device_type").alias("memory_device_type"),
             pl.col("device_id").alias("memory_device_id"),
+            pl.coalesce(pl.col("input_types"), pl.col("dtype")).alias("half_dtypes"),
         )
         .cast(EVENT_SCHEMA)  # type: ignore[arg-type]
         .collect()

@@ -84,6 +84,9 @@ EVENT_SCHEMA: dict[str, pl.DataType] = {
     "total_reserved": pl.Int64,  # [memory]: "Total Reserved", bytes
     "memory_device_type": pl.Int64,  # [memory]: 0 CPU, 1 CUDA
     "memory_device_id": pl.Int64,  # [memory]: "Device Id"
+    # CPU ops recorded with shapes: the 16-bit float dtypes among the op's inputs ("Input
+    # type"): "c10::Half", "c10::BFloat16" or both joined by ","; else null
+    "half_dtypes": pl.String,
 }
 
 EVENT_COLUMNS: tuple[str, ...] = tuple(EVENT_SCHEMA)
