@@ -141,7 +141,8 @@ class RuntimeConfig:
 @dataclass
 class TrainerConfig:
     scenario: str = "healthy"
-    seed: int = _spec(0, "seed for data, init, masking and data order", min=0)
+    # NumPy seeds are 32-bit: a larger one would fail only after the run folder exists
+    seed: int = _spec(0, "seed for data, init, masking and data order", min=0, max=2**32 - 1)
     device: Device = _spec("auto", "auto = CUDA when present, else CPU")
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
