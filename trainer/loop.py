@@ -146,7 +146,7 @@ class Trainer:
         )
         self.sampler = make_sampler(
             writer.append_sample,
-            writer.add_note,
+            writer.add_note_if_room,
             enabled=self.instruments,
             sample_hz=config.instruments.sample_hz,
         )

@@ -128,17 +128,19 @@ def test_a_disk_filling_up_mid_run_fails_the_run_at_that_step_and_keeps_its_reco
 
 
 def test_a_disk_filled_by_something_else_still_gets_the_final_status(small_disk):
-    """Nothing of the run's own to free: the final status is written in place."""
+    """Nothing of the run's own to free: the final status is written in place. With the
+    instruments on, so the sampler thread and the profiler meet the full disk too."""
     runs_dir = small_disk / "runs"
+    instruments_on = [arg for arg in ARGS if arg not in ("--instruments", "off")]
     proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
             "trainer",
             "run",
-            *ARGS,
+            *instruments_on,
             "--steps",
-            "400",
+            "60",
             "--set",
             "data.sample_latency_ms=2",
             "--set",
@@ -166,7 +168,9 @@ def test_a_disk_filled_by_something_else_still_gets_the_final_status(small_disk)
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 1, err[-2000:]
-    assert "Traceback" not in err and "Logging error" not in err
+    assert "Traceback" not in err and "Logging error" not in err, err[-3000:]
+    assert "Exception in thread" not in err
+    assert len([line for line in err.splitlines() if " ERROR " in line]) == 1
     status = json.loads((runs_dir / "filled" / "status.json").read_text())
     assert status["status"] == "failed"
     assert status["reason"].startswith(f"disk full at step {status['step']}")
