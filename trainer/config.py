@@ -135,7 +135,10 @@ class InstrumentsConfig:
 
 @dataclass
 class RuntimeConfig:
-    threads: int | None = _spec(None, "torch CPU threads; null = chosen for the machine", min=1)
+    # bounded: torch.set_num_threads(100000) runs after the folder exists and then stalls
+    threads: int | None = _spec(
+        None, "torch CPU threads; null = chosen for the machine", min=1, max=1024
+    )
 
 
 @dataclass

@@ -44,6 +44,7 @@ from trainer.config import build_config
         (["--parent-run-id", "[a](http://x)"], "error: --parent-run-id: '[a](http://x)'"),
         (["--parent-run-id", "../up"], "error: --parent-run-id: '../up'; allowed: letters"),
         (["--set", f"seed={2**32}"], "error: seed: '4294967296' is out of range; allowed: "),
+        (["--set", "runtime.threads=100000"], "error: runtime.threads: '100000' is out of"),
         (
             ["--patch-json", "[" * 30_000 + "]" * 30_000],
             "error: --patch-json: JSON nested too deeply",
