@@ -37,7 +37,6 @@ from trainer.config import (
     config_fields,
     parse_assignment,
 )
-from trainer.run_lock import holder_alive as _alive
 
 # checked with fullmatch: "$" would also accept an id ending in a newline
 RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -149,6 +148,12 @@ def _setup_logging(log_path: Path) -> None:
 def check_run_id(flag: str, value: str | None) -> None:
     if value is not None and not RUN_ID_PATTERN.fullmatch(value):
         raise ConfigError(flag, f"{value!r}", "letters, digits, '.', '_', '-' (at most 128)")
+
+
+def _alive(pid: int | None, host: str | None) -> bool:
+    from trainer.run_lock import holder_alive  # not at import: usage errors stay instant
+
+    return holder_alive(pid, host)
 
 
 def _os_problem(exc: OSError) -> str:
