@@ -80,11 +80,12 @@ def capture_rng(cuda: bool) -> dict[str, Any]:
 
 
 def restore_rng(rng: dict[str, Any], cuda: bool) -> None:
+    # a checkpoint loaded with map_location="cuda" holds these tensors on the GPU
     python = rng["python"]
     random.setstate(
         (
             int(python["version"]),
-            tuple(int(x) for x in python["state"].tolist()),
+            tuple(int(x) for x in python["state"].cpu().tolist()),
             python["gauss_next"],
         )
     )
@@ -92,7 +93,7 @@ def restore_rng(rng: dict[str, Any], cuda: bool) -> None:
     np.random.set_state(
         (
             "MT19937",
-            numpy["keys"].numpy().astype(np.uint32),
+            numpy["keys"].cpu().numpy().astype(np.uint32),
             int(numpy["pos"]),
             int(numpy["has_gauss"]),
             float(numpy["cached_gaussian"]),
