@@ -198,10 +198,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             notes=run_notes(config, device),
             total_steps=config.train.pretrain_steps + config.train.steps,
         )
-    except FileExistsError:  # the same id, started at the same moment, won the mkdir
-        raise ConfigError(
-            "--run-id", f"{runs_dir / args.run_id} already exists", "a new id"
-        ) from None
+    except FileExistsError as exc:  # the same id, started at the same moment, won the mkdir
+        raise ConfigError("--run-id", f"{exc.filename} already exists", "a new id") from None
     except OSError as exc:  # RunWriter.create removed the run folder it began
         if not runs_dir_existed:
             with contextlib.suppress(OSError):
