@@ -132,7 +132,7 @@ class Trainer:
             self.model.parameters(),
             lr=config.train.lr,
             weight_decay=config.train.weight_decay,
-            fused=self.cuda,
+            fused=True if self.cuda else None,  # None: CPU keeps torch's default path
         )
         amp = config.train.amp if self.cuda else "off"
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
