@@ -343,7 +343,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=SIZES)
     parser.add_argument("--scenarios", nargs="+", default=list(EXPECTED), choices=list(EXPECTED))
     parser.add_argument("--fix-sizes", nargs="*", default=["gpu"], choices=SIZES)
-    parser.add_argument("--steps", type=int, default=30, help="fine-tuning steps per run")
+    parser.add_argument("--steps", type=int, default=24, help="fine-tuning steps per run")
     parser.add_argument(
         "--set",
         action="append",
@@ -354,7 +354,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-tests", action="store_true", help="skip pytest -m gpu")
     parser.add_argument("--no-bench", action="store_true", help="skip bench_overhead")
     parser.add_argument("--bench-repeats", type=int, default=2)
-    parser.add_argument("--bench-steps", type=int, default=40)
+    parser.add_argument("--bench-steps", type=int, default=30)
     return parser
 
 
