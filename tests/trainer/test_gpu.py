@@ -109,15 +109,15 @@ def test_amp_fp16_with_grad_scaler_records_scale_and_cuda_memory(tmp_path):
     assert steps["loss"].is_finite().all()
 
 
-def test_cuda_trace_has_kernels_and_parses(tmp_path):
-    run = _run(tmp_path)
-    (trace,) = run.trace_files()
+def assert_three_profiled_steps(trace: Path, tmp_path: Path) -> None:
+    """The default window's three steps, as torch-tb-profiler and the trace itself see them.
+
+    Current traces carry each ProfilerStep#N twice: on the CPU (user_annotation) and on the
+    GPU timeline (gpu_user_annotation), and torch-tb-profiler 0.4.3 lists both (six names
+    for three steps on the H200). So: three distinct step numbers, three CPU-side spans.
+    """
     profile = RunProfileData.parse("worker0", "span", str(trace), str(tmp_path))
     assert profile.has_kernel
-    # Current traces carry each ProfilerStep#N twice: on the CPU (user_annotation) and on
-    # the GPU timeline (gpu_user_annotation), and torch-tb-profiler 0.4.3 lists both (six
-    # names for three steps on the H200). The profiled window is three steps: three
-    # distinct step numbers, three CPU-side step spans.
     assert len(set(profile.steps_names)) == 3
     with gzip.open(trace, "rt") as handle:
         events = json.load(handle)["traceEvents"]
@@ -125,6 +125,12 @@ def test_cuda_trace_has_kernels_and_parses(tmp_path):
     cpu_steps = [e["name"] for e in steps if e.get("cat") == "user_annotation"]
     assert len(cpu_steps) == 3
     assert {name.split("#")[1] for name in cpu_steps} == set(profile.steps_names)
+
+
+def test_cuda_trace_has_kernels_and_parses(tmp_path):
+    run = _run(tmp_path)
+    (trace,) = run.trace_files()
+    assert_three_profiled_steps(trace, tmp_path)
 
 
 def test_nvml_samples_every_gpu(tmp_path):
