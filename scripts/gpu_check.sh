@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU check, on a CUDA machine (about 8 minutes on an H200): every scenario at the cpu and
+# The GPU check, on a CUDA machine (sized for ~8 minutes on an H200, estimated from its step
+# times; not yet run on one): every scenario at the cpu and
 # the gpu size, each run's findings against what the scenario must show, the fix-and-verify
 # re-runs, the gpu-marked tests and the instrument overhead at both sizes; one Markdown
 # summary, whose path is the last line printed. Exit 0 when every required check passed.
