@@ -23,9 +23,10 @@ REFRESH_S = 1.5
 LIVE_WINDOW_STEPS = 400
 
 
-def preset_values(scenario: str) -> dict[str, Any]:
-    """Every dotted key's value under a scenario's preset (what the form starts at)."""
-    return build_config(scenario).to_flat()
+def preset_values(scenario: str, size: str = "auto") -> dict[str, Any]:
+    """Every dotted key's value under a scenario's preset at a size preset (what the form
+    starts at; ``auto`` shows the cpu values, as the device is only known at run start)."""
+    return build_config(scenario, {"model.size": size}).to_flat()
 
 
 def field_widget(form_field: views.FormField, info: Any, preset_value: Any, scenario: str) -> Any:

@@ -28,11 +28,13 @@ scenario = st.selectbox(
     format_func=lambda name: f"{name} — {launch.SCENARIOS[name]}",
     help="A preset of the settings below; change any of them before starting.",
 )
-preset = live.preset_values(scenario)
 fields = {info.key: info for info in launch.config_fields()}
+size = live.field_widget(views.SIZE_FIELD, fields["model.size"], "auto", "size")
+preset = live.preset_values(scenario, size)
 errors: dict[str, str] = st.session_state["launch_errors"]
+form_id = f"{scenario}-{size}"  # switching either resets the form to that preset
 
-with st.form(f"launch-{scenario}"):
+with st.form(f"launch-{form_id}"):
     values: dict[str, object] = {}
     for section, form_fields in views.LAUNCH_FORM:
         st.markdown(f"**{section}**")
@@ -40,7 +42,7 @@ with st.form(f"launch-{scenario}"):
         for column, form_field in zip(columns, form_fields, strict=True):
             with column:
                 values[form_field.key] = live.field_widget(
-                    form_field, fields[form_field.key], preset[form_field.key], scenario
+                    form_field, fields[form_field.key], preset[form_field.key], form_id
                 )
                 if form_field.key in errors:
                     st.error(errors[form_field.key], icon=":material/warning:")
@@ -59,7 +61,7 @@ with st.form(f"launch-{scenario}"):
     )
 
 if submitted:
-    overrides = views.form_overrides(values)
+    overrides = {**views.form_overrides(values, preset), "model.size": size}
     errors = launch.validate_overrides(overrides, scenario=scenario)
     st.session_state["launch_errors"] = errors
     if not errors:
