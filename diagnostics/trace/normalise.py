@@ -113,6 +113,9 @@ def _normalise_chunk(
             pl.col("total_reserved"),
             pl.col("device_type").alias("memory_device_type"),
             pl.col("device_id").alias("memory_device_id"),
+            pl.col("input_dims").alias("input_shapes"),
+            pl.col("blocks_per_sm"),
+            pl.col("occupancy_pct"),
         )
         .cast(EVENT_SCHEMA)  # type: ignore[arg-type]
         .collect()

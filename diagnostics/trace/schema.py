@@ -84,6 +84,11 @@ EVENT_SCHEMA: dict[str, pl.DataType] = {
     "total_reserved": pl.Int64,  # [memory]: "Total Reserved", bytes
     "memory_device_type": pl.Int64,  # [memory]: 0 CPU, 1 CUDA
     "memory_device_id": pl.Int64,  # [memory]: "Device Id"
+    # operators recorded with record_shapes=True: args["Input Dims"] as JSON text, e.g.
+    # "[[256, 768], [768, 3072]]"; null when the trace has no shapes
+    "input_shapes": pl.String,
+    "blocks_per_sm": pl.Float64,  # kernels: args["blocks per SM"] (CUPTI), else null
+    "occupancy_pct": pl.Float64,  # kernels: args["est. achieved occupancy %"], else null
 }
 
 EVENT_COLUMNS: tuple[str, ...] = tuple(EVENT_SCHEMA)
