@@ -17,7 +17,9 @@ SESSION_DEFAULTS: Mapping[str, object] = MappingProxyType(
     {
         "watched_run_id": None,  # the run the Launch page follows
         "launch_errors": {},  # field -> message from the last rejected launch
-        "upload_analysis": None,  # (upload key, AnalysisResult | None, error | None)
+        # ((upload key, mode), UploadSet | None, error | None)
+        "upload_analysis": None,
+        "upload_mode": None,  # (upload key, "ranks" | "separate"): the user's answer
         "saved_upload_dir": None,  # where the user saved the current upload, if they did
     }
 )

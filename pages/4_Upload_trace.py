@@ -1,17 +1,19 @@
 """Upload trace: one torch.profiler trace, or one per rank, diagnosed like a run.
 
 Uploads are analysed from a private temporary folder that is removed straight after; they
-are kept only when the user presses "Save upload" (into <runs dir>/uploads/).
+are kept only when the user presses "Save upload" (into <runs dir>/uploads/). Files that
+disagree (GPU model, PyTorch version, job) are not merged as ranks until the user says so.
 """
 
 from __future__ import annotations
 
 import streamlit as st
 
-from app_ui import render, session
+from app_ui import drilldown, render, session
 from diagnostics import views
 from diagnostics.analyze import DEFAULT_MAX_DECOMPRESSED_BYTES, analyze_files
 from diagnostics.errors import InputError
+from diagnostics.views.upload_set import ACCEPTED_EXTENSIONS, analyse_upload_set
 
 session.setup_page("Upload trace", ":material/upload_file:")
 st.title(":material/upload_file: Upload a trace")
@@ -27,11 +29,11 @@ st.caption(
     "a temporary copy that is deleted straight after, unless you save it."
 )
 
+# no type filter here: the analyser names a wrong file and says which extensions it takes
 uploads = st.file_uploader(
     "Trace files",
-    type=["json", "gz"],
     accept_multiple_files=True,
-    help="Several files are read as the ranks of one job.",
+    help=f"{' or '.join(ACCEPTED_EXTENSIONS)}. Several files are read as the ranks of one job.",
 )
 if not uploads:
     st.session_state["upload_analysis"] = None
@@ -44,20 +46,47 @@ if not uploads:
 
 files = [(upload.name, upload) for upload in uploads]
 key = "|".join(sorted(upload.file_id for upload in uploads))
+answer = st.session_state["upload_mode"]
+mode = answer[1] if answer and answer[0] == key else None
 cached = st.session_state["upload_analysis"]
-if cached is None or cached[0] != key:
+if cached is None or cached[0] != (key, mode):
     with st.spinner(f"Analysing {len(files)} trace file{'s' if len(files) > 1 else ''}…"):
         try:
-            cached = (key, views.analyse_uploads(files, analyze_files), None)
+            cached = ((key, mode), analyse_upload_set(files, analyze_files, mode), None)
         except InputError as exc:
-            cached = (key, None, str(exc))
+            cached = ((key, mode), None, str(exc))
     st.session_state["upload_analysis"] = cached
     st.session_state["saved_upload_dir"] = None
-_, result, error = cached
+_, upload_set, error = cached
 
 if error is not None:
     st.error(error, icon=":material/error:")
     st.stop()
+
+if upload_set.needs_answer:
+    st.warning(
+        "**These files may not be ranks of one job:**\n"
+        + "\n".join(f"- {reason}" for reason in upload_set.mismatches),
+        icon=":material/help:",
+    )
+    st.dataframe(upload_set.identities, hide_index=True, width="stretch")
+    ranks, separate = st.columns(2)
+    if ranks.button("Analyse as ranks of one job", icon=":material/join:", width="stretch"):
+        st.session_state["upload_mode"] = (key, "ranks")
+        st.rerun()
+    if separate.button(
+        "Analyse each file separately", icon=":material/call_split:", width="stretch"
+    ):
+        st.session_state["upload_mode"] = (key, "separate")
+        st.rerun()
+    st.stop()
+
+chosen = upload_set.results[0]
+if len(upload_set.results) > 1:
+    labels = [r.label for r in upload_set.results]
+    label = st.selectbox("Analysed separately: show", labels, key="upload-separate-choice")
+    chosen = upload_set.results[labels.index(label)]
+result = chosen.result
 
 names = ", ".join(name for name, _ in files)
 info, save = st.columns([4, 1])
@@ -71,12 +100,25 @@ elif save.button(
     st.session_state["saved_upload_dir"] = str(views.save_uploads(files, session.runs_dir()))
     st.rerun()
 
+if upload_set.mode == "ranks" and len(files) > 1:
+    st.subheader("Ranks")
+    if upload_set.mismatches:
+        st.caption(
+            "Analysed as ranks of one job at your request, although: "
+            + "; ".join(upload_set.mismatches)
+        )
+    st.dataframe(upload_set.identities, hide_index=True, width="stretch")
+    if result.facts is not None and result.facts.ranks is not None:
+        st.dataframe(result.facts.ranks, hide_index=True, width="stretch")
+
 render.cards(result)
 st.subheader("Findings")
 render.findings(result, key_prefix="upload")
 st.subheader("Charts")
 render.run_charts(result, key_prefix="upload")
 render.notes(result)
+st.subheader("Drill down")
+drilldown.drilldown(chosen.drilldowns, key_prefix="upload")
 st.subheader("Report")
 render.downloads(
     lambda fmt: render.report_text(result, fmt), base_name="trace-report", key_prefix="upload"
