@@ -16,6 +16,7 @@ from diagnostics.views import resolve_runs_dir
 SESSION_DEFAULTS: Mapping[str, object] = MappingProxyType(
     {
         "watched_run_id": None,  # the run the Launch page follows
+        "launch_scenario": None,  # the Launch form's scenario, kept across pages
         "launch_errors": {},  # field -> message from the last rejected launch
         # ((upload key, mode), UploadSet | None, error | None)
         "upload_analysis": None,
