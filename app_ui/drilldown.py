@@ -67,16 +67,23 @@ def _body(drills: Sequence[DrillDown], key_prefix: str) -> None:
     with memory:
         _memory(drill, key_prefix)
     with timeline:
-        step = _step_choice(drill, key_prefix, "timeline")
-        if step is not None:
-            figure = drill_plots.timeline_figure(drill.timeline(step))
-            st.plotly_chart(figure, config=PLOTLY_CONFIG, key=f"{key_prefix}-timeline")
-            st.caption(
-                "Events closer than a pixel are drawn as one bar (hover for how many and the "
-                "longest); red: the GPU ran nothing. Zoom with a drag, reset with a double click."
-            )
+        # its own fragment: another step redraws the timeline alone, not the other tabs
+        st.fragment(_timeline)(drill, key_prefix)
     with export:
-        _export(drill, key_prefix)
+        st.fragment(_export)(drill, key_prefix)
+
+
+def _timeline(drill: DrillDown, key_prefix: str) -> None:
+    step = _step_choice(drill, key_prefix, "timeline")
+    if step is None:
+        return
+    figure = drill_plots.timeline_figure(drill.timeline(step))
+    st.plotly_chart(figure, config=PLOTLY_CONFIG, key=f"{key_prefix}-timeline")
+    st.caption(
+        "Events closer than a pixel are drawn as one bar (hover for how many and the "
+        "longest); thin orange: CUDA runtime calls inside operators; red: the GPU ran "
+        "nothing. Zoom with a drag, reset with a double click."
+    )
 
 
 def _overview(drill: DrillDown, key_prefix: str) -> None:

@@ -1,8 +1,9 @@
 """Plotly figures of the drill-down views (diagnostics.drilldown): no streamlit here.
 
-The timeline is drawn with WebGL line segments (one Scattergl trace per kind of event,
-segments separated by gaps in the data) rather than layout shapes: a browser draws
-thousands of WebGL segments in milliseconds, while each shape is an SVG element.
+The timeline draws each kind of event as one line trace whose segments are separated by
+gaps in the data (x0, x1, None, ...): one SVG path per kind, however many segments, where
+layout shapes would be one SVG element each. (WebGL traces were tried: headless Chromium
+without a GPU placed them off their lanes.)
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ KIND_STYLE: dict[str, tuple[str, str]] = {
     "memset": ("memset", "#8c564b"),
     "sync": ("sync", "#bcbd22"),
 }
+# Runtime calls run inside operators on the same thread: drawn as a thinner bar in the
+# lower half of the lane so the operator under them stays visible.
+KIND_OFFSET = {"runtime": 0.22}
+KIND_WIDTH_PX = {"runtime": 6}
 IDLE_COLOUR = "rgba(214, 39, 40, 0.45)"
 LANE_PX = 30
 BAR_PX = 16
@@ -114,7 +119,7 @@ def memory_curve_figure(curve: pl.DataFrame, peaks: pl.DataFrame) -> go.Figure:
 
 
 def _segments_xy(
-    frame: pl.DataFrame, lane_y: dict[str, int], min_width_ms: float
+    frame: pl.DataFrame, lane_y: dict[str, int], min_width_ms: float, offset: float = 0.0
 ) -> tuple[list, list, list]:
     """Segments as one polyline with None breaks: x0,x1,None / y,y,None / hover text."""
     xs: list[float | None] = []
@@ -123,7 +128,7 @@ def _segments_xy(
     for lane, start, end, events, busy, label in frame.select(
         "lane", "start_ms", "end_ms", "events", "busy_ms", "label"
     ).iter_rows():
-        y = lane_y[lane]
+        y = lane_y[lane] + offset
         end = max(end, start + min_width_ms)
         text = (
             f"{safe_text(label, 80)}<br>{end - start:.3f} ms"
@@ -149,15 +154,15 @@ def timeline_figure(timeline: Timeline) -> go.Figure:
         rows = timeline.segments.filter(pl.col("kind") == kind)
         if rows.height == 0:
             continue
-        xs, ys, texts = _segments_xy(rows, lane_y, min_width_ms)
+        xs, ys, texts = _segments_xy(rows, lane_y, min_width_ms, KIND_OFFSET.get(kind, 0.0))
         fig.add_trace(
-            go.Scattergl(
+            go.Scatter(
                 x=xs,
                 y=ys,
                 text=texts,
                 mode="lines",
                 name=label,
-                line={"color": colour, "width": BAR_PX},
+                line={"color": colour, "width": KIND_WIDTH_PX.get(kind, BAR_PX)},
                 hoverinfo="text",
                 connectgaps=False,
             )
@@ -170,7 +175,7 @@ def timeline_figure(timeline: Timeline) -> go.Figure:
             ys += [lane_y[lane], lane_y[lane], None]
             texts += [text, text, None]
         fig.add_trace(
-            go.Scattergl(
+            go.Scatter(
                 x=xs,
                 y=ys,
                 text=texts,

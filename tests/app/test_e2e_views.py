@@ -42,13 +42,18 @@ def runs_server(trained_runs, tmp_path_factory) -> Iterator[AppServer]:
         process.wait(timeout=10)
 
 
+def drill_tabs(page):
+    """The drill-down's tab set: the page's last (the charts above have tabs too)."""
+    return page.locator('[data-testid="stTabs"]').last
+
+
 def open_tab(page, name: str) -> None:
-    page.get_by_role("tab", name=name, exact=True).click()
+    drill_tabs(page).get_by_role("tab", name=name, exact=True).click()
     wait_idle(page)
 
 
 def tab_panel(page):
-    return page.locator('[data-testid="stTabs"] [role="tabpanel"]:visible').last
+    return drill_tabs(page).locator('[role="tabpanel"]:visible').first
 
 
 def walk_views(page, prefix: str, tmp_path: Path) -> dict:
@@ -94,7 +99,7 @@ def test_drill_down_views_on_the_large_shared_trace(app_server, page, shared_tra
     print(f"large trace: upload to drill-down in {time.monotonic() - started:.1f} s")
     open_tab(page, "Timeline")
     started = time.monotonic()
-    page.locator('[data-testid="stSelectbox"]').filter(has_text="Profiler step").last.click()
+    tab_panel(page).locator('[data-testid="stSelectbox"]').filter(has_text="Profiler step").click()
     page.get_by_role("option", name="2", exact=True).click()
     wait_idle(page)
     expect(tab_panel(page).locator(".js-plotly-plot").first).to_be_visible()

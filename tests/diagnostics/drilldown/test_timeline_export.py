@@ -67,10 +67,12 @@ def test_unknown_step_is_a_clear_error(large_drill):
         large_drill.timeline(999)
 
 
-def test_timeline_figure_is_webgl_lines_one_trace_per_kind(large_drill):
+def test_timeline_figure_is_one_line_trace_per_kind(large_drill):
     timeline = large_drill.timeline(large_drill.step_ids[2])
     fig = timeline_figure(timeline)
-    assert {trace.type for trace in fig.data} == {"scattergl"}
+    assert {trace.type for trace in fig.data} == {"scatter"}
+    segments = timeline.segments.height + timeline.gaps.height
+    assert sum(len(trace.x) for trace in fig.data) == 3 * segments  # x0, x1, None each
     names = [trace.name for trace in fig.data]
     assert len(names) == len(set(names)) and "GPU idle" in names
     assert not fig.layout.shapes  # no SVG shapes: their count would grow with the trace
