@@ -1,8 +1,8 @@
 """Draw time of each drill-down view on the large shared trace (~54 MB decompressed).
 
 "Draw time" is what the server does for a view: build its table or figure from the loaded
-trace and serialise the figure to the JSON that Streamlit sends to the browser (plotly's
-to_json, as st.plotly_chart does). The loading itself (shared by every view) is timed on its
+trace and serialise it as Streamlit sends it to the browser (plotly's to_json, as
+st.plotly_chart does; Arrow for tables). The output column is the bytes sent. The loading itself (shared by every view) is timed on its
 own line. Target (issue 11): a step's timeline under 2 s.
 
     .venv/bin/python bench/bench_views.py [trace] [--repeats N]
@@ -59,8 +59,9 @@ def main() -> None:
                 + len(plots.breakdown_figure(drill.breakdown).to_json())
             ),
         ),
-        ("Operators (table by operator+shape)", lambda: drill.operators_by_shape.height),
-        ("Kernels (table)", lambda: drill.kernels.height),
+        # tables: serialised to Arrow as st.dataframe sends them (bytes)
+        ("Operators (table by operator+shape)", lambda: drill.operators_by_shape.to_arrow().nbytes),
+        ("Kernels (table)", lambda: drill.kernels.to_arrow().nbytes),
         (
             "Memory (curve + allocations)",
             lambda: len(

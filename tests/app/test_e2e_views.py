@@ -83,7 +83,6 @@ def walk_views(page, prefix: str, tmp_path: Path) -> dict:
 def test_drill_down_views_on_a_real_run(runs_server, page, tmp_path, trained_runs):
     goto(page, runs_server, f"Run_detail?run={trained_runs.slow.name}")
     page.get_by_role("heading", name="Drill down").wait_for(timeout=120_000)
-    # Operators: search narrows the table
     document = walk_views(page, "run", tmp_path)
     names = {e.get("name") for e in document["traceEvents"]}
     assert any(str(n).startswith("aten::") for n in names)
