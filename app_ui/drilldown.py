@@ -12,11 +12,11 @@ from collections.abc import Sequence
 
 import streamlit as st
 
+from app_ui.render import PLOTLY_CONFIG
 from diagnostics.drilldown import PERFETTO_STEPS, DrillDown, search
 from diagnostics.report import drill_plots, plots
 
 TABS = ("Overview", "Operators", "Kernels", "Memory", "Timeline", "Export")
-PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
 MS = st.column_config.NumberColumn
 OPERATOR_COLUMNS = {
     "operator": st.column_config.TextColumn("Operator", width="large"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app_ui import drilldown, render, session
+from app_ui import uploads as uploads_ui
 from diagnostics import views
 from diagnostics.analyze import DEFAULT_MAX_DECOMPRESSED_BYTES, analyze_files
 from diagnostics.errors import InputError
@@ -64,28 +65,9 @@ if error is not None:
     st.stop()
 
 if upload_set.needs_answer:
-    st.warning(
-        "**These files may not be ranks of one job:**\n"
-        + "\n".join(f"- {reason}" for reason in upload_set.mismatches),
-        icon=":material/help:",
-    )
-    st.dataframe(upload_set.identities, hide_index=True, width="stretch")
-    ranks, separate = st.columns(2)
-    if ranks.button("Analyse as ranks of one job", icon=":material/join:", width="stretch"):
-        st.session_state["upload_mode"] = (key, "ranks")
-        st.rerun()
-    if separate.button(
-        "Analyse each file separately", icon=":material/call_split:", width="stretch"
-    ):
-        st.session_state["upload_mode"] = (key, "separate")
-        st.rerun()
+    uploads_ui.ask_ranks_or_separate(upload_set, key)
     st.stop()
-
-chosen = upload_set.results[0]
-if len(upload_set.results) > 1:
-    labels = [r.label for r in upload_set.results]
-    label = st.selectbox("Analysed separately: show", labels, key="upload-separate-choice")
-    chosen = upload_set.results[labels.index(label)]
+chosen = uploads_ui.chosen_result(upload_set)
 result = chosen.result
 
 names = ", ".join(name for name, _ in files)
@@ -100,17 +82,7 @@ elif save.button(
     st.session_state["saved_upload_dir"] = str(views.save_uploads(files, session.runs_dir()))
     st.rerun()
 
-if upload_set.mode == "ranks" and len(files) > 1:
-    st.subheader("Ranks")
-    if upload_set.mismatches:
-        st.caption(
-            "Analysed as ranks of one job at your request, although: "
-            + "; ".join(upload_set.mismatches)
-        )
-    st.dataframe(upload_set.identities, hide_index=True, width="stretch")
-    if result.facts is not None and result.facts.ranks is not None:
-        st.dataframe(result.facts.ranks, hide_index=True, width="stretch")
-
+uploads_ui.rank_tables(upload_set, chosen)
 render.cards(result)
 st.subheader("Findings")
 render.findings(result, key_prefix="upload")
