@@ -22,12 +22,15 @@ if watched is not None:
     live.panel(runs_dir, watched)
 
 busy = launch.active_runs(runs_dir)
+names = list(launch.SCENARIOS)
 scenario = st.selectbox(
     "Scenario",
-    list(launch.SCENARIOS),
+    names,
+    index=names.index(live.remembered_scenario(names)),
     format_func=lambda name: f"{name} — {launch.SCENARIOS[name]}",
     help="A preset of the settings below; change any of them before starting.",
 )
+live.remember_scenario(scenario)
 fields = {info.key: info for info in launch.config_fields()}
 size = live.field_widget(views.SIZE_FIELD, fields["model.size"], "auto", "size")
 preset = live.preset_values(scenario, size)
@@ -62,7 +65,7 @@ with st.form(f"launch-{form_id}"):
 
 if submitted:
     overrides = {**views.form_overrides(values, preset), "model.size": size}
-    errors = launch.validate_overrides(overrides, scenario=scenario)
+    errors = live.check_form(overrides, scenario)
     st.session_state["launch_errors"] = errors
     if not errors:
         device = str(overrides.pop("device"))
