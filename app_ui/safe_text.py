@@ -24,8 +24,13 @@ import unicodedata
 # (@), directive attributes ({ }) and the escape character itself. CommonMark lets any ASCII
 # punctuation be backslash-escaped, and an escaped character renders as itself.
 _MARKUP = re.compile(r"([\\`*_\[\]<>#:~|$&@{}])")
-# GFM turns a bare "www.example.com" into a link with no markup at all.
-_WWW = re.compile(r"(?i)(www)\.")
+# GFM also turns bare URLs and e-mail addresses into links, and Streamlit's renderer does so
+# on the text after escapes are resolved (mdast-util-gfm-autolink-literal), so escaping
+# cannot stop it: an invisible WORD JOINER breaks "http://", "www." and "a@b" instead.
+_JOINER = "\u2060"
+_BARE_LINK = re.compile(
+    r"(?i)(?<=https)(?=://)|(?<=http)(?=://)|(?<=ftp)(?=://)|(?<=www)(?=\.)|(?=@)"
+)
 # At the start of the text, followed by a space, these open a list or an ordered list.
 _BLOCK_START = re.compile(r"^(\s*)(\d{0,9})([-+.)])(?=\s|$)")
 
@@ -39,8 +44,8 @@ def _one_line(text: str) -> str:
 def md_text(value: object) -> str:
     """A value shown as exactly its own text inside Streamlit markdown."""
     text = _one_line("" if value is None else str(value))
+    text = _BARE_LINK.sub(_JOINER, text)
     text = _MARKUP.sub(r"\\\1", text)
-    text = _WWW.sub(r"\1\\.", text)
     return _BLOCK_START.sub(lambda m: f"{m.group(1)}{m.group(2)}\\{m.group(3)}", text)
 
 
@@ -58,6 +63,6 @@ _ESCAPED = re.compile(r"\\([!-/:-@\[-`{-~])")
 
 
 def shown(markdown: str) -> str:
-    """What a person reads for a string built with md_text (the escapes removed); for
-    tests and logs that compare a page's text with the value it came from."""
-    return _ESCAPED.sub(r"\1", markdown)
+    """What a person reads for a string built with md_text (escapes and joiners removed);
+    for tests and logs that compare a page's text with the value it came from."""
+    return _ESCAPED.sub(r"\1", markdown).replace(_JOINER, "")

@@ -1,8 +1,9 @@
 """What markdown makes of a string: links, images, raw HTML and GFM autolinks found in it.
 
 markdown-it-py parses CommonMark (as Streamlit's react-markdown does) with GFM tables and
-strikethrough; GFM's bare-URL autolinks ("http://x", "www.x", "a@b.c") are found on the
-source outside code spans, where an escape (``http\\://``) stops them as it does in GFM.
+strikethrough. GFM's bare-URL and e-mail autolinks are found as Streamlit's renderer finds
+them: on the text after escapes are resolved (mdast-util-gfm-autolink-literal's patterns),
+outside code spans, so an escaped ``http\\://`` still counts, as it does in the browser.
 """
 
 from __future__ import annotations
@@ -14,10 +15,8 @@ from markdown_it import MarkdownIt
 
 _PARSER = MarkdownIt("commonmark").enable(["table", "strikethrough"])
 _ACTIVE = {"link_open", "image", "html_inline", "html_block"}
-_CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.S)
-_AUTOLINK_LITERAL = re.compile(
-    r"(?i)(?<![\\\w])(?:https?://|ftp://|mailto:|xmpp:|www\.)|[\w.+-](?<!\\)@[\w-]+\.\w"
-)
+_URL_LITERAL = re.compile(r"(?i)(?:https?://|www(?=\.))[-.\w]+")
+_EMAIL_LITERAL = re.compile(r"[-.\w+]+@[-\w]+(?:\.[-\w]+)+")
 
 
 def _tokens(tokens: Iterable) -> Iterable:
@@ -33,6 +32,10 @@ def active_markup(text: str) -> list[str]:
         for token in _tokens(_PARSER.parse(text))
         if token.type in _ACTIVE
     ]
-    outside_code = _CODE_SPAN.sub("", text)
-    found += [f"autolink: {m.group(0)}" for m in _AUTOLINK_LITERAL.finditer(outside_code)]
+    for token in _tokens(_PARSER.parse(text)):
+        if token.type == "inline":
+            # text as rendered (escapes resolved); code spans and tags split it apart
+            words = " ".join(t.content for t in token.children or () if t.type == "text")
+            found += [f"autolink: {m.group(0)}" for m in _URL_LITERAL.finditer(words)]
+            found += [f"autolink: {m.group(0)}" for m in _EMAIL_LITERAL.finditer(words)]
     return found
