@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 import streamlit as st
 
+from app_ui.safe_text import md_text
 from diagnostics import views
 from diagnostics.report import plots
 from diagnostics.report.html import render_html
@@ -45,10 +46,19 @@ def cards(result: AnalysisResult) -> None:
         column.metric(card.label, card.value, help=card.help, border=True)
 
 
+def text_cells(table: pl.DataFrame) -> pl.DataFrame:
+    """A table for st.table, which renders markdown in its cells: every cell as plain text
+    (config values come from a run's own run.json)."""
+    return pl.DataFrame(
+        {name: [md_text(value) for value in table.get_column(name)] for name in table.columns},
+        schema=dict.fromkeys(table.columns, pl.String),
+    )
+
+
 def notes(result: AnalysisResult) -> None:
     """The analyser's warnings and the rules it could not apply, folded away."""
-    for warning in result.warnings:
-        st.warning(warning, icon=":material/warning:")
+    for warning in result.warnings:  # may quote a file name or a trace's own strings
+        st.warning(md_text(warning), icon=":material/warning:")
     if result.skipped:
         with st.expander(f"{len(result.skipped)} checks did not apply to this input"):
             st.dataframe(
@@ -109,8 +119,12 @@ def findings(
                 if rows:
                     st.markdown("**Evidence**")
                     st.table(
+                        # st.table renders markdown in its cells; values can be a trace's strings
                         pl.DataFrame(
-                            {"measure": [r[0] for r in rows], "value": [r[1] for r in rows]}
+                            {
+                                "measure": [md_text(r[0]) for r in rows],
+                                "value": [md_text(r[1]) for r in rows],
+                            }
                         ),
                         hide_index=True,
                         hide_header=True,
@@ -127,7 +141,11 @@ def findings(
             patch = finding.fix.config_patch
             if patch:
                 st.markdown("**Config patch for the reference trainer**")
-                st.table(views.patch_rows(patch, config), hide_index=True, border="horizontal")
+                st.table(
+                    text_cells(views.patch_rows(patch, config)),
+                    hide_index=True,
+                    border="horizontal",
+                )
                 st.code(views.patch_command(patch, config), language="bash")
                 if can_rerun:
                     clicked = st.button(

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app_ui import live, session
+from app_ui import auth, live, session
+from app_ui.safe_text import md_text
 from diagnostics import views
 from trainer import launch
 
@@ -23,6 +24,7 @@ if watched is not None:
 
 busy = launch.active_runs(runs_dir)
 names = list(launch.SCENARIOS)
+may_launch = auth.is_authenticated()
 scenario = st.selectbox(
     "Scenario",
     names,
@@ -51,7 +53,7 @@ with st.form(f"launch-{form_id}"):
                     st.error(errors[form_field.key], icon=":material/warning:")
     if busy:
         st.warning(
-            f"**{busy[0].run_id}** is using the device. One run at a time: wait for it to "
+            f"**{md_text(busy[0].run_id)}** is using the device. One run at a time: wait for it to "
             "finish or cancel it above, then start this one.",
             icon=":material/hourglass_top:",
         )
@@ -59,7 +61,8 @@ with st.form(f"launch-{form_id}"):
         "Start run",
         type="primary",
         icon=":material/play_arrow:",
-        disabled=bool(busy),
+        disabled=bool(busy) or not may_launch,
+        help=None if may_launch else "Sign in to launch runs.",
         width="stretch",
     )
 
@@ -70,17 +73,20 @@ if submitted:
     if not errors:
         device = str(overrides.pop("device"))
         try:
+            auth.authorise("Launch")
             launched = launch.start_run(
                 scenario=scenario, overrides=overrides, runs_dir=runs_dir, device=device
             )
-        except (launch.LaunchError, ValueError) as exc:
+        except (launch.LaunchError, ValueError, auth.NotAllowed) as exc:
             st.session_state["launch_errors"] = {"": str(exc)}
         else:
             st.session_state["watched_run_id"] = launched.run_id
             st.query_params["run"] = launched.run_id
     st.rerun()
 other_errors, summary = views.form_error_summary(errors)
-for message in other_errors:  # a launch failure or a check across fields
-    st.error(message, icon=":material/error:")
+for (
+    message
+) in other_errors:  # a launch failure (the trainer's own last line) or a check across fields
+    st.error(md_text(message), icon=":material/error:")
 if summary:
     st.error(summary, icon=":material/warning:")

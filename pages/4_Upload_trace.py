@@ -13,6 +13,7 @@ import streamlit as st
 
 from app_ui import drilldown, render, session
 from app_ui import uploads as uploads_ui
+from app_ui.safe_text import md_code, md_text
 from diagnostics import views
 from diagnostics.errors import InputError
 from diagnostics.isolated import analyze_files_isolated
@@ -61,8 +62,8 @@ if cached is None or cached[0] != (key, mode):
     st.session_state["saved_upload_dir"] = None
 _, upload_set, error = cached
 
-if error is not None:
-    st.error(error, icon=":material/error:")
+if error is not None:  # names the user's file: text, not markdown
+    st.error(md_text(error), icon=":material/error:")
     st.stop()
 
 if upload_set.needs_answer:
@@ -73,10 +74,12 @@ result = chosen.result
 
 names = ", ".join(name for name, _ in files)
 info, save = st.columns([4, 1])
-info.markdown(f"**{names}** · {views.source_caption(result.source, result.environment)}")
+info.markdown(
+    f"**{md_text(names)}** · {md_text(views.source_caption(result.source, result.environment))}"
+)
 saved_to = st.session_state["saved_upload_dir"]
 if saved_to:
-    save.success(f"Saved to `{saved_to}`", icon=":material/save:")
+    save.success(f"Saved to {md_code(saved_to)}", icon=":material/save:")
 elif save.button(
     "Save upload", icon=":material/save:", help="Keep these files under the runs folder."
 ):
