@@ -13,11 +13,11 @@ import polars as pl
 import streamlit as st
 
 from diagnostics import views
+from diagnostics.metrics import key_metrics
 from diagnostics.report import plots
 from diagnostics.report.html import render_html
 from diagnostics.report.json_report import render_json
 from diagnostics.report.markdown import render_markdown
-from diagnostics.report.metrics import key_metrics
 from diagnostics.report.model import build_comparison_report, build_report
 from diagnostics.rules.base import Finding
 

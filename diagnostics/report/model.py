@@ -17,8 +17,8 @@ import plotly.graph_objects as go
 import polars as pl
 
 from diagnostics.compare import Comparison, result_label
+from diagnostics.metrics import KeyMetrics, key_metrics
 from diagnostics.report import fmt, plots
-from diagnostics.report.metrics import KeyMetrics, key_metrics
 from diagnostics.report.pricing import CostEstimate, Pricing, estimate_cost
 from diagnostics.report.sections import (
     environment_rows,
@@ -357,8 +357,19 @@ def build_comparison_report(comparison: Comparison, *, pricing: Pricing | None =
         generated_at=_now(),
         source_rows=sources,
         environment_rows=env_rows,
-        summary_rows=tuple(
-            (label, f"{va} → {vb} ({ratio_text})") for label, va, vb, ratio_text, _ in rows
+        summary_rows=(
+            *(
+                (("headline", line),)
+                if (
+                    line := fmt.speedup_headline(
+                        comparison.speedup,
+                        comparison.metrics_a.median_step_time_ms,
+                        comparison.metrics_b.median_step_time_ms,
+                    )
+                )
+                else ()
+            ),
+            *((label, f"{va} → {vb} ({ratio_text})") for label, va, vb, ratio_text, _ in rows),
         ),
         findings=tuple(current),
         charts=tuple(charts),

@@ -8,8 +8,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from diagnostics.metrics import KeyMetrics
 from diagnostics.report import fmt
-from diagnostics.report.metrics import KeyMetrics
 
 
 def set_args(patch: Mapping[str, Any] | None) -> tuple[str, ...]:

@@ -9,8 +9,8 @@ from typing import Any
 
 import polars as pl
 
+from diagnostics.metrics import KeyMetrics
 from diagnostics.report import fmt as report_fmt
-from diagnostics.report.metrics import KeyMetrics
 from diagnostics.views.fmt import fmt_bytes, fmt_ms, fmt_pct, fmt_rate
 
 
