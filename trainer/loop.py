@@ -137,6 +137,8 @@ class Trainer:
         self.memory_lines = make_memory_lines(self.instruments and config.instruments.memory_lines)
         self._train_step = self.memory_lines.wrap(self._train_step_impl)
         self.clock = make_step_clock(self.device, instruments=self.instruments)
+        # known causes of extra time the next step record names (StepRecord "marks")
+        self._pending_marks: list[str] = []
         self.profiler = make_profiler(
             config.profiler,
             self.run_dir / "trace",
@@ -367,6 +369,20 @@ class Trainer:
             phases.append(("finetune", self.total_steps, 0, 0))
         return [p for p in phases if p[1] > pos.step]
 
+    def _step_marks(self, batch_in_epoch: int) -> str | None:
+        """What else the step just run paid for, so an analysis can leave it out of outlier
+        and steady-state judgements: the profiler's warm-up and active steps, the first
+        step of an epoch (and after an evaluation or a checkpoint or a trace export, which
+        run between steps)."""
+        marks = list(self._pending_marks)
+        self._pending_marks = []
+        state = self.profiler.state
+        if state in ("warmup", "active"):
+            marks.append(f"profiler_{state}")
+        if batch_in_epoch == 1:
+            marks.append("epoch_start")
+        return ",".join(dict.fromkeys(marks)) or None
+
     def _record(self, phase: str, epoch: int, times: dict[str, float], out: dict[str, Any]):
         record = {
             "step": self.position.step,
@@ -382,6 +398,7 @@ class Trainer:
             "samples_per_s": out["batch_size"] / max(times["step_time_ms"], 1e-6) * 1e3,
             "rss_bytes": rss_bytes(self._process),
             "profiled": self.profiler.recording,
+            "marks": self._step_marks(self.position.batch_in_epoch),
             **cuda_memory(self.device),
         }
         self.writer.append_step(record)
@@ -481,6 +498,7 @@ class Trainer:
                 self.clock.mark("fetched")
                 if phase == "finetune" and epoch != current_epoch:
                     self.evaluate(current_epoch)
+                    self._pending_marks.append("after_evaluation")
                 current_epoch = epoch
                 out = self._train_step(phase, batch)
                 times = self.clock.finish()
@@ -488,7 +506,11 @@ class Trainer:
                 if not out["finite"]:
                     self._note_nonfinite(self.position.step)
                 record = self._record(phase, epoch, times, out)
+                exporting = self.profiler.state == "active"
                 self.profiler.step()
+                if exporting and self.profiler.state != "active":
+                    # the window closed: the trace was written between this step and the next
+                    self._pending_marks.append("after_trace_export")
                 step = self.position.step
                 if step % every == 0 or step == phase_end:
                     log.info(
@@ -503,6 +525,7 @@ class Trainer:
                     )
                 if step % cfg.train.checkpoint_every == 0:
                     self.save_checkpoint()
+                    self._pending_marks.append("after_checkpoint")
             del batches  # shuts this phase's workers down before the next phase starts
         self.evaluate(self.position.epoch)
         if self.position.step % cfg.train.checkpoint_every:

@@ -26,6 +26,13 @@ class NullProfiler:
     def recording(self) -> bool:
         return False
 
+    @property
+    def state(self) -> str | None:
+        """The schedule's state for the current step: "wait", "warmup", "active" or None
+        (not profiling). The step records carry it, so an analysis can leave out the steps
+        the profiler slowed."""
+        return None
+
 
 class TrainingProfiler(NullProfiler):
     """``schedule(wait, warmup, active, repeat)`` around the training steps.
@@ -70,6 +77,15 @@ class TrainingProfiler(NullProfiler):
         if not self._running or self._finished():
             return False
         return self._index % self._cycle >= self.config.wait + self.config.warmup
+
+    @property
+    def state(self) -> str | None:
+        if not self._running or self._finished():
+            return None
+        position = self._index % self._cycle
+        if position < self.config.wait:
+            return "wait"
+        return "warmup" if position < self.config.wait + self.config.warmup else "active"
 
     def step(self) -> None:
         if not self._running:
