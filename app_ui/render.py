@@ -86,8 +86,11 @@ def findings(
     )
     st.caption(
         f"{len(ranked)} finding{'s' if len(ranked) != 1 else ''}, most severe first. "
-        "Each shows its evidence, the fix as code and, for the reference trainer, as a "
-        "config patch."
+        + (
+            "Each shows its evidence, the fix as code and as a config patch for a re-run."
+            if result.is_trainer_run
+            else "Each shows its evidence and the fix as code for your own training script."
+        )
     )
     for index, finding in enumerate(ranked):
         severity = str(finding.severity)
@@ -124,7 +127,7 @@ def findings(
                     )
             st.markdown("**Fix**")
             st.code(finding.fix.code, language="python")
-            patch = finding.fix.config_patch
+            patch = finding.fix.config_patch if result.is_trainer_run else None
             if patch:
                 st.markdown("**Config patch for the reference trainer**")
                 st.table(views.patch_rows(patch, config), hide_index=True, border="horizontal")

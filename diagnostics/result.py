@@ -91,6 +91,12 @@ class AnalysisResult:
     # the headline numbers every view quotes (diagnostics.metrics), computed once
     metrics: KeyMetrics | None = None
 
+    @property
+    def is_trainer_run(self) -> bool:
+        """A run folder of the reference trainer (not an uploaded trace): only then do
+        findings carry trainer config patches and the views offer re-runs."""
+        return self.run is not None
+
     def to_json(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA,

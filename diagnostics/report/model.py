@@ -140,8 +140,13 @@ def _evidence_rows(evidence: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     return tuple(rows)
 
 
-def report_finding(finding: Any, status: str | None = None) -> ReportFinding:
+def report_finding(
+    finding: Any, status: str | None = None, *, trainer_run: bool = True
+) -> ReportFinding:
+    """``trainer_run`` False (an uploaded trace): no trainer config patch or --set command,
+    only the fix code for the user's own script."""
     evidence = dict(finding.evidence or {})
+    patch = finding.fix.config_patch if trainer_run else None
     figure = plots.finding_figure(finding)
     shown = {key: value for key, value in evidence.items() if key != "chart"}
     return ReportFinding(
@@ -152,8 +157,8 @@ def report_finding(finding: Any, status: str | None = None) -> ReportFinding:
         evidence=shown,
         evidence_rows=_evidence_rows(shown),
         fix_code=str(finding.fix.code or ""),
-        config_patch=dict(finding.fix.config_patch) if finding.fix.config_patch else None,
-        set_args=set_args(finding.fix.config_patch),
+        config_patch=dict(patch) if patch else None,
+        set_args=set_args(patch),
         estimated_saving_pct=finding.estimated_saving_pct,
         figure=figure,
         status=status,
@@ -261,7 +266,9 @@ def build_report(result: Any, *, pricing: Pricing | None = None) -> Report:
         source_rows=tuple(source_rows(result)),
         environment_rows=tuple(environment_rows(result)),
         summary_rows=tuple(summary_rows(metrics, getattr(result, "summary", None) or {})),
-        findings=tuple(report_finding(f) for f in sort_findings(result.findings)),
+        findings=tuple(
+            report_finding(f, trainer_run=run is not None) for f in sort_findings(result.findings)
+        ),
         charts=tuple(_charts(result)),
         cost=_cost(result, metrics, pricing),
         skipped=tuple((str(s.rule), str(s.reason)) for s in getattr(result, "skipped", ()) or ()),
@@ -298,15 +305,19 @@ def build_comparison_report(comparison: Comparison, *, pricing: Pricing | None =
         for row in comparison.rows
     )
     kept_rules = {fb.rule for _, fb in comparison.findings_kept}
+    b_trainer = getattr(b, "run", None) is not None
     current = [
-        report_finding(f, "kept" if f.rule in kept_rules else "new")
+        report_finding(f, "kept" if f.rule in kept_rules else "new", trainer_run=b_trainer)
         for f in sort_findings(b.findings)
     ]
     section = ComparisonSection(
         label_a=comparison.label_a,
         label_b=comparison.label_b,
         rows=rows,
-        gone=tuple(report_finding(f, "gone") for f in sort_findings(comparison.findings_gone)),
+        gone=tuple(
+            report_finding(f, "gone", trainer_run=getattr(a, "run", None) is not None)
+            for f in sort_findings(comparison.findings_gone)
+        ),
         new=tuple(f for f in current if f.status == "new"),
         kept=tuple(f for f in current if f.status == "kept"),
         config_changes=tuple(
