@@ -222,9 +222,20 @@ def _charts(result: Any) -> list[Chart]:
     return charts
 
 
+def saving_bound_pct(metrics: KeyMetrics) -> float | None:
+    """The largest measured wait or idle share the findings can explain: the data-wait
+    share, and the GPU's idle share (100 - utilisation) on a GPU."""
+    shares = [metrics.data_wait_pct]
+    if metrics.gpu_utilization_pct is not None:
+        shares.append(max(0.0, 100.0 - metrics.gpu_utilization_pct))
+    known = [s for s in shares if s is not None and math.isfinite(s)]
+    return max(known) if known else None
+
+
 def _cost(result: Any, metrics: KeyMetrics, pricing: Pricing | None) -> CostEstimate:
     run = getattr(result, "run", None)
     return estimate_cost(
+        saving_bound_pct=saving_bound_pct(metrics),
         step_time_ms=metrics.mean_step_time_ms,
         config=run.config if run is not None else None,
         savings_pct=[f.estimated_saving_pct for f in getattr(result, "findings", ()) or ()],
