@@ -129,15 +129,7 @@ def sort_findings(findings: Iterable[Any]) -> list[Any]:
 
 
 def _evidence_rows(evidence: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
-    rows: list[tuple[str, str]] = []
-    seen: set[str] = set()
-    for key, value in evidence.items():
-        text = fmt.label(str(key))
-        if text in seen:  # two keys that differ only by unit: show the raw key
-            text = str(key)
-        seen.add(text)
-        rows.append((text, fmt.evidence_value(str(key), value)))
-    return tuple(rows)
+    return tuple(fmt.evidence_rows(evidence))
 
 
 def report_finding(

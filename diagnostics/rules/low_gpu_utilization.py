@@ -116,10 +116,9 @@ class LowGpuUtilization(Rule):
             "idle_by_host_activity": causes,
             "idle_by_kind": self._idle_kinds(trace.idle_gaps),
             "related_rules": related,
-            "time_range_us": [
-                r(float(trace.steps["start_us"].min()), 0),
-                r(float(trace.steps["end_us"].max()), 0),
-            ]
+            # which steps, not absolute timestamps (a range of those read as a duration
+            # printed "1451 h 20 min")
+            "steps": [int(trace.steps["step"].min()), int(trace.steps["step"].max())]
             if trace.steps.height
             else None,
             "chart": chart(

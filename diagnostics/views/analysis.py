@@ -18,26 +18,20 @@ def _is_scalar(value: Any) -> bool:
     return value is None or isinstance(value, bool | int | float | str)
 
 
-_ACRONYMS = {"gpu": "GPU", "cpu": "CPU", "h2d": "H2D", "amp": "AMP", "lr": "LR", "rss": "RSS"}
-
-
 def evidence_rows(evidence: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """The evidence a person reads: (label, formatted value), worded as in the reports.
-
-    Scalars are formatted by the unit in their key (``report.fmt``); short lists of
-    scalars are joined; series and nested data meant for charts are left to the chart.
-    """
-    rows: list[tuple[str, str]] = []
-    for key, value in evidence.items():
-        label = " ".join(_ACRONYMS.get(w, w) for w in report_fmt.label(key).split(" "))
-        label = label[:1].upper() + label[1:]
-        if _is_scalar(value):
-            rows.append((label, report_fmt.evidence_value(key, value)))
-        elif isinstance(value, list | tuple):
-            items = list(value)
-            if 0 < len(items) <= 8 and all(_is_scalar(v) for v in items):
-                rows.append((label, ", ".join(report_fmt.evidence_value(key, v) for v in items)))
-    return rows
+    """The evidence a person reads: (label, formatted value), worded as in the reports
+    (``report.fmt.evidence_rows``: one formatter, labels written for people, numbers in
+    their units); series longer than a few values are left to the chart."""
+    shown = {
+        key: value
+        for key, value in evidence.items()
+        if not (
+            isinstance(value, list | tuple) and len(value) > 8 and all(_is_scalar(v) for v in value)
+        )
+    }
+    return [
+        (label[:1].upper() + label[1:], value) for label, value in report_fmt.evidence_rows(shown)
+    ]
 
 
 SEVERITY_BADGES: dict[str, str] = {

@@ -86,10 +86,10 @@ def test_evidence_rows_use_the_unit_in_the_key_and_skip_chart_series():
     }
     rows = dict(views.evidence_rows(evidence))
     assert rows == {
-        "Data wait share (%)": "61.2 %",  # 61.25 to one decimal (round half to even)
+        "Data-wait share (%)": "61.2 %",  # 61.25 to one decimal (round half to even)
         "Median data wait": "41.0 ms",
         "GPU idle": "2.5 ms",  # 2500 µs / 1000
-        "Num workers": "0",
+        "DataLoader workers now": "0",
         "Slope per step": "3.00 MiB",  # 3 * 1024**2 bytes
         "Pin memory": "false",
         "Spike steps": "3, 4",
