@@ -48,6 +48,16 @@ def ratio(value: float | None) -> str:
     return MISSING if _missing(value) else f"{float(value):.2f}×"
 
 
+def rate(value: float | None, unit: str) -> str:
+    """A rate such as samples/s, the same on a card and in a report: '1,234 samples/s',
+    '12.5 steps/s' (three significant figures below 100)."""
+    if _missing(value):
+        return MISSING
+    value = float(value)
+    text = f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+    return f"{text} {unit}".strip()
+
+
 def speedup_headline(speedup: float | None, a_ms: float | None, b_ms: float | None) -> str | None:
     """A comparison's one line, from the median step times: 'B is 1.34× faster: median step
     133 ms → 99.1 ms'. Within 2 % either way it reads as the same speed (two runs of one
@@ -141,6 +151,8 @@ def _scalar_value(key: str, value: Any) -> str:
         return bytes_(float(value) * 1024**3)
     if unit == "gb/s":
         return f"{number(value)} GB/s"
+    if unit == "/s":
+        return rate(value, "")
     return number(value)
 
 

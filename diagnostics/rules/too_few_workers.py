@@ -229,8 +229,10 @@ class TooFewWorkers(Rule):
             "data_wait_share_pct": r(share, 1),
             "data_wait_ms_median": r(wait),
             "compute_ms_median": r(compute),
-            "step_time_ms_median": r(m["step_ms_median"]),
-            "throughput_samples_per_s": r(inputs.metrics.samples_per_s, 1),
+            # the key metrics' own values, unrounded: rounded twice they could read one
+            # digit apart from the cards
+            "step_time_ms_median": m["step_ms_median"],
+            "throughput_samples_per_s": inputs.metrics.samples_per_s,
             "load_ms_per_batch_estimate": r(load),
             "io_ms_per_batch_from_config": r(io_ms) if io_ms else None,
             "num_workers": workers,
