@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class KeyMetrics:
     device: str | None
-    steps: int | None  # steady-state steps the medians are over
+    steps: int | None  # step records (run) or profiler steps (trace)
     median_step_time_ms: float | None
     mean_step_time_ms: float | None
     p95_step_time_ms: float | None
@@ -60,6 +60,7 @@ class KeyMetrics:
     source: str  # "run" (step records) or "trace"
     batch_size: int | None = None  # median batch size of the steady steps
     gpu_utilization_source: str | None = None  # "trace" or "NVML"
+    steady_steps: int | None = None  # the steady-state steps the medians are over
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -114,7 +115,7 @@ def _step_stats(step_ms: pl.Series) -> dict[str, float | None]:
 
 def _run_values(run: RunData) -> dict[str, Any]:
     steady = steady_steps(run.steps)
-    out: dict[str, Any] = {"steps": steady.height}
+    out: dict[str, Any] = {"steps": run.steps.height, "steady_steps": steady.height}
     if steady.height == 0:
         return out
     out.update(_step_stats(steady["step_time_ms"]))
@@ -156,7 +157,7 @@ def trace_gpu_utilization_pct(trace: TraceFacts) -> float | None:
 
 
 def _trace_values(trace: TraceFacts) -> dict[str, Any]:
-    out: dict[str, Any] = {"steps": trace.steps.height}
+    out: dict[str, Any] = {"steps": trace.steps.height, "steady_steps": trace.steps.height}
     out.update(_step_stats(trace.steps["dur_us"] / 1000.0))
     breakdown = trace.breakdown
     if breakdown.height and "dataloader_us" in breakdown.columns:
@@ -227,6 +228,7 @@ def compute_key_metrics(trace: TraceFacts | None, run: RunData | None) -> KeyMet
         source="run" if has_run else "trace",
         batch_size=values.get("batch_size"),
         gpu_utilization_source=gpu_source,
+        steady_steps=values.get("steady_steps"),
     )
 
 

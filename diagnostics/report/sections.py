@@ -94,6 +94,7 @@ def source_rows(result: Any) -> list[tuple[str, str]]:
 def summary_rows(metrics: KeyMetrics, summary: Mapping[str, Any]) -> list[tuple[str, str]]:
     rows = [
         ("steps analysed", fmt.number(metrics.steps)),
+        ("steady-state steps (the medians' steps)", fmt.number(metrics.steady_steps)),
         ("median step time", fmt.ms(metrics.median_step_time_ms)),
         ("mean step time", fmt.ms(metrics.mean_step_time_ms)),
         ("p95 step time", fmt.ms(metrics.p95_step_time_ms)),

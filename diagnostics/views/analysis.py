@@ -58,27 +58,29 @@ def summary_cards(metrics: KeyMetrics) -> list[Card]:
     # the unit goes in the label: a value like "1,234 samples/s" does not fit a card
     if metrics.samples_per_s is not None:
         throughput_label, throughput = "Samples/s", fmt_rate(metrics.samples_per_s, "").strip()
-        throughput_help = "Throughput: samples per second of step time (first step left out)."
+        throughput_help = "Batch size ÷ median step time: the throughput of the median step."
     else:
         throughput_label, throughput = "Steps/s", fmt_rate(metrics.steps_per_s, "").strip()
-        throughput_help = "Throughput: steps per second of step time (a trace has no batch size)."
+        throughput_help = "1 ÷ median step time (a trace has no batch size)."
     memory_kind = metrics.peak_memory_kind or "memory"
     return [
         Card(
             "Median step time",
             fmt_ms(metrics.median_step_time_ms),
-            "Half the steps were faster than this (data wait + copy + compute + optimiser).",
+            "Half the steady-state steps (each phase's first step left out) were faster "
+            "than this (data wait + copy + compute + optimiser).",
         ),
         Card(throughput_label, throughput, throughput_help),
         Card(
             "GPU utilisation",
             fmt_pct(metrics.gpu_utilization_pct),
-            "Share of time the GPU ran kernels, copies or memsets ('—' without a GPU).",
+            "GPU busy time (kernels, copies, memsets, all streams) over the profiled steps' "
+            "span; without a trace, NVML's mean ('—' without a GPU).",
         ),
         Card(
             "Data-wait share",
             fmt_pct(metrics.data_wait_pct),
-            "Share of step time spent blocked waiting for the next batch.",
+            "Median over steady-state steps of each step's wait for its batch ÷ its step time.",
         ),
         Card(
             "Peak memory",
