@@ -14,11 +14,11 @@ import streamlit as st
 
 from app_ui.safe_text import md_text
 from diagnostics import views
+from diagnostics.metrics import key_metrics
 from diagnostics.report import plots
 from diagnostics.report.html import render_html
 from diagnostics.report.json_report import render_json
 from diagnostics.report.markdown import render_markdown
-from diagnostics.report.metrics import key_metrics
 from diagnostics.report.model import build_comparison_report, build_report
 from diagnostics.rules.base import Finding
 
@@ -96,8 +96,11 @@ def findings(
     )
     st.caption(
         f"{len(ranked)} finding{'s' if len(ranked) != 1 else ''}, most severe first. "
-        "Each shows its evidence, the fix as code and, for the reference trainer, as a "
-        "config patch."
+        + (
+            "Each shows its evidence, the fix as code and as a config patch for a re-run."
+            if result.is_trainer_run
+            else "Each shows its evidence and the fix as code for your own training script."
+        )
     )
     for index, finding in enumerate(ranked):
         severity = str(finding.severity)
@@ -138,7 +141,7 @@ def findings(
                     )
             st.markdown("**Fix**")
             st.code(finding.fix.code, language="python")
-            patch = finding.fix.config_patch
+            patch = finding.fix.config_patch if result.is_trainer_run else None
             if patch:
                 st.markdown("**Config patch for the reference trainer**")
                 st.table(

@@ -25,6 +25,7 @@ from diagnostics.facts import (
     step_time_spread,
 )
 from diagnostics.facts.summary import overlap_summary
+from diagnostics.metrics import KeyMetrics, compute_key_metrics
 from diagnostics.model import AnalysisInputs, RunData, TraceFacts
 from diagnostics.result import (
     BREAKDOWN_KEYS,
@@ -131,7 +132,7 @@ def analyze_loaded(loaded: LoadedInput, *, thresholds: Any = None) -> AnalysisRe
     if facts is not None:
         warnings.extend(w for w in facts.warnings if w not in warnings)
     warnings.extend(f"rule {e.rule} failed and was skipped: {e.reason}" for e in outcome.errors)
-    summary = summarise(loaded, facts, rank_facts)
+    summary = summarise(loaded, facts, rank_facts, inputs.metrics)
     if step_map is not None and step_map.height:
         summary["trace_run_steps"] = step_map.select("trace_step", "run_step").to_dicts()
     counts = {"high": 0, "medium": 0, "low": 0}
@@ -154,6 +155,7 @@ def analyze_loaded(loaded: LoadedInput, *, thresholds: Any = None) -> AnalysisRe
         environment=environment,
         notes=loaded.notes,
         rank_facts=rank_facts if len(rank_facts) > 1 else (),
+        metrics=inputs.metrics,
     )
 
 
@@ -213,45 +215,20 @@ def _finite(value: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _step_time_ms(values: pl.Series) -> dict[str, float | None] | None:
-    values = values.cast(pl.Float64).drop_nulls().drop_nans()
-    if values.len() == 0:
-        return None
-    return {
-        "mean": _finite(values.mean()),
-        "p50": _finite(values.median()),
-        "p95": _finite(values.quantile(0.95, interpolation="linear")),
-    }
-
-
 def _device_name(value: Any) -> str | None:
     if not isinstance(value, str) or not value:
         return None
     return "cuda" if value.lower().startswith("cuda") else "cpu"
 
 
-def _run_peak_memory(run: RunData) -> int | None:
-    for column in ("cuda_peak_bytes", "cuda_allocated_bytes"):
-        if column in run.steps.columns:
-            peak = run.steps[column].max()
-            if peak is not None:
-                return int(peak)
-    return None
-
-
-def _trace_peak_memory(facts: TraceFacts) -> int | None:
-    memory = facts.memory
-    if memory.height == 0 or "allocated_bytes" not in memory.columns:
-        return None
-    gpu_rows = memory.filter(pl.col("device") >= 0) if "device" in memory.columns else memory
-    peak = gpu_rows["allocated_bytes"].max() if gpu_rows.height else None
-    return int(peak) if peak is not None else None
-
-
 def summarise(
-    loaded: LoadedInput, facts: TraceFacts | None, rank_facts: Sequence[TraceFacts] = ()
+    loaded: LoadedInput,
+    facts: TraceFacts | None,
+    rank_facts: Sequence[TraceFacts] = (),
+    metrics: KeyMetrics | None = None,
 ) -> dict[str, Any]:
-    """The summary dict: every SUMMARY_KEYS key, null where it does not apply."""
+    """The summary dict: every SUMMARY_KEYS key, null where it does not apply. The headline
+    numbers are the key metrics' (diagnostics.metrics), so the JSON says what the cards say."""
     summary: dict[str, Any] = dict.fromkeys(SUMMARY_KEYS)
     run = loaded.run
     run_steps = run.steps if run is not None else None
@@ -263,25 +240,25 @@ def summarise(
         device = _device_name(run.config.get("device"))
     summary["device"] = device
 
+    metrics = metrics or compute_key_metrics(facts, run)
     if run_steps is not None and run_steps.height:
         summary["steps"] = run_steps.height
-        summary["step_time_ms"] = _step_time_ms(run_steps["step_time_ms"])
         summary["step_time_source"] = "run"
-        rates = run_steps["samples_per_s"].drop_nulls().drop_nans()
-        summary["samples_per_s"] = _finite(rates.mean()) if rates.len() else None
-        timed = run_steps.filter(
-            pl.col("data_wait_ms").is_not_null() & pl.col("step_time_ms").is_not_null()
-        )
-        total_ms = float(timed["step_time_ms"].sum()) if timed.height else 0.0
-        if total_ms > 0:
-            summary["data_wait_pct"] = float(timed["data_wait_ms"].sum()) / total_ms * 100.0
-        summary["peak_memory_bytes"] = _run_peak_memory(run)
     elif facts is not None:
         summary["steps"] = facts.steps.height
-        summary["step_time_ms"] = _step_time_ms(facts.steps["dur_us"] / 1000.0)
         summary["step_time_source"] = "trace"
     elif run is not None:
         summary["steps"] = 0
+    if metrics.median_step_time_ms is not None:
+        summary["step_time_ms"] = {
+            "mean": metrics.mean_step_time_ms,
+            "p50": metrics.median_step_time_ms,
+            "p95": metrics.p95_step_time_ms,
+        }
+    summary["samples_per_s"] = metrics.samples_per_s
+    summary["data_wait_pct"] = metrics.data_wait_pct
+    summary["gpu_utilization_pct"] = metrics.gpu_utilization_pct
+    summary["peak_memory_bytes"] = metrics.peak_memory_bytes
 
     if facts is not None:
         summary["steps_inferred"] = facts.steps_inferred
@@ -290,18 +267,13 @@ def summarise(
         summary["breakdown_pct"] = (
             {key: _finite(parts.get(key)) for key in BREAKDOWN_KEYS} if parts else None
         )
-        if summary["data_wait_pct"] is None and parts:
-            summary["data_wait_pct"] = _finite(parts.get("dataloader"))
         if facts.gpu.height:
-            summary["gpu_utilization_pct"] = _finite(facts.gpu["utilization_pct"].mean())
             summary["gpu_busy_us"] = _finite(facts.gpu["busy_us"].sum())
             summary.update(overlap_summary(facts.gpu))
             idle = idle_breakdown_pct(facts.idle_gaps)
             summary["gpu_idle_breakdown_pct"] = (
                 {key: _finite(idle.get(key)) for key in IDLE_KEYS} if idle else None
             )
-        if summary["peak_memory_bytes"] is None:
-            summary["peak_memory_bytes"] = _trace_peak_memory(facts)
     summary["events"] = sum(t.events.height for t in loaded.traces) if loaded.traces else None
 
     if facts is not None and facts.ranks is not None and len(rank_facts) > 1:

@@ -8,10 +8,12 @@ columns are listed beside it, with units in the names. Fields may be added; none
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
 import polars as pl
 
+from diagnostics.metrics import KeyMetrics, compute_key_metrics
 from diagnostics.runs import RunFolder, RunManifest, RunStatus
 
 
@@ -118,3 +120,9 @@ class AnalysisInputs:
     run: RunData | None = None
     events: pl.DataFrame | None = None  # the event table, for rules that need raw names
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @cached_property
+    def metrics(self) -> KeyMetrics:
+        """The headline numbers (diagnostics.metrics), computed once: the rules quote these,
+        so a finding's title says what the cards and reports say."""
+        return compute_key_metrics(self.trace, self.run)

@@ -241,6 +241,20 @@ class Thresholds:
         "which they are not reported, %",
         "ours: an occasional slow step that costs under 2% is not worth a finding",
     )
+    step_outlier_min_ratio: float = _t(
+        1.5,
+        "an outlier must also take at least this multiple of the median step",
+        "ours: on a steady run the MAD is tiny and median + 3 sigma sits a few percent above "
+        "the median; a step 1.5x the median is a slowdown a person would notice",
+    )
+    step_outlier_min_episodes: int = _t(
+        3,
+        "separate episodes of outlier steps (runs of consecutive outliers) needed before "
+        "the slowdown counts as recurring",
+        "ours: one burst (a neighbour's job, an epoch's worker start) is not a pattern; "
+        "three separate ones are: on the healthy CPU scenario (3 seeds) the slow steps come "
+        "in one or two bursts",
+    )
     # -- batch-too-small ------------------------------------------------------------------
     batch_memory_low_pct: float = _t(
         50.0,

@@ -49,13 +49,20 @@ except InputError as exc:
     st.stop()
 comparison = compare(result_a, result_b, label_a=run_a, label_b=run_b)
 
-line = views.headline(comparison.rows)
+line = views.headline(comparison)
 if line:
     st.subheader(line)
 columns = st.columns(len(comparison.rows))
 for column, row in zip(columns, comparison.rows, strict=True):
     card = views.comparison_card(row)
-    column.metric(card.label, card.value, card.delta, delta_color=card.delta_color, border=True)
+    column.metric(
+        card.label,
+        card.value,
+        card.delta,
+        delta_color=card.delta_color,
+        delta_arrow=card.delta_arrow,
+        border=True,
+    )
 st.dataframe(views.comparison_table(comparison.rows, "A", "B"), hide_index=True, width="stretch")
 if comparison.config_changes:
     st.markdown("**What changed in the config**")

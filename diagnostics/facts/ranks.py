@@ -22,7 +22,7 @@ RANKS_SCHEMA: dict[str, pl.DataType] = {
     "step_time_ms_mean": pl.Float64,
     "step_time_ms_p50": pl.Float64,
     "step_time_ms_max": pl.Float64,
-    "gpu_utilization_pct": pl.Float64,  # kernel time / steps span, mean over the rank's GPUs
+    "gpu_utilization_pct": pl.Float64,  # GPU busy (kernels, copies, memsets) / steps span
     "dataloader_pct": pl.Float64,  # DataLoader share of the rank's step time
     "step_time_vs_median": pl.Float64,  # mean step time / median of the ranks' means
 }
@@ -48,7 +48,10 @@ def rank_summary(facts: Sequence[TraceFacts]) -> pl.DataFrame:
         durations = (
             fact.steps["dur_us"] / 1000.0 if fact.steps.height else pl.Series([], dtype=pl.Float64)
         )
-        util = fact.gpu["utilization_pct"].mean() if fact.gpu.height else None
+        # the key metrics' utilisation (diagnostics/metrics.py): busy over span, so a rank's
+        # row says what its card would
+        span = float(fact.gpu["span_us"].sum()) if fact.gpu.height else 0.0
+        util = 100.0 * float(fact.gpu["busy_us"].sum()) / span if span > 0 else None
         total = float(fact.breakdown["total_us"].sum()) if fact.breakdown.height else 0.0
         rows.append(
             {

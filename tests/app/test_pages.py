@@ -149,7 +149,8 @@ def test_compare_shows_ratios_and_the_gone_finding(runs_env):
     at = open_page("pages/5_Compare.py", {"a": runs_env.slow.name, "b": runs_env.fixed.name})
     assert not at.exception
     page_text = texts(at)
-    assert "the throughput of A" in page_text
+    # the headline is the median step-time ratio
+    assert "median step" in page_text and "× " in page_text
     assert "Gone in B" in page_text
 
 
