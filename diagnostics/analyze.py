@@ -24,7 +24,10 @@ from diagnostics.facts import (
     rank_summary,
     step_time_spread,
 )
+from diagnostics.facts.comm_ranks import CollectiveMatch
+from diagnostics.facts.ranks import rank_collectives
 from diagnostics.model import AnalysisInputs, RunData, TraceFacts
+from diagnostics.rank_pool import POOL_MIN_FILES, digest_files, ranks_are_distinct
 from diagnostics.result import (
     BREAKDOWN_KEYS,
     IDLE_KEYS,
@@ -33,8 +36,15 @@ from diagnostics.result import (
 )
 from diagnostics.rules.base import Skipped
 from diagnostics.rules.engine import run_rules
-from diagnostics.trace.loader import LoadedInput, load, load_trace_files
-from diagnostics.trace.schema import LoadedTrace
+from diagnostics.runs import RunFolder
+from diagnostics.trace.loader import (
+    LoadedInput,
+    load,
+    load_trace_file,
+    load_trace_files,
+    trace_files_in,
+)
+from diagnostics.trace.schema import LoadedTrace, TraceMetadata
 from diagnostics.trace.source import DEFAULT_MAX_DECOMPRESSED_BYTES
 
 __all__ = ["DEFAULT_MAX_DECOMPRESSED_BYTES", "analyze", "analyze_files", "summarise"]
@@ -47,8 +57,54 @@ def analyze(
     thresholds: Any = None,
 ) -> AnalysisResult:
     """A trace file (.json/.json.gz), a folder of per-rank traces, or a run folder."""
+    folder = Path(path)
+    if folder.is_dir() and not RunFolder.is_run_folder(folder):
+        files = trace_files_in(folder)
+        many = _analyze_many(
+            files, [str(f) for f in files], "ranks", str(folder), max_decompressed_bytes, thresholds
+        )
+        if many is not None:
+            return many
     loaded = load(path, max_decompressed_bytes=max_decompressed_bytes)
     return analyze_loaded(loaded, thresholds=thresholds)
+
+
+def _analyze_many(
+    files: Sequence[Path],
+    names: Sequence[str],
+    kind: str,
+    path: str,
+    max_bytes: int,
+    thresholds: Any,
+) -> AnalysisResult | None:
+    """Many rank files through the process pool (diagnostics.rank_pool): only the primary
+    rank's events are held here. None when the files are too few or their ranks need the
+    sequential loader's numbering."""
+    if len(files) < POOL_MIN_FILES:
+        return None
+    digests = digest_files(files, names, max_bytes)
+    if not ranks_are_distinct(digests):
+        return None
+    order = sorted(range(len(digests)), key=lambda i: digests[i].metadata.rank)
+    first = order[0]
+    primary = load_trace_file(
+        files[first], display_name=names[first], max_decompressed_bytes=max_bytes
+    )
+    metadata = tuple(digests[i].metadata for i in order)
+    loaded = LoadedInput(
+        kind="trace" if kind == "trace" else "ranks",
+        path=path,
+        traces=(primary,),
+        files=tuple(names),
+        warnings=tuple(w for m in metadata for w in m.warnings),
+        notes=tuple(n for m in metadata for n in m.notes),
+    )
+    return analyze_loaded(
+        loaded,
+        thresholds=thresholds,
+        rank_facts=tuple(digests[i].facts for i in order),
+        rank_metadata=metadata,
+    )
 
 
 def analyze_files(
@@ -69,6 +125,11 @@ def analyze_files(
         raise InputError("(no files)", "nothing to analyse: give at least one trace file")
     if len(names) != len(files):
         raise ValueError("display_names must name every path")
+    many = _analyze_many(
+        files, names, "ranks", ", ".join(names), max_decompressed_bytes, thresholds
+    )
+    if many is not None:
+        return many
     traces, notes = load_trace_files(
         files, display_names=names, max_decompressed_bytes=max_decompressed_bytes
     )
@@ -83,13 +144,27 @@ def analyze_files(
     return analyze_loaded(loaded, thresholds=thresholds)
 
 
-def analyze_loaded(loaded: LoadedInput, *, thresholds: Any = None) -> AnalysisResult:
-    """Facts, rules and summary for an input the loader has read."""
-    rank_facts = tuple(compute_facts(t.events, t.metadata) for t in loaded.traces)
+def analyze_loaded(
+    loaded: LoadedInput,
+    *,
+    thresholds: Any = None,
+    rank_facts: tuple[TraceFacts, ...] | None = None,
+    rank_metadata: tuple[TraceMetadata, ...] | None = None,
+) -> AnalysisResult:
+    """Facts, rules and summary for an input the loader has read.
+
+    ``rank_facts``/``rank_metadata`` (by rank, the primary first): every rank's facts
+    computed elsewhere (diagnostics.rank_pool); ``loaded.traces`` then holds the primary
+    rank only."""
+    if rank_facts is None:
+        rank_facts = tuple(compute_facts(t.events, t.metadata) for t in loaded.traces)
+    if rank_metadata is None:
+        rank_metadata = tuple(t.metadata for t in loaded.traces)
     facts: TraceFacts | None = rank_facts[0] if rank_facts else None
     primary: LoadedTrace | None = loaded.traces[0] if loaded.traces else None
+    match = rank_collectives(rank_facts) if len(rank_facts) > 1 else None
     if facts is not None and len(rank_facts) > 1:
-        facts = replace(facts, ranks=rank_summary(rank_facts))
+        facts = replace(facts, ranks=rank_summary(rank_facts, match))
         rank_facts = (facts, *rank_facts[1:])
     environment = _environment(loaded.run, primary, facts)
     step_map = (
@@ -104,7 +179,8 @@ def analyze_loaded(loaded: LoadedInput, *, thresholds: Any = None) -> AnalysisRe
         extra={
             "cpu_count": environment.get("cpu_count"),
             "rank_facts": rank_facts,
-            "trace_metadata": tuple(t.metadata for t in loaded.traces),
+            "collective_match": match,
+            "trace_metadata": rank_metadata,
             "trace_run_steps": step_map,
         },
     )
@@ -116,7 +192,8 @@ def analyze_loaded(loaded: LoadedInput, *, thresholds: Any = None) -> AnalysisRe
     if facts is not None:
         warnings.extend(w for w in facts.warnings if w not in warnings)
     warnings.extend(f"rule {e.rule} failed and was skipped: {e.reason}" for e in outcome.errors)
-    summary = summarise(loaded, facts, rank_facts)
+    summary = summarise(loaded, facts, rank_facts, match)
+    summary["events"] = sum(m.event_count for m in rank_metadata) if rank_metadata else None
     if step_map is not None and step_map.height:
         summary["trace_run_steps"] = step_map.select("trace_step", "run_step").to_dicts()
     counts = {"high": 0, "medium": 0, "low": 0}
@@ -128,7 +205,7 @@ def analyze_loaded(loaded: LoadedInput, *, thresholds: Any = None) -> AnalysisRe
             "kind": loaded.kind,
             "path": loaded.path,
             "files": list(loaded.files),
-            "ranks": list(loaded.ranks),
+            "ranks": [m.rank for m in rank_metadata],
         },
         summary=summary,
         facts=facts,
@@ -233,8 +310,25 @@ def _trace_peak_memory(facts: TraceFacts) -> int | None:
     return int(peak) if peak is not None else None
 
 
+def _comm_summary(facts: TraceFacts | None) -> dict[str, Any]:
+    comms = facts.comms if facts is not None else None
+    if comms is None:
+        return {}
+    return {
+        "comm_source": comms.source,
+        "comm_collective_us": _finite(comms.collective_us),
+        "comm_overlap_pct": _finite(comms.overlap_pct),
+        "comm_exposed_us": _finite(comms.exposed_us),
+        "comm_exposed_us_per_step": _finite(comms.exposed_us_per_step),
+        "comm_exposed_pct": _finite(comms.exposed_pct),
+    }
+
+
 def summarise(
-    loaded: LoadedInput, facts: TraceFacts | None, rank_facts: Sequence[TraceFacts] = ()
+    loaded: LoadedInput,
+    facts: TraceFacts | None,
+    rank_facts: Sequence[TraceFacts] = (),
+    match: CollectiveMatch | None = None,
 ) -> dict[str, Any]:
     """The summary dict: every SUMMARY_KEYS key, null where it does not apply."""
     summary: dict[str, Any] = dict.fromkeys(SUMMARY_KEYS)
@@ -286,6 +380,9 @@ def summarise(
             )
         if summary["peak_memory_bytes"] is None:
             summary["peak_memory_bytes"] = _trace_peak_memory(facts)
+    summary.update(_comm_summary(facts))
+    if match is not None:
+        summary["comm_ranks"] = match.to_summary()
     summary["events"] = sum(t.events.height for t in loaded.traces) if loaded.traces else None
 
     if facts is not None and facts.ranks is not None and len(rank_facts) > 1:

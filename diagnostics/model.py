@@ -8,11 +8,14 @@ columns are listed beside it, with units in the names. Fields may be added; none
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import polars as pl
 
 from diagnostics.runs import RunFolder, RunManifest, RunStatus
+
+if TYPE_CHECKING:
+    from diagnostics.facts.comms import CommFacts
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,9 @@ class TraceFacts:
     # device (-1 host), peak_allocated_bytes, peak_reserved_bytes, device_total_bytes,
     # peak_allocated_pct (of deviceProperties totalGlobalMem)
     memory_peak: pl.DataFrame | None = None
+    # collective time, overlap with compute, exposed time per step and the compact table of
+    # collectives for cross-rank matching (diagnostics.facts.comms); None: no communication
+    comms: CommFacts | None = None
 
     @property
     def device_memory_bytes(self) -> int | None:
