@@ -42,10 +42,9 @@ SUMMARY_KEYS: dict[str, str] = {
     "comm_source": '"gpu_kernels" (NCCL kernels) or "host_ops" (CPU/gloo collectives); '
     "null: no communication in the trace",
     "comm_collective_us": "union of communication over the profiled steps, µs",
-    "comm_overlap_pct": "share of communication overlapped by compute kernels, % (HTA's "
-    "get_comm_comp_overlap; null on CPU traces)",
-    "comm_exposed_us": "communication with no compute beside it, over the profiled steps, µs "
-    "(CPU traces: collectives on the training loop's thread)",
+    "comm_overlap_pct": "share of communication overlapped by compute, % (HTA's "
+    "get_comm_comp_overlap; CPU traces: by the training loop thread's operators)",
+    "comm_exposed_us": "communication with no compute beside it, over the profiled steps, µs",
     "comm_exposed_us_per_step": "mean exposed communication per profiled step, µs",
     "comm_exposed_pct": "exposed communication over summed step time, %",
     "comm_ranks": "two or more ranks: {matched_collectives, significant_collectives, "

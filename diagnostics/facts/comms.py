@@ -22,9 +22,12 @@ edges, +1/-1 for communication and +2/-2 for computation, gives the state of eve
 Two windows: the profiler steps' span (the headline figures and the per-step table, like
 every other fact) and the whole trace (``trace_*``: HTA's window, for the comparison).
 
-A CPU-only trace (no GPU events) has host collectives only: ``collective_us`` is the union
-of their ranges; ``exposed_us`` is the part of it on the threads that run the profiler
-steps (the training loop blocks there); overlap is not measured (null).
+A CPU-only trace (no GPU events) has host collectives only (gloo runs a collective as a
+``gloo:*`` range on its own worker threads, behind a short ``c10d::*`` call on the loop's
+thread). The same sweep applies with communication = the union of host collective ranges
+on every thread and computation = the other operators on the threads that run the profiler
+steps: a collective in flight while the loop's thread runs no operator is exposed. Python
+time between operators counts as not computing, so CPU exposure is an upper bound.
 
 The compact ``collectives`` table (one row per collective, a few hundred rows per rank) is
 what the cross-rank matching (``facts.comm_ranks``) needs; it is kept instead of the events.
@@ -81,9 +84,9 @@ COMM_STEP_SCHEMA: dict[str, pl.DataType] = {
     "step": pl.Int64,
     "dur_us": pl.Float64,
     "collective_us": pl.Float64,  # union of communication in the step
-    "overlapped_us": pl.Float64,  # ... while a computation kernel ran (null on CPU traces)
+    "overlapped_us": pl.Float64,  # ... while computation ran
     "exposed_us": pl.Float64,  # ... while no computation ran
-    "compute_us": pl.Float64,  # union of computation kernels (CPU: null)
+    "compute_us": pl.Float64,  # union of computation (GPU: kernels; CPU: loop-thread ops)
     "exposed_pct": pl.Float64,  # exposed_us / dur_us, %
 }
 
@@ -235,36 +238,32 @@ def _outermost(ranges: pl.DataFrame) -> pl.DataFrame:
     return ordered.filter(prev_end.is_null() | (pl.col("start_us") >= prev_end))
 
 
+def overlap_of(comm: pl.DataFrame, comp: pl.DataFrame) -> pl.DataFrame:
+    """State segments (device, start_us, end_us, state) of communication ranges ``comm``
+    against computation ranges ``comp`` (both: device, start_us, end_us; any overlap)."""
+    return _state_segments(
+        merge_intervals(comm.select("device", "start_us", "end_us"), by=["device"]),
+        merge_intervals(comp.select("device", "start_us", "end_us"), by=["device"]),
+    )
+
+
+def gpu_comm_split(gpu: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(communication kernels, computation kernels) of a GPU event frame (name, cat, ...);
+    copies and memsets are neither."""
+    kernels = gpu.filter(pl.col("cat") == "kernel").with_columns(
+        _comm=(comm_kind_expr() == CommKind.GPU_KERNEL.value).fill_null(False)
+    )
+    return kernels.filter(pl.col("_comm")), kernels.filter(~pl.col("_comm"))
+
+
 def comm_facts(events: pl.DataFrame, index: TraceIndex, steps: Steps) -> CommFacts | None:
     """Communication facts of one rank's trace; None when it holds no communication."""
-    span = steps.span
-    gpu = index.gpu
-    if gpu.height:
-        kernels = gpu.filter(pl.col("cat") == "kernel").with_columns(
-            _comm=(comm_kind_expr() == CommKind.GPU_KERNEL.value).fill_null(False)
-        )
-        comm_rows = kernels.filter(pl.col("_comm"))
+    if index.gpu.height:
+        comm_rows, comp_rows = gpu_comm_split(index.gpu)
         if comm_rows.height == 0:
-            return _host_only(events, steps, gpu_trace=True)
-        comm = merge_intervals(comm_rows.select("device", "start_us", "end_us"), by=["device"])
-        comp = merge_intervals(
-            kernels.filter(~pl.col("_comm")).select("device", "start_us", "end_us"), by=["device"]
-        )
-        segments = _state_segments(comm, comp)
-        collective = _length(segments, (1, 3), span)
-        overlapped = _length(segments, (3,), span)
-        exposed = _length(segments, (1,), span)
-        trace_collective = _length(segments, (1, 3), None)
-        trace_overlapped = _length(segments, (3,), None)
-        per_step = _per_step(
-            steps.frame,
-            {
-                "collective_us": segments.filter(pl.col("state").is_in([1, 3])),
-                "overlapped_us": segments.filter(pl.col("state") == 3),
-                "exposed_us": segments.filter(pl.col("state") == 1),
-                "compute_us": segments.filter(pl.col("state").is_in([2, 3])),
-            },
-        )
+            # A GPU trace without NCCL kernels: host collectives alone say nothing about
+            # how long the device communicated; report nothing rather than a wrong figure.
+            return None
         # A kernel's place in a step comes from its launching call (GPU time may run past
         # the step's host end); unlinked kernels fall back to their own start.
         table = _collective_table(
@@ -277,74 +276,47 @@ def comm_facts(events: pl.DataFrame, index: TraceIndex, steps: Steps) -> CommFac
             steps.frame,
             "_when",
         )
-        return _finish(
-            "gpu_kernels",
-            collective,
-            overlapped,
-            exposed,
-            trace_collective,
-            trace_overlapped,
-            per_step,
-            table,
-        )
-    return _host_only(events, steps, gpu_trace=False)
-
-
-def _host_only(events: pl.DataFrame, steps: Steps, *, gpu_trace: bool) -> CommFacts | None:
+        return _finish("gpu_kernels", overlap_of(comm_rows, comp_rows), steps, table)
     ranges = _host_collectives(events)
-    if ranges.height == 0 or gpu_trace:
-        # A GPU trace without NCCL kernels: host collectives alone say nothing about how
-        # long the device communicated; report nothing rather than a wrong figure.
+    if ranges.height == 0:
         return None
-    span = steps.span
-    step_threads = (
-        events.filter(sel.STEP).select("pid", "tid").unique()
-        if steps.frame.height
-        else ranges.select("pid", "tid").unique()
+    # CPU: communication runs on the backend's threads (gloo:* ranges) and the c10d calls
+    # on the loop's thread; computation is the loop thread's other operators. Time with a
+    # collective in flight and no operator running on the loop's thread is exposed.
+    loop_threads = events.filter(sel.STEP).select("pid", "tid").unique()
+    if loop_threads.height == 0:
+        loop_threads = ranges.select("pid", "tid").unique()
+    loop_ops = (
+        events.filter(sel.HOST_OP & pl.col("dur").is_not_null())
+        .filter((comm_kind_expr() != CommKind.HOST_OP.value).fill_null(True))
+        .join(loop_threads, on=["pid", "tid"], how="inner")
+        .select(pl.lit(0, pl.Int64).alias("device"), pl.col("ts").alias("start_us"), sel.END_US)
     )
-    blocking = ranges.join(step_threads, on=["pid", "tid"], how="inner")
-    as_device = ranges.with_columns(pl.lit(0, pl.Int64).alias("device"))
-    union = merge_intervals(as_device.select("device", "start_us", "end_us"), by=["device"])
-    blocked = merge_intervals(
-        blocking.with_columns(pl.lit(0, pl.Int64).alias("device")).select(
-            "device", "start_us", "end_us"
-        ),
-        by=["device"],
-    )
-
-    def within(frame: pl.DataFrame) -> float:
-        return total_length(clip_to(frame, *span) if span is not None else frame)
-
-    per_step = _per_step(
-        steps.frame,
-        {
-            "collective_us": union,
-            "overlapped_us": None,
-            "exposed_us": blocked,
-            "compute_us": None,
-        },
-    )
-    outer = _outermost(ranges)
+    segments = overlap_of(ranges.with_columns(pl.lit(0, pl.Int64).alias("device")), loop_ops)
     table = _collective_table(
-        outer.select("name", "start_us", "end_us", pl.col("start_us").alias("_when")),
+        _outermost(ranges).select("name", "start_us", "end_us", pl.col("start_us").alias("_when")),
         steps.frame,
         "_when",
     )
-    return _finish(
-        "host_ops", within(union), None, within(blocked), total_length(union), None, per_step, table
+    return _finish("host_ops", segments, steps, table)
+
+
+def _finish(source: str, segments: pl.DataFrame, steps: Steps, table: pl.DataFrame) -> CommFacts:
+    span = steps.span
+    collective = _length(segments, (1, 3), span)
+    overlapped = _length(segments, (3,), span)
+    exposed = _length(segments, (1,), span)
+    trace_collective = _length(segments, (1, 3), None)
+    trace_overlapped = _length(segments, (3,), None)
+    per_step = _per_step(
+        steps.frame,
+        {
+            "collective_us": segments.filter(pl.col("state").is_in([1, 3])),
+            "overlapped_us": segments.filter(pl.col("state") == 3),
+            "exposed_us": segments.filter(pl.col("state") == 1),
+            "compute_us": segments.filter(pl.col("state").is_in([2, 3])),
+        },
     )
-
-
-def _finish(
-    source: str,
-    collective: float,
-    overlapped: float | None,
-    exposed: float,
-    trace_collective: float,
-    trace_overlapped: float | None,
-    per_step: pl.DataFrame,
-    table: pl.DataFrame,
-) -> CommFacts:
     step_total = float(per_step["dur_us"].sum()) if per_step.height else 0.0
     return CommFacts(
         source=source,
@@ -352,16 +324,12 @@ def _finish(
         collective_us=collective,
         overlapped_us=overlapped,
         exposed_us=exposed,
-        overlap_pct=(
-            overlapped / collective * 100.0 if overlapped is not None and collective > 0 else None
-        ),
+        overlap_pct=overlapped / collective * 100.0 if collective > 0 else None,
         exposed_pct=exposed / step_total * 100.0 if step_total > 0 else None,
         exposed_us_per_step=float(per_step["exposed_us"].mean()) if per_step.height else None,
         trace_collective_us=trace_collective,
         trace_overlap_pct=(
-            trace_overlapped / trace_collective * 100.0
-            if trace_overlapped is not None and trace_collective > 0
-            else None
+            trace_overlapped / trace_collective * 100.0 if trace_collective > 0 else None
         ),
         per_step=per_step,
         collectives=table,

@@ -30,7 +30,7 @@ RANKS_SCHEMA: dict[str, pl.DataType] = {
     # per-step means of the parts a straggler's cause is named from (rules/rank_stragglers)
     "data_wait_ms_per_step": pl.Float64,  # DataLoader (breakdown dataloader_us)
     "memcpy_ms_per_step": pl.Float64,  # copies with no kernel running (breakdown memcpy_us)
-    # GPU: union of non-communication kernels; CPU: host execution less exposed collectives
+    # GPU: union of non-communication kernels; CPU: the loop thread's other operators
     "compute_ms_per_step": pl.Float64,
     "collective_ms_per_step": pl.Float64,  # union of communication (facts.comms); null: none
     "exposed_comm_ms_per_step": pl.Float64,  # communication with no compute beside it
@@ -64,15 +64,9 @@ def _per_step_ms(breakdown: pl.DataFrame, column: str) -> float | None:
 
 def _compute_ms(fact: TraceFacts) -> float | None:
     comms = fact.comms
-    if comms is not None and comms.per_step.height and comms.source == "gpu_kernels":
+    if comms is not None and comms.per_step.height:
         return float(comms.per_step["compute_us"].mean()) / 1000.0
-    if fact.device == "cuda":
-        return _per_step_ms(fact.breakdown, "kernel_us")
-    host = _per_step_ms(fact.breakdown, "cpu_exec_us")
-    if host is None:
-        return None
-    exposed = comms.exposed_us_per_step if comms is not None else None
-    return max(host - (exposed or 0.0) / 1000.0, 0.0)
+    return _per_step_ms(fact.breakdown, "kernel_us" if fact.device == "cuda" else "cpu_exec_us")
 
 
 def _comm_columns(fact: TraceFacts) -> dict[str, float | None]:
