@@ -21,7 +21,8 @@ st.markdown(
     "`export_chrome_trace`) — or several, one per rank of a distributed job."
 )
 st.caption(
-    f"`.json` or `.json.gz` · up to {views.MAX_UPLOAD_FILES} files · "
+    f"`.json` or `.json.gz`, or a `.zip`/`.tar.gz` of them · up to "
+    f"{views.MAX_UPLOAD_FILES} files · "
     f"up to **{max_upload_mb} MB per file** as uploaded and "
     f"**{views.fmt_bytes(DEFAULT_MAX_DECOMPRESSED_BYTES)}** once decompressed · analysed from "
     "a temporary copy that is deleted straight after, unless you save it."
@@ -29,7 +30,7 @@ st.caption(
 
 uploads = st.file_uploader(
     "Trace files",
-    type=["json", "gz"],
+    type=["json", "gz", "zip", "tgz", "tar"],
     accept_multiple_files=True,
     help="Several files are read as the ranks of one job.",
 )
