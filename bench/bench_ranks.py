@@ -28,6 +28,7 @@ import contextlib
 import gzip
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -77,8 +78,13 @@ def make_rank_set(ranks: int) -> Path:
                 for key in ("correlation", "External id"):
                     if isinstance(args.get(key), int) and args[key] > 0:
                         args[key] = args[key] % ID_STRIDE + offset
-        doc["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": ranks}
-        (folder / f"rank{rank}.json").write_bytes(msgspec.json.encode(doc))
+        doc.pop("distributedInfo", None)
+        # HTA finds a file's rank with the regex '"rank":\s+(\d+)': it needs the space that
+        # json.dump writes and msgspec does not (without it every file is read as rank 0)
+        header = (
+            f'{{"distributedInfo": {{"backend": "nccl", "rank": {rank}, "world_size": {ranks}}}, '
+        )
+        (folder / f"rank{rank}.json").write_bytes(header.encode() + msgspec.json.encode(doc)[1:])
     done.write_text("ok\n")
     return folder
 
@@ -93,6 +99,7 @@ def tree_rss_bytes(root: psutil.Process) -> int:
 
 def measure(argv: list[str], timeout_s: float, max_rss_bytes: int | None = None) -> dict:
     """Wall time, peak tree RSS, stdout of one fresh process (killed past max_rss_bytes)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     root = psutil.Process(proc.pid)
@@ -112,12 +119,17 @@ def measure(argv: list[str], timeout_s: float, max_rss_bytes: int | None = None)
         time.sleep(0.05)
     out, err = proc.communicate()
     seconds = time.perf_counter() - start
+    # CPU of the whole tree (children reap their workers): steadier than wall time when
+    # other work shares the cores
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     error = killed or (
         None if proc.returncode == 0 else (err.decode(errors="replace").strip() or "failed")[-200:]
     )
     return {
         "seconds": None if error else seconds,
         "rss_gb": peak / 2**30,
+        "cpu_s": cpu_s,
         "stdout": out.decode(errors="replace"),
         "error": error,
     }
@@ -151,32 +163,43 @@ def main() -> None:
                 int(args.hta_max_gb * 2**30),
             )
             if hta_python is not None
-            else {"seconds": None, "rss_gb": None, "error": "skipped", "stdout": ""}
+            else {"seconds": None, "rss_gb": None, "cpu_s": None, "error": "skipped", "stdout": ""}
         )
         rows.append((ranks, size_mb, ours, hta))
         print(json.dumps({"ranks": ranks, "ours": ours, "hta": hta})[:600], flush=True)
     print(f"\ncores: {cores}; source {SOURCE.name} (35 MB of JSON a rank)\n")
     print(
-        "| ranks | JSON MB | ours s | ours peak RSS GB | HTA s | HTA peak RSS GB "
-        "| ours/HTA time | s per rank×cores |"
+        "| ranks | JSON MB | ours s | ours CPU s | ours CPU s/rank | ours peak RSS GB "
+        "| HTA s | HTA CPU s | HTA peak RSS GB | HTA ranks read | ours/HTA wall | ours/HTA RSS |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+    def cell(v: float | None, err: str | None = None, digits: int = 1) -> str:
+        return f"{v:.{digits}f}" if v is not None else (err or "n/a")
+
+    def ratio(a: float | None, b: float | None) -> str:
+        return f"{a / b:.2f}×" if a and b else "n/a"
+
     for ranks, size_mb, ours, hta in rows:
-        per = (ours["seconds"] or 0) / ranks * cores if ours["seconds"] else None
-
-        def cell(v: float | None, err: str | None, digits: int = 1) -> str:
-            return f"{v:.{digits}f}" if v is not None else (err or "n/a")
-
-        ratio = (
-            f"{ours['seconds'] / hta['seconds']:.2f}×"
-            if ours["seconds"] and hta["seconds"]
-            else "n/a"
-        )
+        try:
+            read = len(json.loads(hta["stdout"].strip().splitlines()[-1]))
+        except (ValueError, IndexError):
+            read = None
         print(
             f"| {ranks} | {size_mb:.0f} | {cell(ours['seconds'], ours['error'])} "
+            f"| {cell(ours['cpu_s'])} | {cell((ours['cpu_s'] or 0) / ranks, None, 2)} "
             f"| {ours['rss_gb']:.2f} | {cell(hta['seconds'], hta['error'])} "
-            f"| {cell(hta['rss_gb'], None, 2)} | {ratio} | {cell(per, None, 2)} |"
+            f"| {cell(hta['cpu_s'])} | {cell(hta['rss_gb'], None, 2)} | {read} "
+            f"| {ratio(ours['seconds'], hta['seconds'])} | {ratio(ours['rss_gb'], hta['rss_gb'])} |"
         )
+    if len(rows) > 1:
+        (r0, _, o0, _), (r1, _, o1, _) = rows[0], rows[-1]
+        if o0["seconds"] and o1["seconds"]:
+            print(
+                f"\nours, {r0} -> {r1} ranks: wall x{o1['seconds'] / o0['seconds']:.2f}, "
+                f"CPU x{o1['cpu_s'] / o0['cpu_s']:.2f}, ranks x{r1 / r0:.2f} "
+                f"(ranks / cores: {r0 / cores:.0f} -> {r1 / cores:.0f})"
+            )
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@ Each rank file is loaded and reduced to its facts (``TraceFacts``: small frames 
 thousand rows, with the compact collective table the cross-rank matching needs) in a worker
 process; only the facts come back. The parent never holds more than one rank's event table
 (the primary rank's, which the rules read), so peak memory is about (workers + 1) traces,
-whatever the number of ranks. Workers are a process pool sized to the usable cores; they
-are started with ``spawn`` (no fork of a parent that may run threads, e.g. the app).
+whatever the number of ranks. Workers are a process pool sized to the usable cores (at most
+``MAX_POOL_WORKERS``); they are started with ``spawn`` (no fork of a parent that may run
+threads, e.g. the app).
 
 Ranks come from each file's ``distributedInfo.rank`` or its name (``rank3``). When a file
 has neither, or two files claim one rank (profiler windows of one process), the sequential
@@ -29,6 +30,10 @@ from diagnostics.trace.schema import TraceMetadata
 # Below this many files the pool's start-up (a second or so of imports per worker) costs
 # more than it saves.
 POOL_MIN_FILES = 4
+# Each worker peaks at one trace's load (about 10x its JSON size: ~0.4 GB for 35 MB), so the
+# pool is capped as well as sized to the cores: on a 128-core node 8 workers keep the peak
+# near 4 GB for such traces while still parsing 8 at once.
+MAX_POOL_WORKERS = 8
 
 
 @dataclass(frozen=True)
@@ -60,7 +65,7 @@ def digest_files(
     files: Sequence[Path], names: Sequence[str], max_bytes: int, workers: int | None = None
 ) -> list[RankDigest]:
     """Every file's digest, in the files' order; raises the first file's InputError."""
-    workers = max(1, min(workers or usable_cores(), len(files)))
+    workers = max(1, min(workers or min(usable_cores(), MAX_POOL_WORKERS), len(files)))
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         results = list(
