@@ -54,8 +54,8 @@ class TraceFacts:
     distributed: dict[str, Any] | None = None
     pytorch_version: str | None = None
     rank: int = 0
-    # per-rank summary when several ranks were loaded: rank, steps, step_time_ms_mean,
-    # step_time_ms_p50, gpu_utilization_pct
+    # per-rank summary when several ranks were loaded: diagnostics.facts.ranks.RANKS_SCHEMA
+    # (step times, step parts per step, communication, cross-rank wait and late arrivals)
     ranks: pl.DataFrame | None = None
     warnings: tuple[str, ...] = ()
     # device (-1 host), peak_allocated_bytes, peak_reserved_bytes, device_total_bytes,
