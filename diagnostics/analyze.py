@@ -26,7 +26,10 @@ from diagnostics.facts import (
 )
 from diagnostics.facts.summary import overlap_summary
 from diagnostics.metrics import KeyMetrics, compute_key_metrics
+from diagnostics.facts.comm_ranks import CollectiveMatch
+from diagnostics.facts.ranks import rank_collectives
 from diagnostics.model import AnalysisInputs, RunData, TraceFacts
+from diagnostics.rank_pool import POOL_MIN_FILES, digest_files, ranks_are_distinct
 from diagnostics.result import (
     BREAKDOWN_KEYS,
     IDLE_KEYS,
@@ -35,9 +38,16 @@ from diagnostics.result import (
 )
 from diagnostics.rules.base import Skipped
 from diagnostics.rules.engine import run_rules
-from diagnostics.trace.budget import DEFAULT_MAX_DECOMPRESSED_BYTES, DEFAULT_MAX_EVENTS
-from diagnostics.trace.loader import LoadedInput, load, load_trace_files
-from diagnostics.trace.schema import LoadedTrace
+from diagnostics.runs import RunFolder
+from diagnostics.trace.budget import DEFAULT_MAX_DECOMPRESSED_BYTES, DEFAULT_MAX_EVENTS, Limits
+from diagnostics.trace.loader import (
+    LoadedInput,
+    load,
+    load_trace_file,
+    load_trace_files,
+    trace_files_in,
+)
+from diagnostics.trace.schema import LoadedTrace, TraceMetadata
 
 __all__ = [
     "DEFAULT_MAX_DECOMPRESSED_BYTES",
@@ -59,8 +69,64 @@ def analyze(
 
     The byte and event budgets hold for the whole input (all files of a folder together).
     """
+    folder = Path(path)
+    if folder.is_dir() and not RunFolder.is_run_folder(folder):
+        files = trace_files_in(folder)
+        many = _analyze_many(
+            files,
+            [str(f) for f in files],
+            "ranks",
+            str(folder),
+            max_decompressed_bytes,
+            max_events,
+            thresholds,
+        )
+        if many is not None:
+            return many
     loaded = load(path, max_decompressed_bytes=max_decompressed_bytes, max_events=max_events)
     return analyze_loaded(loaded, thresholds=thresholds)
+
+
+def _analyze_many(
+    files: Sequence[Path],
+    names: Sequence[str],
+    kind: str,
+    path: str,
+    max_bytes: int,
+    max_events: int,
+    thresholds: Any,
+) -> AnalysisResult | None:
+    """Many rank files through the process pool (diagnostics.rank_pool): only the primary
+    rank's events are held here. None when the files are too few or their ranks need the
+    sequential loader's numbering."""
+    if len(files) < POOL_MIN_FILES:
+        return None
+    digests = digest_files(files, names, Limits(max_bytes, max_events))
+    if not ranks_are_distinct(digests):
+        return None
+    order = sorted(range(len(digests)), key=lambda i: digests[i].metadata.rank)
+    first = order[0]
+    primary = load_trace_file(
+        files[first],
+        display_name=names[first],
+        max_decompressed_bytes=max_bytes,
+        max_events=max_events,
+    )
+    metadata = tuple(digests[i].metadata for i in order)
+    loaded = LoadedInput(
+        kind="trace" if kind == "trace" else "ranks",
+        path=path,
+        traces=(primary,),
+        files=tuple(names),
+        warnings=tuple(w for m in metadata for w in m.warnings),
+        notes=tuple(n for m in metadata for n in m.notes),
+    )
+    return analyze_loaded(
+        loaded,
+        thresholds=thresholds,
+        rank_facts=tuple(digests[i].facts for i in order),
+        rank_metadata=metadata,
+    )
 
 
 def analyze_files(
@@ -82,6 +148,11 @@ def analyze_files(
         raise InputError("(no files)", "nothing to analyse: give at least one trace file")
     if len(names) != len(files):
         raise ValueError("display_names must name every path")
+    many = _analyze_many(
+        files, names, "ranks", ", ".join(names), max_decompressed_bytes, max_events, thresholds
+    )
+    if many is not None:
+        return many
     traces, notes = load_trace_files(
         files,
         display_names=names,
@@ -99,13 +170,27 @@ def analyze_files(
     return analyze_loaded(loaded, thresholds=thresholds)
 
 
-def analyze_loaded(loaded: LoadedInput, *, thresholds: Any = None) -> AnalysisResult:
-    """Facts, rules and summary for an input the loader has read."""
-    rank_facts = tuple(compute_facts(t.events, t.metadata) for t in loaded.traces)
+def analyze_loaded(
+    loaded: LoadedInput,
+    *,
+    thresholds: Any = None,
+    rank_facts: tuple[TraceFacts, ...] | None = None,
+    rank_metadata: tuple[TraceMetadata, ...] | None = None,
+) -> AnalysisResult:
+    """Facts, rules and summary for an input the loader has read.
+
+    ``rank_facts``/``rank_metadata`` (by rank, the primary first): every rank's facts
+    computed elsewhere (diagnostics.rank_pool); ``loaded.traces`` then holds the primary
+    rank only."""
+    if rank_facts is None:
+        rank_facts = tuple(compute_facts(t.events, t.metadata) for t in loaded.traces)
+    if rank_metadata is None:
+        rank_metadata = tuple(t.metadata for t in loaded.traces)
     facts: TraceFacts | None = rank_facts[0] if rank_facts else None
     primary: LoadedTrace | None = loaded.traces[0] if loaded.traces else None
+    match = rank_collectives(rank_facts) if len(rank_facts) > 1 else None
     if facts is not None and len(rank_facts) > 1:
-        facts = replace(facts, ranks=rank_summary(rank_facts))
+        facts = replace(facts, ranks=rank_summary(rank_facts, match))
         rank_facts = (facts, *rank_facts[1:])
     environment = _environment(loaded.run, primary, facts)
     step_map = (
@@ -120,7 +205,8 @@ def analyze_loaded(loaded: LoadedInput, *, thresholds: Any = None) -> AnalysisRe
         extra={
             "cpu_count": environment.get("cpu_count"),
             "rank_facts": rank_facts,
-            "trace_metadata": tuple(t.metadata for t in loaded.traces),
+            "collective_match": match,
+            "trace_metadata": rank_metadata,
             "trace_run_steps": step_map,
         },
     )
@@ -132,7 +218,9 @@ def analyze_loaded(loaded: LoadedInput, *, thresholds: Any = None) -> AnalysisRe
     if facts is not None:
         warnings.extend(w for w in facts.warnings if w not in warnings)
     warnings.extend(f"rule {e.rule} failed and was skipped: {e.reason}" for e in outcome.errors)
-    summary = summarise(loaded, facts, rank_facts, inputs.metrics)
+    summary = summarise(loaded, facts, rank_facts, inputs.metrics, match)
+    if rank_metadata:
+        summary["events"] = sum(m.event_count for m in rank_metadata)
     if step_map is not None and step_map.height:
         summary["trace_run_steps"] = step_map.select("trace_step", "run_step").to_dicts()
     counts = {"high": 0, "medium": 0, "low": 0}
@@ -144,7 +232,7 @@ def analyze_loaded(loaded: LoadedInput, *, thresholds: Any = None) -> AnalysisRe
             "kind": loaded.kind,
             "path": loaded.path,
             "files": list(loaded.files),
-            "ranks": list(loaded.ranks),
+            "ranks": [m.rank for m in rank_metadata],
         },
         summary=summary,
         facts=facts,
@@ -221,11 +309,26 @@ def _device_name(value: Any) -> str | None:
     return "cuda" if value.lower().startswith("cuda") else "cpu"
 
 
+def _comm_summary(facts: TraceFacts | None) -> dict[str, Any]:
+    comms = facts.comms if facts is not None else None
+    if comms is None:
+        return {}
+    return {
+        "comm_source": comms.source,
+        "comm_collective_us": _finite(comms.collective_us),
+        "comm_overlap_pct": _finite(comms.overlap_pct),
+        "comm_exposed_us": _finite(comms.exposed_us),
+        "comm_exposed_us_per_step": _finite(comms.exposed_us_per_step),
+        "comm_exposed_pct": _finite(comms.exposed_pct),
+    }
+
+
 def summarise(
     loaded: LoadedInput,
     facts: TraceFacts | None,
     rank_facts: Sequence[TraceFacts] = (),
     metrics: KeyMetrics | None = None,
+    match: CollectiveMatch | None = None,
 ) -> dict[str, Any]:
     """The summary dict: every SUMMARY_KEYS key, null where it does not apply. The headline
     numbers are the key metrics' (diagnostics.metrics), so the JSON says what the cards say."""
@@ -274,6 +377,9 @@ def summarise(
             summary["gpu_idle_breakdown_pct"] = (
                 {key: _finite(idle.get(key)) for key in IDLE_KEYS} if idle else None
             )
+    summary.update(_comm_summary(facts))
+    if match is not None:
+        summary["comm_ranks"] = match.to_summary()
     summary["events"] = sum(t.events.height for t in loaded.traces) if loaded.traces else None
 
     if facts is not None and facts.ranks is not None and len(rank_facts) > 1:

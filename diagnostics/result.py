@@ -50,6 +50,17 @@ SUMMARY_KEYS: dict[str, str] = {
     "peak_memory_bytes": "peak CUDA memory allocated (run records, else the trace), bytes",
     "events": "rows of the event table (all ranks)",
     "ranks": "several ranks: {count, table: [per-rank rows], spread: step-time spread}",
+    "comm_source": '"gpu_kernels" (NCCL kernels) or "host_ops" (CPU/gloo collectives); '
+    "null: no communication in the trace",
+    "comm_collective_us": "union of communication over the profiled steps, µs",
+    "comm_overlap_pct": "share of communication overlapped by compute, % (HTA's "
+    "get_comm_comp_overlap; CPU traces: by the training loop thread's operators)",
+    "comm_exposed_us": "communication with no compute beside it, over the profiled steps, µs",
+    "comm_exposed_us_per_step": "mean exposed communication per profiled step, µs",
+    "comm_exposed_pct": "exposed communication over summed step time, %",
+    "comm_ranks": "two or more ranks: {matched_collectives, significant_collectives, "
+    "skew_us_p50, skew_us_max, per_rank: [{rank, matched, collective_us, wait_us, "
+    "transfer_us, wait_pct, late_count, late_share_pct}]}: collectives matched across ranks",
     "findings_by_severity": "{high, medium, low}: number of findings",
     "trace_run_steps": "run folder with a trace: [{trace_step, run_step}], the profiler's "
     "steps matched to the run's step records on one clock",

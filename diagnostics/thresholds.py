@@ -275,6 +275,31 @@ class Thresholds:
         "usual noise band of step times on shared clusters",
     )
 
+    # -- exposed-communication ------------------------------------------------------------
+    exposed_comm_min_pct: float = _t(
+        10.0,
+        "communication not overlapped by compute, as a share of step time, above which it "
+        "is reported, %",
+        "torch-tb-profiler's distributed view flags communication above 10% of the step "
+        "(docs/PEERS.md, its rules list)",
+    )
+    # -- rank-stragglers (cause) ----------------------------------------------------------
+    straggler_cause_min_share_pct: float = _t(
+        80.0,
+        "a straggler's cause (data wait, host-to-device copies, compute) is named only when "
+        "that part's excess over the median rank explains at least this share of its excess "
+        "step time, %",
+        "TraceML names a straggler's cause only when it explains at least 80% of the wait "
+        "(docs/PEERS.md)",
+    )
+    straggler_late_share_pct: float = _t(
+        50.0,
+        "with collectives matched across ranks, a rank that starts last in at least this "
+        "share of the significant collectives is a straggler, %",
+        "ours: with N ranks an even job makes each rank last 1/N of the time; arriving last "
+        "in half of them is HTA's late-start signal (get_potential_stragglers) made a share",
+    )
+
     @classmethod
     def field_docs(cls) -> list[tuple[str, Any, str, str]]:
         """(name, default, doc, source) for every threshold, in declaration order."""

@@ -27,7 +27,8 @@ st.markdown(
     "`export_chrome_trace`) — or several, one per rank of a distributed job."
 )
 st.caption(
-    f"`.json` or `.json.gz` · up to {views.MAX_UPLOAD_FILES} files · "
+    f"`.json` or `.json.gz`, or a `.zip`/`.tar.gz` of them · up to "
+    f"{views.MAX_UPLOAD_FILES} files · "
     f"up to **{max_upload_mb} MB per file** as uploaded · {views.upload_limits_text()} · "
     "analysed from a temporary copy that is deleted straight after, unless you save it."
 )
@@ -36,7 +37,8 @@ st.caption(
 uploads = st.file_uploader(
     "Trace files",
     accept_multiple_files=True,
-    help=f"{' or '.join(ACCEPTED_EXTENSIONS)}. Several files are read as the ranks of one job.",
+    help=f"{' or '.join(ACCEPTED_EXTENSIONS)}, or an archive of them. Several files are read "
+    "as the ranks of one job.",
 )
 if not uploads:
     st.session_state["upload_analysis"] = None
