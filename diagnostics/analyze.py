@@ -24,10 +24,10 @@ from diagnostics.facts import (
     rank_summary,
     step_time_spread,
 )
-from diagnostics.facts.summary import overlap_summary
-from diagnostics.metrics import KeyMetrics, compute_key_metrics
 from diagnostics.facts.comm_ranks import CollectiveMatch
 from diagnostics.facts.ranks import rank_collectives
+from diagnostics.facts.summary import overlap_summary
+from diagnostics.metrics import KeyMetrics, compute_key_metrics
 from diagnostics.model import AnalysisInputs, RunData, TraceFacts
 from diagnostics.rank_pool import POOL_MIN_FILES, digest_files, ranks_are_distinct
 from diagnostics.result import (
