@@ -99,9 +99,14 @@ def mask_tokens(
     special = torch.zeros_like(input_ids, dtype=torch.bool)
     for token_id in special_ids:
         special |= input_ids == token_id
-    chosen = (
-        torch.rand(input_ids.shape, device=input_ids.device) < MLM_MASK_PROBABILITY
-    ) & ~special
+    draw = torch.rand(input_ids.shape, device=input_ids.device)
+    chosen = (draw < MLM_MASK_PROBABILITY) & ~special
+    # A small batch of short lines can draw no target at all; its loss is then 0/0 = NaN
+    # (seen on an H200 with batch 2). Then the real token with the lowest draw is the one
+    # target. Decided on the device, with no host read: the same draws as before, so every
+    # batch that had a target is masked exactly as before.
+    lowest = draw.masked_fill(special, 2.0)
+    chosen |= ~chosen.any() & (lowest == lowest.min()) & ~special
     # masked_fill/where, not x[mask] = ...: boolean-mask indexing counts the mask on the
     # host (nonzero), a device sync every step on CUDA; same draws, same values
     labels = input_ids.masked_fill(~chosen, -100)
