@@ -111,7 +111,7 @@ def step_slice_json(trace: LoadedTrace, start_us: float, end_us: float) -> bytes
 
 PERFETTO_STEPS: tuple[str, ...] = (
     "Download the step's trace below (a .json file; it never leaves your machine).",
-    "Open https://ui.perfetto.dev in Chrome or Firefox and choose *Open trace file*, or drag "
+    "Open `https://ui.perfetto.dev` in Chrome or Firefox and choose *Open trace file*, or drag "
     "the file onto the page. Perfetto loads it in the browser; nothing is uploaded.",
     "Press W/S to zoom and A/D to pan; click a kernel and follow its flow arrow to the CPU "
     "call that launched it.",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from app_ui.safe_text import shown
 from tests.app.test_pages import open_page, texts
 
 H200_RUN = "h200-sized/m768l6b256"
@@ -36,9 +37,11 @@ def test_an_unsupported_extension_says_which_file_and_what_is_accepted(empty_env
     at.file_uploader[0].set_value(("notes.txt", b"hello", "text/plain"))
     at.run()
     assert not at.exception
-    assert [e.value for e in at.error] == [
+    # errors name the user's file, so they are escaped text (app_ui.safe_text): compare
+    # what a person reads
+    assert [shown(e.value) for e in at.error] == [
         "notes.txt: unsupported file type (.txt): upload Chrome traces written by "
-        "torch.profiler, as .json or .json.gz"
+        "torch.profiler, as .json or .json.gz, or a .zip/.tar/.tar.gz/.tgz of them"
     ]
 
 

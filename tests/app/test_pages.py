@@ -327,7 +327,7 @@ def test_a_malformed_run_reads_unreadable_with_its_reason_and_the_others_stay(ma
     for run_id, name in (("bad-status", "status.json"), ("bad-manifest", "run.json")):
         at = open_page("pages/3_Run_detail.py", {"run": run_id})
         assert not at.exception, at.exception
-        assert [e.value for e in at.error] == [
+        assert [shown(e.value) for e in at.error] == [
             f"{malformed_env / run_id / name}: unreadable (a JSON list, not an object)"
         ]
     # Compare's default pair is two readable runs, and picking a broken one is one line

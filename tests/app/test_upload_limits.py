@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from app_ui.safe_text import shown
 from tests.app.test_pages import open_page
 from tests.diagnostics.test_isolated import write_event_bomb
 
@@ -46,7 +47,7 @@ def test_event_bomb_upload_shows_one_line_and_the_server_stays_small(upload_env,
     at.run()
     peak = _rss("VmHWM")
     assert not at.exception
-    assert [e.value for e in at.error] == [
+    assert [shown(e.value) for e in at.error] == [
         "bomb.json.gz: holds more than 100,000 events (all files of the input together), "
         "the limit (raise --max-events or PIPELINE_DOCTOR_MAX_EVENTS to read it)"
     ]
@@ -66,7 +67,7 @@ def test_analysis_over_its_memory_limit_is_one_line_and_the_server_carries_on(
     at.run()
     assert not at.exception
     assert len(at.error) == 1
-    message = at.error[0].value
+    message = shown(at.error[0].value)
     assert message.startswith(f"{large.name}: the analysis needed more than 600.0 MiB")
     assert "\n" not in message
 

@@ -67,7 +67,7 @@ def test_identity_reads_the_metadata():
     ("name", "problem"),
     [
         ("notes.txt", "unsupported file type (.txt)"),
-        ("trace.tar.gz", "unsupported file type (.tar.gz)"),
+        ("trace.json.zst", "unsupported file type (.json.zst)"),
         ("Makefile", "unsupported file type (no extension)"),
     ],
 )
@@ -75,12 +75,14 @@ def test_unsupported_extensions_name_the_file_and_the_accepted_ones(name, proble
     with pytest.raises(InputError) as info:
         check_names([name])
     assert str(info.value) == (
-        f"{name}: {problem}: upload Chrome traces written by torch.profiler, as .json or .json.gz"
+        f"{name}: {problem}: upload Chrome traces written by torch.profiler, as .json or "
+        ".json.gz, or a .zip/.tar/.tar.gz/.tgz of them"
     )
 
 
-def test_check_names_accepts_traces_in_any_case():
-    check_names(["a.JSON", "b.json.GZ", "rank0.pt.trace.json.gz"])
+def test_check_names_accepts_traces_and_archives_in_any_case():
+    # archives of rank traces are unpacked, bounded, by diagnostics.views.archives (issue 10)
+    check_names(["a.JSON", "b.json.GZ", "rank0.pt.trace.json.gz", "ranks.ZIP", "r.tar.gz"])
 
 
 def test_mismatched_files_wait_for_an_answer_then_separate(tmp_path):
