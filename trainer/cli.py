@@ -75,11 +75,27 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--run-id", help="folder name under the runs dir (default: generated)")
     run.add_argument("--parent-run-id", help="the run this one re-runs with a fix")
     run.add_argument("--patch-json", help="a fix's config_patch: JSON object of dotted keys")
+    _distributed_args(run, new_run=True)
     resume = sub.add_parser("resume", help="continue a run from its last checkpoint")
     resume.add_argument("run_dir", type=Path)
+    _distributed_args(resume, new_run=False)
+    worker = sub.add_parser("_worker")  # one rank, started by torchrun (trainer/distributed.py)
+    worker.add_argument("--run-dir", type=Path, required=True)
+    worker.add_argument("--resume", action="store_true")
     listing = sub.add_parser("list", help="list runs")
     listing.add_argument("--runs-dir", type=Path, default=None)
     return parser
+
+
+def _distributed_args(parser: argparse.ArgumentParser, *, new_run: bool) -> None:
+    """torchrun's own job-shape options (see trainer/dist_launch.py)."""
+    if new_run:
+        parser.add_argument(
+            "--nproc-per-node", type=int, help="processes on this node: a DDP job under torchrun"
+        )
+        parser.add_argument("--nnodes", type=int, help="nodes in the job (default 1)")
+    parser.add_argument("--node-rank", type=int, default=0, help="this node's rank (default 0)")
+    parser.add_argument("--rdzv-endpoint", help="HOST:PORT of node 0, with --nnodes > 1")
 
 
 def _patch(text: str | None) -> dict[str, Any] | None:
@@ -125,12 +141,16 @@ def _setup_logging(log_path: Path) -> None:
 def _cmd_run(args: argparse.Namespace) -> int:
     config, patch = config_from_args(args)
     runs_dir = args.runs_dir or default_runs_dir()
+    distributed = args.nproc_per_node is not None or args.nnodes is not None
     if args.run_id is not None and not RUN_ID_PATTERN.match(args.run_id):
         raise ConfigError("--run-id", f"{args.run_id!r}", "letters, digits, '.', '_', '-'")
-    if args.run_id is not None and (runs_dir / args.run_id).exists():
+    exists_ok = distributed and args.node_rank != 0  # node 0 creates it
+    if args.run_id is not None and (runs_dir / args.run_id).exists() and not exists_ok:
         raise ConfigError("--run-id", f"{runs_dir / args.run_id} already exists", "a new id")
     if runs_dir.exists() and not runs_dir.is_dir():
         raise ConfigError("--runs-dir", f"{runs_dir} is not a directory", "a directory")
+    if distributed:
+        return _launch(args, config, patch, runs_dir)
 
     # torch only now: the checks above stay instant, and cuda is the last one needing it
     import torch
@@ -188,11 +208,21 @@ def _cmd_resume(args: argparse.Namespace) -> int:
         status = folder.status()
     except RunFolderError as exc:
         raise ConfigError("RUN_DIR", str(exc)) from None
-    if status.status == "running" and _alive(status.pid, status.host):
+    if args.node_rank != 0 and manifest.extra.get("distributed"):
+        pass  # node 0's launcher owns the status (it may already read running again)
+    elif status.status == "running" and _alive(status.pid, status.host):
         raise ConfigError("RUN_DIR", f"{run_dir} is still running (pid {status.pid})")
-    if status.status == "completed":
+    elif status.status == "completed":
         raise ConfigError("RUN_DIR", f"{run_dir} already completed")
     config = TrainerConfig.from_dict(manifest.config)
+    if manifest.extra.get("distributed"):
+        from trainer.dist_launch import launch_resume, spec_for_resume
+
+        spec = spec_for_resume(manifest.extra["distributed"], args.node_rank, args.rdzv_endpoint)
+        spec.validate(config, folder.run_id)
+        ended, _ = launch_resume(run_dir, spec)
+        print(run_dir, flush=True)
+        return 1 if ended == "failed" else 0
 
     import torch
 
@@ -246,6 +276,29 @@ def _train(writer: Any, config: TrainerConfig, device: str, runs_dir: Path, resu
     return 1 if status == "failed" else 0
 
 
+def _launch(
+    args: argparse.Namespace, config: TrainerConfig, patch: dict[str, Any] | None, runs_dir: Path
+) -> int:
+    from trainer.dist_launch import LaunchSpec, launch_run
+
+    spec = LaunchSpec(
+        nproc_per_node=args.nproc_per_node or 1,
+        nnodes=args.nnodes or 1,
+        node_rank=args.node_rank,
+        rdzv_endpoint=args.rdzv_endpoint,
+    )
+    run_dir, status, _ = launch_run(
+        spec,
+        config,
+        runs_dir,
+        run_id=args.run_id,
+        parent_run_id=args.parent_run_id,
+        patch=patch,
+    )
+    print(run_dir, flush=True)
+    return 1 if status == "failed" else 0
+
+
 def _cmd_list(args: argparse.Namespace) -> int:
     from diagnostics.runs import list_runs
 
@@ -270,6 +323,10 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_run(args)
         if args.command == "resume":
             return _cmd_resume(args)
+        if args.command == "_worker":
+            from trainer.distributed import worker_main
+
+            return worker_main(args.run_dir, args.resume)
         return _cmd_list(args)
     except (ConfigError, UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)

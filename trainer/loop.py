@@ -41,6 +41,7 @@ from trainer.data import (
     num_labels,
     used_token_ids,
 )
+from trainer.distributed import current_context, worker_name
 from trainer.instruments.memory_lines import make_memory_lines
 from trainer.instruments.profiler import make_profiler
 from trainer.instruments.steps import cuda_memory, make_step_clock, rss_bytes
@@ -142,8 +143,11 @@ class Trainer:
             self.run_dir / "trace",
             enabled=self.instruments,
             cuda=self.cuda,
-            worker_name=f"{self.run_dir.name}.{os.getpid()}",
+            worker_name=worker_name(self.run_dir),
         )
+        self.dist = current_context()  # None unless started by torchrun
+        if self.dist is not None:
+            self.dist.attach(self)
         self.sampler = make_sampler(
             writer.append_sample,
             writer.add_note,
@@ -467,6 +471,11 @@ class Trainer:
                 seed=cfg.seed,
                 phase=phase,
                 pin_memory=cfg.data.pin_memory and self.cuda,
+                **(
+                    {"rank": self.dist.rank, "world_size": self.dist.world_size}
+                    if self.dist
+                    else {}
+                ),
             ).iterate(start_epoch, start_batch)
             log.info("%s: steps %d..%d", phase, self.position.step + 1, phase_end)
             if phase == "finetune":
@@ -474,10 +483,14 @@ class Trainer:
             current_epoch = start_epoch
             while self.position.step < phase_end:
                 stop = self._stop_reason()
+                if self.dist is not None:  # every rank stops after the same step
+                    stop = self.dist.agree_stop(stop)
                 if stop is not None:
                     return self._stop(*stop)
                 self.clock.begin()
                 epoch, batch_in_epoch, batch = next(batches)
+                if self.dist is not None:
+                    self.dist.after_fetch()
                 self.clock.mark("fetched")
                 if phase == "finetune" and epoch != current_epoch:
                     self.evaluate(current_epoch)
