@@ -19,6 +19,8 @@ Layout (``RUN_FOLDER_VERSION`` 1)::
       log.txt             the trainer's log
       steps.rank<k>.jsonl distributed runs: rank k > 0's records (rank 0 keeps the names
       samples.rank<k>.jsonl  above); log.rank<k>.txt; status.rank<k>.json, each rank's end
+      run.lock            held by the one trainer writing the folder: {"pid", "host", "at"}
+                          (O_EXCL; trainer/run_lock.py; a dead holder's lock is recovered)
 
 Every timestamp called ``wall_time`` is Unix seconds from ``time.time()`` in the trainer
 process, so step records and system samples join on one clock.
@@ -33,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import socket
 import time
 from collections.abc import Iterable, Mapping
@@ -49,7 +52,12 @@ HEARTBEAT_INTERVAL_S = 2.0
 # ...so a "running" status whose heartbeat is older than this is reported as dead.
 HEARTBEAT_STALE_AFTER_S = 15.0
 
-RunState = Literal["running", "completed", "failed", "cancelled", "preempted", "dead"]
+# "dead": running but silent past HEARTBEAT_STALE_AFTER_S; "unreadable": run.json or
+# status.json could not be read (the listing's reason says why), set by list_runs only
+RunState = Literal["running", "completed", "failed", "cancelled", "preempted", "dead", "unreadable"]
+WRITTEN_STATES: frozenset[str] = frozenset(
+    {"running", "completed", "failed", "cancelled", "preempted"}
+)
 FINAL_STATES: frozenset[str] = frozenset({"completed", "failed", "cancelled", "preempted"})
 
 MANIFEST_FILE = "run.json"
@@ -60,6 +68,7 @@ STEPS_PARQUET = "steps.parquet"
 SAMPLES_PARQUET = "samples.parquet"
 MEMORY_LINES_FILE = "memory_lines.jsonl"
 LOG_FILE = "log.txt"
+LOCK_FILE = "run.lock"
 TRACE_DIR = "trace"
 CHECKPOINT_DIR = "checkpoints"
 RANK_STATUS_FILE = "status.rank{rank}.json"  # every rank's own end, aggregated into status.json
@@ -149,6 +158,24 @@ class RunStatus:
         return self.status == "running"
 
 
+def _parse_status(path: Path, raw: Mapping[str, Any]) -> RunStatus:
+    """The typed status; any field of the wrong type makes the whole file unreadable."""
+    state = raw.get("status")
+    if state not in WRITTEN_STATES:
+        raise RunFolderError(f"{path}: unreadable (status is {state!r})")
+    return RunStatus(
+        status=state,
+        reason=_field(path, raw, "reason", (str,), None),
+        heartbeat=_field(path, raw, "heartbeat", _NUMBER, None),
+        pid=_field(path, raw, "pid", (int,), None),
+        host=_field(path, raw, "host", (str,), None),
+        started_at=_field(path, raw, "started_at", _NUMBER, None),
+        ended_at=_field(path, raw, "ended_at", _NUMBER, None),
+        step=_field(path, raw, "step", (int,), 0),
+        total_steps=_field(path, raw, "total_steps", (int,), None),
+    )
+
+
 _MANIFEST_CORE_KEYS = frozenset(
     {"version", "run_id", "created_at", "config", "environment", "parent_run_id"}
     | {"applied_patch", "notes"}
@@ -173,19 +200,58 @@ class RunManifest:
         return self.config.get("scenario")
 
 
-def _atomic_write_json(path: Path, payload: Mapping[str, Any]) -> None:
+def _atomic_write_json(
+    path: Path, payload: Mapping[str, Any], *, last_resort: bool = False
+) -> None:
+    """Replaces ``path`` atomically; a failed write (a full disk) leaves no ``.tmp`` behind.
+
+    With ``last_resort`` a write that fails for want of space is retried in place: the
+    truncation frees the old file's blocks, which the new (same-sized) content then
+    reuses. Used for the final status only, where a torn file (read as "unreadable")
+    is still better than a run stuck at "running".
+    """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str))
-    os.replace(tmp, path)
+    text = json.dumps(payload, indent=2, sort_keys=True, default=str)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if not last_resort:
+            raise
+        with path.open("w") as handle:
+            handle.write(text)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from a run file; RunFolderError (one line) for anything else."""
     try:
-        return json.loads(path.read_text())
+        raw = json.loads(path.read_text())
     except FileNotFoundError:
         raise RunFolderError(f"{path}: missing") from None
+    except RecursionError:
+        raise RunFolderError(f"{path}: unreadable (JSON nested too deeply)") from None
     except (OSError, ValueError) as exc:
-        raise RunFolderError(f"{path}: unreadable ({exc})") from None
+        problem = " ".join(str(exc).split())
+        raise RunFolderError(f"{path}: unreadable ({problem})") from None
+    if not isinstance(raw, dict):
+        raise RunFolderError(f"{path}: unreadable (a JSON {type(raw).__name__}, not an object)")
+    return raw
+
+
+_NUMBER = (int, float)
+
+
+def _field(path: Path, raw: Mapping[str, Any], key: str, kinds: tuple[type, ...], default: Any):
+    """``raw[key]`` if it has one of ``kinds`` (None allowed when the default is None)."""
+    value = raw.get(key, default)
+    if value is None and default is None:
+        return None
+    if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
+        expected = " or ".join(kind.__name__ for kind in kinds)
+        raise RunFolderError(f"{path}: unreadable ({key} is {value!r}, not {expected})")
+    return value
 
 
 def _read_lines(path: Path) -> list[dict[str, Any]]:
@@ -236,25 +302,32 @@ class RunFolder:
 
     @staticmethod
     def is_run_folder(path: str | os.PathLike[str]) -> bool:
-        return (Path(path) / MANIFEST_FILE).is_file()
+        try:
+            return (Path(path) / MANIFEST_FILE).is_file()
+        except OSError:  # a folder we may not look into (/proc, another user's) is not one
+            return False
 
     def manifest(self) -> RunManifest:
-        raw = _read_json(self.path / MANIFEST_FILE)
+        path = self.path / MANIFEST_FILE
+        raw = _read_json(path)
         version = raw.get("version")
         if version != RUN_FOLDER_VERSION:
             raise RunFolderError(
-                f"{self.path / MANIFEST_FILE}: run folder version {version!r} is not "
+                f"{path}: run folder version {version!r} is not "
                 f"supported (this reader knows {RUN_FOLDER_VERSION})"
             )
+        notes = _field(path, raw, "notes", (list,), [])
+        if not all(isinstance(note, str) for note in notes):
+            raise RunFolderError(f"{path}: unreadable (notes are not all strings)")
         return RunManifest(
             version=version,
-            run_id=raw.get("run_id", self.run_id),
-            created_at=float(raw.get("created_at", 0.0)),
-            config=dict(raw.get("config") or {}),
-            environment=dict(raw.get("environment") or {}),
-            parent_run_id=raw.get("parent_run_id"),
-            applied_patch=raw.get("applied_patch"),
-            notes=tuple(raw.get("notes") or ()),
+            run_id=_field(path, raw, "run_id", (str,), self.run_id),
+            created_at=float(_field(path, raw, "created_at", _NUMBER, 0.0)),
+            config=dict(_field(path, raw, "config", (dict,), None) or {}),
+            environment=dict(_field(path, raw, "environment", (dict,), None) or {}),
+            parent_run_id=_field(path, raw, "parent_run_id", (str,), None),
+            applied_patch=_field(path, raw, "applied_patch", (dict,), None),
+            notes=tuple(notes),
             extra={k: v for k, v in raw.items() if k not in _MANIFEST_CORE_KEYS},
         )
 
@@ -263,9 +336,7 @@ class RunFolder:
         path = self.path / STATUS_FILE
         if not path.exists():
             raise RunFolderError(f"{path}: missing")
-        raw = _read_json(path)
-        known = {f for f in RunStatus.__dataclass_fields__}
-        status = RunStatus(**{k: v for k, v in raw.items() if k in known})
+        status = _parse_status(path, _read_json(path))
         if status.status == "running":
             now = time.time() if now is None else now
             heartbeat = status.heartbeat or status.started_at or 0.0
@@ -412,12 +483,19 @@ class RunListing:
 
 
 def list_runs(runs_dir: str | os.PathLike[str]) -> list[RunListing]:
-    """Every run folder under runs_dir, newest first. Unreadable ones are listed with error."""
+    """Every run folder under runs_dir, newest first.
+
+    This is the one place that decides what a broken run looks like: a run whose run.json
+    or status.json cannot be read is listed with status "unreadable", the reason in
+    ``status.reason`` and ``error``, so every caller shows it and keeps the others.
+    """
     root = Path(runs_dir)
-    if not root.is_dir():
+    try:
+        children = list(root.iterdir()) if root.is_dir() else []
+    except OSError:  # not ours to read: as good as empty, never a traceback
         return []
     listings = []
-    for child in root.iterdir():
+    for child in children:
         if not RunFolder.is_run_folder(child):
             continue
         run = RunFolder(child)
@@ -434,13 +512,17 @@ def list_runs(runs_dir: str | os.PathLike[str]) -> list[RunListing]:
                 )
             )
         except RunFolderError as exc:
+            try:
+                created_at = child.stat().st_mtime
+            except OSError:
+                created_at = 0.0
             listings.append(
                 RunListing(
                     path=child,
                     run_id=child.name,
-                    created_at=child.stat().st_mtime,
+                    created_at=created_at,
                     scenario=None,
-                    status=RunStatus(status="failed", reason=str(exc)),
+                    status=RunStatus(status="unreadable", reason=str(exc)),
                     error=str(exc),
                 )
             )
@@ -472,9 +554,12 @@ class _LineAppender:
 
     def close(self) -> None:
         if not self._handle.closed:
-            self._handle.flush()
-            os.fsync(self._handle.fileno())
-            self._handle.close()
+            try:
+                self._handle.flush()
+                os.fsync(self._handle.fileno())
+            finally:
+                with contextlib.suppress(OSError):  # the buffer a full disk refused
+                    self._handle.close()
 
 
 def _json_default(value: Any) -> Any:
@@ -506,39 +591,47 @@ class RunWriter:
         notes: Iterable[str] = (),
         total_steps: int | None = None,
     ) -> RunWriter:
+        """A new run folder; FileExistsError if the id is taken (``mkdir`` decides, so of
+        two processes creating one id at once exactly one wins). Any other OSError (a full
+        disk, no permission) removes what was made: no half-made folder blocks the id."""
         run_id = run_id or new_run_id(config.get("scenario"))
         path = Path(runs_dir) / run_id
-        path.mkdir(parents=True, exist_ok=False)
-        (path / TRACE_DIR).mkdir()
-        (path / CHECKPOINT_DIR).mkdir()
-        _atomic_write_json(
-            path / MANIFEST_FILE,
-            {
-                "version": RUN_FOLDER_VERSION,
-                "run_id": run_id,
-                "created_at": time.time(),
-                "config": dict(config),
-                "environment": dict(environment),
-                "parent_run_id": parent_run_id,
-                "applied_patch": dict(applied_patch) if applied_patch else None,
-                "notes": list(notes),
-            },
-        )
-        writer = cls(path=path)
-        now = time.time()
-        writer._status = {
-            "status": "running",
-            "reason": None,
-            "heartbeat": now,
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "started_at": now,
-            "ended_at": None,
-            "step": 0,
-            "total_steps": total_steps,
-        }
-        writer._write_status()
-        writer._open_appenders()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.mkdir(exist_ok=False)
+        try:
+            (path / TRACE_DIR).mkdir()
+            (path / CHECKPOINT_DIR).mkdir()
+            _atomic_write_json(
+                path / MANIFEST_FILE,
+                {
+                    "version": RUN_FOLDER_VERSION,
+                    "run_id": run_id,
+                    "created_at": time.time(),
+                    "config": dict(config),
+                    "environment": dict(environment),
+                    "parent_run_id": parent_run_id,
+                    "applied_patch": dict(applied_patch) if applied_patch else None,
+                    "notes": list(notes),
+                },
+            )
+            writer = cls(path=path)
+            now = time.time()
+            writer._status = {
+                "status": "running",
+                "reason": None,
+                "heartbeat": now,
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "started_at": now,
+                "ended_at": None,
+                "step": 0,
+                "total_steps": total_steps,
+            }
+            writer._write_status()
+            writer._open_appenders()
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
         return writer
 
     @classmethod
@@ -605,23 +698,39 @@ class RunWriter:
         self._status["heartbeat"] = time.time()
         self._write_status()
 
+    @property
+    def last_step(self) -> int:
+        """The last step whose record was appended."""
+        return int(self._status.get("step") or 0)
+
     def set_status(self, status: RunState, reason: str | None = None) -> None:
         now = time.time()
         self._status.update(status=status, reason=reason, heartbeat=now)
-        if status in FINAL_STATES:
+        final = status in FINAL_STATES
+        if final:
             self._status["ended_at"] = now
-        self._write_status()
+        _atomic_write_json(self.path / STATUS_FILE, self._status, last_resort=final)
 
     def finalise(self, status: RunState, reason: str | None = None) -> None:
-        """Closes the line files, writes the parquet copies, then the final status."""
+        """Closes the line files, writes the parquet copies, then the final status.
+
+        The parquet copies are a convenience (the reader falls back to the line files), so
+        a disk too full for them still gets the final status and loses no record.
+        """
         for appender in (self._steps, self._samples):
             if appender is not None:
-                appender.close()
+                with contextlib.suppress(OSError):  # a full disk: the flushed lines stay
+                    appender.close()
         run = RunFolder(self.path)
         for name, frame in ((STEPS_PARQUET, run.steps()), (SAMPLES_PARQUET, run.samples())):
             tmp = self.path / f".{name}.tmp"
-            frame.write_parquet(tmp)
-            os.replace(tmp, self.path / name)
+            try:
+                frame.write_parquet(tmp)
+                os.replace(tmp, self.path / name)
+            except Exception:  # polars reports a full disk as its own error type
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+                (self.path / name).unlink(missing_ok=True)  # never a stale copy
         self.set_status(status, reason)
 
     def write_memory_lines(self, rows: Iterable[Mapping[str, Any]]) -> None:

@@ -3,16 +3,26 @@
 Progress goes to stderr (and the run's log.txt); the run folder's path is the last line on
 stdout. A bad value is one line ``error: <field>: <what>; allowed: ...`` with exit code 2,
 and every check happens before the run folder is created, so a refused run leaves nothing.
-Exit codes: 0 completed, preempted or cancelled; 1 failed; 2 bad input.
+A run folder that cannot be created (a full disk, no permission) is exit 2 too, and what
+was made of it is removed. A run folder is written by one trainer at a time (run.lock,
+trainer/run_lock.py): a second ``resume`` of a live run, or an id taken by a run started
+at the same moment, is refused in one line with exit 2.
+
+Exit codes: 0 completed, preempted or cancelled; 1 failed (a full disk mid-run included:
+status ``failed``, reason ``disk full at step N``, the records up to step N kept);
+2 bad input or a run folder that cannot be created or is in use.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
 import logging
 import os
 import re
+import shutil
 import sys
 import time
 import traceback
@@ -28,7 +38,9 @@ from trainer.config import (
     parse_assignment,
 )
 
-RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# checked with fullmatch: "$" would also accept an id ending in a newline
+RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 CACHE_DIR_NAME = ".cache"  # under the runs directory: the tokenizer cache
 
 
@@ -103,6 +115,8 @@ def _patch(text: str | None) -> dict[str, Any] | None:
         return None
     try:
         patch = json.loads(text)
+    except RecursionError:
+        raise ConfigError("--patch-json", "JSON nested too deeply", "a flat JSON object") from None
     except ValueError as exc:
         raise ConfigError("--patch-json", f"not JSON ({exc.msg})", "a JSON object") from None
     if not isinstance(patch, dict):
@@ -126,29 +140,56 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainerConfig, dict[str,
     return config, patch
 
 
+class _LogFile(logging.FileHandler):
+    """log.txt that never prints logging's own traceback: a full disk is reported once,
+    as the run's outcome, not as a "--- Logging error ---" block per message."""
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        pass
+
+
 def _setup_logging(log_path: Path) -> None:
     logger = logging.getLogger("trainer")
     logger.setLevel(logging.INFO)
     logger.propagate = False
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
+        handler.close()
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S")
-    for handler in (logging.StreamHandler(sys.stderr), logging.FileHandler(log_path)):
+    for handler in (logging.StreamHandler(sys.stderr), _LogFile(log_path)):
         handler.setFormatter(fmt)
         logger.addHandler(handler)
 
 
+def check_run_id(flag: str, value: str | None) -> None:
+    if value is not None and not RUN_ID_PATTERN.fullmatch(value):
+        raise ConfigError(flag, f"{value!r}", "letters, digits, '.', '_', '-' (at most 128)")
+
+
+def _alive(pid: int | None, host: str | None) -> bool:
+    from trainer.run_lock import holder_alive  # not at import: usage errors stay instant
+
+    return holder_alive(pid, host)
+
+
+def _os_problem(exc: OSError) -> str:
+    return exc.strerror or type(exc).__name__
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
+    check_run_id("--run-id", args.run_id)
+    check_run_id("--parent-run-id", args.parent_run_id)
     config, patch = config_from_args(args)
     runs_dir = args.runs_dir or default_runs_dir()
     distributed = args.nproc_per_node is not None or args.nnodes is not None
-    if args.run_id is not None and not RUN_ID_PATTERN.match(args.run_id):
-        raise ConfigError("--run-id", f"{args.run_id!r}", "letters, digits, '.', '_', '-'")
     exists_ok = distributed and args.node_rank != 0  # node 0 creates it
-    if args.run_id is not None and (runs_dir / args.run_id).exists() and not exists_ok:
-        raise ConfigError("--run-id", f"{runs_dir / args.run_id} already exists", "a new id")
-    if runs_dir.exists() and not runs_dir.is_dir():
-        raise ConfigError("--runs-dir", f"{runs_dir} is not a directory", "a directory")
+    try:
+        if args.run_id is not None and (runs_dir / args.run_id).exists() and not exists_ok:
+            raise ConfigError("--run-id", f"{runs_dir / args.run_id} already exists", "a new id")
+        if runs_dir.exists() and not runs_dir.is_dir():
+            raise ConfigError("--runs-dir", f"{runs_dir} is not a directory", "a directory")
+    except OSError as exc:
+        raise ConfigError("--runs-dir", f"{runs_dir}: {_os_problem(exc)}") from None
     if distributed:
         return _launch(args, config, patch, runs_dir)
 
@@ -165,87 +206,140 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     threads = choose_threads(config, cpu_count(), device)
     torch.set_num_threads(threads)
-    writer = RunWriter.create(
-        runs_dir,
-        config.to_dict(),
-        environment(device, threads),
-        run_id=args.run_id,
-        parent_run_id=args.parent_run_id,
-        applied_patch=patch,
-        notes=run_notes(config, device),
-        total_steps=config.train.pretrain_steps + config.train.steps,
-    )
-    return _train(writer, config, device, runs_dir, resume_from=None)
-
-
-def _alive(pid: int | None, host: str | None) -> bool:
-    """Whether the process that wrote a "running" status still exists.
-
-    A killed run reads "running" until its heartbeat goes stale (15 s); on the same host
-    the process table settles it at once. On another host, trust the heartbeat.
-    """
-    import socket
-
-    import psutil
-
-    if pid is None or host != socket.gethostname():
-        return True
+    runs_dir_existed = runs_dir.is_dir()
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+        writer = RunWriter.create(
+            runs_dir,
+            config.to_dict(),
+            environment(device, threads),
+            run_id=args.run_id,
+            parent_run_id=args.parent_run_id,
+            applied_patch=patch,
+            notes=run_notes(config, device),
+            total_steps=config.train.pretrain_steps + config.train.steps,
+        )
+    except FileExistsError as exc:  # the same id, started at the same moment, won the mkdir
+        raise ConfigError("--run-id", f"{exc.filename} already exists", "a new id") from None
+    except OSError as exc:  # RunWriter.create removed the run folder it began
+        if not runs_dir_existed:
+            with contextlib.suppress(OSError):
+                runs_dir.rmdir()  # only if empty: a runs dir made just now for this run
+        raise ConfigError(
+            "--runs-dir", f"cannot create a run folder in {runs_dir}: {_os_problem(exc)}"
+        ) from None
+    lock = _lock_new_run(writer.path)
+    try:
+        _setup_logging(writer.path / "log.txt")
+    except OSError as exc:
+        lock.release()
+        shutil.rmtree(writer.path, ignore_errors=True)
+        raise ConfigError(
+            "--runs-dir", f"cannot create a run folder in {runs_dir}: {_os_problem(exc)}"
+        ) from None
+    return _train(writer, lock, config, device, runs_dir, resume=False)
+
+
+def _lock_new_run(path: Path) -> Any:
+    from trainer.run_lock import RunLock, RunLocked
+
+    try:
+        return RunLock.acquire(path)
+    except (RunLocked, OSError) as exc:
+        shutil.rmtree(path, ignore_errors=True)
+        raise ConfigError("--runs-dir", f"cannot lock the new run folder: {exc}") from None
 
 
 def _cmd_resume(args: argparse.Namespace) -> int:
-    from diagnostics.runs import RunFolder, RunFolderError
+    from diagnostics.runs import RunFolder
+    from trainer.run_lock import RunLock, RunLocked
 
     run_dir: Path = args.run_dir
     if not RunFolder.is_run_folder(run_dir):
         raise ConfigError("RUN_DIR", f"{run_dir} is not a run folder (no run.json)", "a run folder")
+    if args.node_rank != 0:  # node 0's launcher holds the lock and owns the status
+        return _resume_other_node(run_dir, args)
+    # the lock first: of two resumes started at once, one gets it and the other stops here
+    try:
+        lock = RunLock.acquire(run_dir)
+    except RunLocked as exc:
+        raise ConfigError("RUN_DIR", str(exc)) from None
+    except OSError as exc:
+        raise ConfigError("RUN_DIR", f"{run_dir}: cannot lock: {_os_problem(exc)}") from None
+    try:
+        return _resume_locked(run_dir, lock, args)
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _resume_locked(run_dir: Path, lock: Any, args: argparse.Namespace) -> int:
+    from diagnostics.runs import RunFolder, RunFolderError
+
     folder = RunFolder(run_dir)
     try:
         manifest = folder.manifest()
         status = folder.status()
     except RunFolderError as exc:
         raise ConfigError("RUN_DIR", str(exc)) from None
-    if args.node_rank != 0 and manifest.extra.get("distributed"):
-        pass  # node 0's launcher owns the status (it may already read running again)
-    elif status.status == "running" and _alive(status.pid, status.host):
+    # a writer that predates run.lock (or one that lost it) still shows in its status
+    if status.status == "running" and _alive(status.pid, status.host):
         raise ConfigError("RUN_DIR", f"{run_dir} is still running (pid {status.pid})")
     elif status.status == "completed":
         raise ConfigError("RUN_DIR", f"{run_dir} already completed")
-    config = TrainerConfig.from_dict(manifest.config)
+    try:
+        config = TrainerConfig.from_dict(manifest.config)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ConfigError("RUN_DIR", f"{run_dir / 'run.json'}: config: {exc}") from None
     if manifest.extra.get("distributed"):
-        from trainer.dist_launch import launch_resume, spec_for_resume
-
-        spec = spec_for_resume(manifest.extra["distributed"], args.node_rank, args.rdzv_endpoint)
-        spec.validate(config, folder.run_id)
-        ended, _ = launch_resume(run_dir, spec)
-        print(run_dir, flush=True)
-        return 1 if ended == "failed" else 0
+        return _resume_distributed(run_dir, manifest.extra["distributed"], config, lock, args)
 
     import torch
 
     from diagnostics.runs import RunWriter
     from trainer.run_io import cpu_count
-    from trainer.runtime import choose_threads, latest_checkpoint, resolve_device
+    from trainer.runtime import choose_threads, resolve_device
 
     device = resolve_device(config.device)
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device", "the run used cuda but no CUDA device is available")
     torch.set_num_threads(choose_threads(config, cpu_count(), device))
-    writer = RunWriter.reopen(run_dir)
-    (run_dir / "cancel.request").unlink(missing_ok=True)
-    return _train(writer, config, device, run_dir.parent, resume_from=latest_checkpoint(run_dir))
+    try:
+        writer = RunWriter.reopen(run_dir)
+        (run_dir / "cancel.request").unlink(missing_ok=True)
+        _setup_logging(writer.path / "log.txt")
+    except OSError as exc:
+        raise ConfigError("RUN_DIR", f"{run_dir}: cannot reopen: {_os_problem(exc)}") from None
+    return _train(writer, lock, config, device, run_dir.parent, resume=True)
 
 
-def _train(writer: Any, config: TrainerConfig, device: str, runs_dir: Path, resume_from) -> int:
+def _failure(exc: BaseException, step: int) -> str:
+    """The run's one-line reason; a full disk says so and at which step."""
+    from trainer.checkpoint import os_error_behind
+
+    cause = os_error_behind(exc)
+    if cause is not None and cause.errno in DISK_FULL_ERRNOS:
+        where = f" ({cause.filename})" if cause.filename else ""
+        return f"disk full at step {step}{where}"
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
+def _train(
+    writer: Any, lock: Any, config: TrainerConfig, device: str, runs_dir: Path, resume: bool
+) -> int:
+    try:
+        return _train_locked(writer, config, device, runs_dir, resume)
+    finally:
+        lock.release()
+
+
+def _train_locked(
+    writer: Any, config: TrainerConfig, device: str, runs_dir: Path, resume: bool
+) -> int:
     from trainer.loop import Trainer
     from trainer.run_io import Heartbeat, SafeWriter
     from trainer.runtime import StopRequests
 
     safe = SafeWriter(writer)
-    _setup_logging(writer.path / "log.txt")
     log = logging.getLogger("trainer")
     log.info("run %s: scenario %s on %s", writer.path.name, config.scenario, device)
     heartbeat = Heartbeat(safe)
@@ -253,22 +347,30 @@ def _train(writer: Any, config: TrainerConfig, device: str, runs_dir: Path, resu
     stop = StopRequests()
     stop.install()
     started = time.monotonic()
+    trainer = None
     try:
         trainer = Trainer(
             config, safe, device=device, cache_dir=runs_dir / CACHE_DIR_NAME, stop=stop
         )
-        outcome = trainer.run(resume_from)
+        outcome = trainer.run(resume_latest=resume)
         status, reason = outcome.status, outcome.reason
     except Exception as exc:
-        status, reason = "failed", f"{type(exc).__name__}: {exc}"
-        # the traceback goes to log.txt only: the terminal gets the one-line reason
-        with (writer.path / "log.txt").open("a") as handle:
+        status, reason = "failed", _failure(exc, writer.last_step)
+        # the traceback goes to log.txt only (if the disk takes it): the terminal gets the
+        # one-line reason
+        with contextlib.suppress(OSError), (writer.path / "log.txt").open("a") as handle:
             handle.write(traceback.format_exc())
-        log.error("run failed: %s (traceback in %s)", reason, writer.path / "log.txt")
+        log.error("run failed: %s (details in %s)", reason, writer.path / "log.txt")
     finally:
         heartbeat.stop()
         stop.uninstall()
-    safe.finalise(status, reason)  # type: ignore[arg-type]
+    if reason is None and trainer is not None and trainer.resume_note:
+        reason = trainer.resume_note  # a completed resume still says what it set aside
+    try:
+        safe.finalise(status, reason)  # type: ignore[arg-type]
+    except OSError as exc:
+        log.error("could not record the final status: %s", _failure(exc, writer.last_step))
+        status = "failed"
     log.info(
         "%s after %.1f s%s", status, time.monotonic() - started, f": {reason}" if reason else ""
     )
@@ -297,6 +399,40 @@ def _launch(
     )
     print(run_dir, flush=True)
     return 1 if status == "failed" else 0
+
+
+def _resume_distributed(
+    run_dir: Path, info: dict[str, Any], config: TrainerConfig, lock: Any, args: argparse.Namespace
+) -> int:
+    from trainer.dist_launch import launch_resume, spec_for_resume
+
+    try:
+        spec = spec_for_resume(info, args.node_rank, args.rdzv_endpoint)
+        spec.validate(config, run_dir.name)
+        ended, _ = launch_resume(run_dir, spec)
+    finally:
+        lock.release()
+    print(run_dir, flush=True)
+    return 1 if ended == "failed" else 0
+
+
+def _resume_other_node(run_dir: Path, args: argparse.Namespace) -> int:
+    from diagnostics.runs import RunFolder, RunFolderError
+    from trainer.dist_launch import launch_resume, spec_for_resume
+
+    try:
+        manifest = RunFolder(run_dir).manifest()
+        config = TrainerConfig.from_dict(manifest.config)
+    except (RunFolderError, TypeError, ValueError, KeyError) as exc:
+        raise ConfigError("RUN_DIR", f"{run_dir}: {exc}") from None
+    info = manifest.extra.get("distributed")
+    if not info:
+        raise ConfigError("--node-rank", f"{run_dir} is a single-process run", "0")
+    spec = spec_for_resume(info, args.node_rank, args.rdzv_endpoint)
+    spec.validate(config, run_dir.name)
+    ended, _ = launch_resume(run_dir, spec)
+    print(run_dir, flush=True)
+    return 1 if ended == "failed" else 0
 
 
 def _cmd_list(args: argparse.Namespace) -> int:

@@ -135,13 +135,17 @@ class InstrumentsConfig:
 
 @dataclass
 class RuntimeConfig:
-    threads: int | None = _spec(None, "torch CPU threads; null = chosen for the machine", min=1)
+    # bounded: torch.set_num_threads(100000) runs after the folder exists and then stalls
+    threads: int | None = _spec(
+        None, "torch CPU threads; null = chosen for the machine", min=1, max=1024
+    )
 
 
 @dataclass
 class TrainerConfig:
     scenario: str = "healthy"
-    seed: int = _spec(0, "seed for data, init, masking and data order", min=0)
+    # NumPy seeds are 32-bit: a larger one would fail only after the run folder exists
+    seed: int = _spec(0, "seed for data, init, masking and data order", min=0, max=2**32 - 1)
     device: Device = _spec("auto", "auto = CUDA when present, else CPU")
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)

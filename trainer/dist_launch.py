@@ -235,14 +235,20 @@ def launch_run(
             "launcher": "torch.distributed.run",
         }
     )
-    _setup_launcher_logging(writer.path)
+    from trainer.run_lock import RunLock
+
+    lock = RunLock.acquire(writer.path)  # the launcher is the folder's one writer
     try:
-        _environment_and_tokenizer(config, writer.path, runs_dir)
-    except Exception as exc:
-        writer.finalise("failed", f"{type(exc).__name__}: {exc}")
-        return writer.path, "failed", f"{type(exc).__name__}: {exc}"
-    log.info("run %s: %d ranks on %d node(s)", run_id, spec.world_size, spec.nnodes)
-    return writer.path, *supervise(writer.path, spec, writer, resume=False)
+        _setup_launcher_logging(writer.path)
+        try:
+            _environment_and_tokenizer(config, writer.path, runs_dir)
+        except Exception as exc:
+            writer.finalise("failed", f"{type(exc).__name__}: {exc}")
+            return writer.path, "failed", f"{type(exc).__name__}: {exc}"
+        log.info("run %s: %d ranks on %d node(s)", run_id, spec.world_size, spec.nnodes)
+        return writer.path, *supervise(writer.path, spec, writer, resume=False)
+    finally:
+        lock.release()
 
 
 def launch_resume(run_dir: Path, spec: LaunchSpec) -> tuple[str, str | None]:

@@ -288,7 +288,7 @@ def worker_main(run_dir: Path, resume: bool) -> int:
     from trainer.cli import CACHE_DIR_NAME
     from trainer.config import TrainerConfig
     from trainer.loop import Trainer
-    from trainer.runtime import StopRequests, latest_checkpoint
+    from trainer.runtime import StopRequests
 
     config = TrainerConfig.from_dict(RunFolder(run_dir).manifest().config)
     rank = int(os.environ.get("RANK", "0"))
@@ -304,7 +304,7 @@ def worker_main(run_dir: Path, resume: bool) -> int:
         trainer = Trainer(
             config, writer, device=device, cache_dir=run_dir.parent / CACHE_DIR_NAME, stop=stop
         )
-        outcome = trainer.run(latest_checkpoint(run_dir) if resume else None)
+        outcome = trainer.run(resume_latest=resume)
         status, reason, step = outcome.status, outcome.reason, outcome.steps_done
     except Exception as exc:
         reason = f"{type(exc).__name__}: {exc}"

@@ -12,7 +12,8 @@ one overflow does not poison the weights; the run goes on and its notes say when
 first non-finite step happened and how many there were. It does not crash on NaN.
 
 Exact resume: a checkpoint holds the model, optimiser, GradScaler, the Python, NumPy and
-torch (CPU and CUDA) RNG states and the data position (phase, epoch, batches consumed).
+torch (CPU and CUDA) RNG states and the data position (phase, epoch, batches consumed),
+all as tensors and plain types (trainer/checkpoint.py: loaded with ``weights_only=True``).
 Data order depends only on (seed, phase, epoch), so a resumed run sees the same batches.
 """
 
@@ -21,16 +22,15 @@ from __future__ import annotations
 import logging
 import math
 import os
-import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import psutil
 import torch
 
+from trainer import checkpoint
 from trainer.config import TrainerConfig
 from trainer.data import (
     Corpus,
@@ -55,7 +55,6 @@ log = logging.getLogger("trainer")
 
 CANCEL_FILE = "cancel.request"
 TOKENIZER_FILE = "tokenizer.json"  # the run's own tokenizer: resume must not retrain one
-CHECKPOINTS_KEPT = 2  # the newest two: one may be torn if the process dies mid-save
 MEMORY_LINES_PROBE_SAMPLES = 64
 
 
@@ -135,6 +134,7 @@ class Trainer:
         self.nonfinite_steps = 0
         self.first_nonfinite_step: int | None = None
         self.evaluations: list[dict[str, Any]] = []
+        self.resume_note: str | None = None  # what a resume had to set aside, if anything
         self.memory_lines = make_memory_lines(self.instruments and config.instruments.memory_lines)
         self._train_step = self.memory_lines.wrap(self._train_step_impl)
         self.clock = make_step_clock(self.device, instruments=self.instruments)
@@ -150,75 +150,46 @@ class Trainer:
             self.dist.attach(self)
         self.sampler = make_sampler(
             writer.append_sample,
-            writer.add_note,
+            writer.add_note_if_room,
             enabled=self.instruments,
             sample_hz=config.instruments.sample_hz,
         )
 
-    # --- checkpoints ---------------------------------------------------------------------
+    # --- checkpoints (format and fallback: trainer/checkpoint.py) ---------------------------
 
     def checkpoint_path(self, step: int) -> Path:
-        return self.run_dir / "checkpoints" / f"step_{step:08d}.pt"
+        return checkpoint.checkpoint_path(self.run_dir, step)
 
     def save_checkpoint(self) -> Path:
-        pos = self.position
-        state = {
-            "position": vars(pos).copy(),
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            "rng": {
-                "python": random.getstate(),
-                "numpy": np.random.get_state(),
-                "torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state_all() if self.cuda else None,
-            },
-            "total_loss": float(
-                self.total_loss.detach()
-                if isinstance(self.total_loss, torch.Tensor)
-                else self.total_loss
-            ),
-            "nonfinite_steps": self.nonfinite_steps,
-            "first_nonfinite_step": self.first_nonfinite_step,
-            "evaluations": self.evaluations,
-            "config": self.config.to_dict(),
-            "vocab_kept_ids": self.vocab.kept_ids,
-        }
-        path = self.checkpoint_path(pos.step)
-        tmp = path.with_name(f".{path.name}.tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, path)  # a kill mid-save leaves only the .tmp, never a torn .pt
-        for old in sorted(path.parent.glob("step_*.pt"))[:-CHECKPOINTS_KEPT]:
-            old.unlink(missing_ok=True)
-        log.info("checkpoint %s", path.name)
-        return path
+        return checkpoint.save(self.run_dir, self.position.step, checkpoint.capture(self))
 
     def load_checkpoint(self, path: Path) -> None:
-        # our own file (it holds NumPy RNG state, which weights_only refuses)
-        state = torch.load(path, map_location=self.device, weights_only=False)
-        if not self.vocab.same_kept_ids(state.get("vocab_kept_ids")):
-            raise ValueError(
-                f"{path.name}: the checkpoint's pruned vocabulary differs from the one rebuilt "
-                "from the run's tokenizer.json and data; cannot resume exactly"
-            )
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scaler.load_state_dict(state["scaler"])
-        self.position = Position(**state["position"])
-        self.total_loss = float(state["total_loss"])
-        self.nonfinite_steps = int(state["nonfinite_steps"])
-        self.first_nonfinite_step = state["first_nonfinite_step"]
-        self.evaluations = list(state["evaluations"])
-        rng = state["rng"]
-        random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
-        torch.set_rng_state(rng["torch"].cpu())
-        if self.cuda and rng["cuda"] is not None:
-            torch.cuda.set_rng_state_all([s.cpu() for s in rng["cuda"]])
+        """Restores this trainer from one given checkpoint (CheckpointError if unusable)."""
+        checkpoint.apply(self, checkpoint.load(path, self.device), path.name)
+        log.info("resumed from %s at step %d", path.name, self.position.step)
+        self._note_history_restarts()
+
+    def _note_history_restarts(self) -> None:
         if self.config.train.keep_batch_history:
             self.writer.add_note(
                 "resumed: the batch history (train.keep_batch_history) restarts empty"
             )
+
+    def restore_latest_checkpoint(self) -> None:
+        """Continues from the newest intact checkpoint; unusable newer ones are set aside."""
+        restored = checkpoint.load_latest_intact(self.run_dir, self.device, self.writer.add_note)
+        if restored.set_aside:
+            where = restored.path.name if restored.path else "the start (no intact checkpoint)"
+            self.resume_note = f"resumed from {where}; set aside as unreadable: " + "; ".join(
+                restored.set_aside
+            )
+        if restored.path is None or restored.state is None:
+            if restored.set_aside:
+                log.warning("no intact checkpoint: the run starts over from step 0")
+            return
+        checkpoint.apply(self, restored.state, restored.path.name)
+        log.info("resumed from %s at step %d", restored.path.name, self.position.step)
+        self._note_history_restarts()
 
     # --- one step ------------------------------------------------------------------------
 
@@ -401,10 +372,13 @@ class Trainer:
             )
             log.warning("non-finite loss or gradient norm at step %d", step)
 
-    def run(self, resume_from: Path | None = None) -> Outcome:
+    def run(self, resume_from: Path | None = None, *, resume_latest: bool = False) -> Outcome:
+        """Trains to the end or a stop; from ``resume_from``, or with ``resume_latest``
+        from the run's newest intact checkpoint."""
         if resume_from is not None:
             self.load_checkpoint(resume_from)
-            log.info("resumed from %s at step %d", resume_from.name, self.position.step)
+        elif resume_latest:
+            self.restore_latest_checkpoint()
         self.writer.update_manifest(model_parameters=parameter_count(self.model))
         self.writer.update_environment(
             vocab_usage=self.vocab_usage(),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import sys
@@ -39,6 +40,15 @@ class SafeWriter:
     def add_note(self, note: str) -> None:
         with self._lock:
             self.writer.add_note(note)
+
+    def add_note_if_room(self, note: str) -> None:
+        """For background threads: a note a full disk refuses is dropped, not raised.
+
+        The training thread meets the same full disk at its next write and ends the run
+        with "disk full at step N"; a thread's own traceback would only add noise.
+        """
+        with contextlib.suppress(OSError):
+            self.add_note(note)
 
     def update_manifest(self, **fields: Any) -> None:
         with self._lock:

@@ -1,10 +1,9 @@
-"""Process-level choices for a run: device, threads, signals, notes, checkpoint files."""
+"""Process-level choices for a run: device, threads, signals, notes."""
 
 from __future__ import annotations
 
 import random
 import signal
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -80,8 +79,3 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    checkpoints = sorted((run_dir / "checkpoints").glob("step_*.pt"))
-    return checkpoints[-1] if checkpoints else None

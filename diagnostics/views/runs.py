@@ -22,6 +22,8 @@ STATUS_BADGES: dict[str, str] = {
     "cancelled": ":gray-badge[:material/stop_circle: cancelled]",
     "preempted": ":orange-badge[:material/pause_circle: preempted]",
     "dead": ":red-badge[:material/heart_broken: dead]",
+    # run.json or status.json could not be read (diagnostics.runs.list_runs says why)
+    "unreadable": ":red-badge[:material/broken_image: unreadable]",
 }
 
 
@@ -179,6 +181,8 @@ def progress(status: RunStatus, steps: pl.DataFrame, now: float | None = None) -
 def default_pair(listings: Sequence[RunListing]) -> tuple[str | None, str | None]:
     """The pair to compare when none is asked for: the newest re-run and its parent,
     else the two newest runs (older as A)."""
+    readable = [run for run in listings if run.error is None]
+    listings = readable if len(readable) >= 2 else listings  # an unreadable run is no default
     ids = {run.run_id for run in listings}
     for run in listings:
         if run.parent_run_id and run.parent_run_id in ids:

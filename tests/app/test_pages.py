@@ -267,3 +267,53 @@ def test_report_downloads_render_every_format(runs_env, shared_traces_dir):
             assert text.lstrip().lower().startswith(opening), (fmt, text[:80])
     assert runs_env.slow.name in render.report_text(first, "md")
     assert runs_env.fixed.name in render.comparison_report_text(comparison, "md")
+
+
+@pytest.fixture
+def malformed_env(empty_env):
+    """Two good runs beside a run whose status.json is [1,2] and one whose run.json is."""
+    for run_id in ("good-a", "good-b"):
+        RunWriter.create(empty_env, {"scenario": "healthy"}, {}, run_id=run_id).finalise(
+            "completed"
+        )
+    for run_id, name in (("bad-status", "status.json"), ("bad-manifest", "run.json")):
+        writer = RunWriter.create(empty_env, {"scenario": "healthy"}, {}, run_id=run_id)
+        writer.finalise("completed")
+        (writer.path / name).write_text("[1, 2]")
+    return empty_env
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_renders_beside_a_malformed_run(malformed_env, page):
+    at = open_page(page)
+    assert not at.exception, at.exception
+    assert at.title, f"{page} has no title"
+
+
+def test_a_malformed_run_reads_unreadable_with_its_reason_and_the_others_stay(malformed_env):
+    listings = {run.run_id: run for run in list_runs(malformed_env)}
+    assert {run_id: run.status.status for run_id, run in listings.items()} == {
+        "good-a": "completed",
+        "good-b": "completed",
+        "bad-status": "unreadable",
+        "bad-manifest": "unreadable",
+    }
+    table = open_page("pages/2_Runs.py").dataframe[0].value
+    rows = dict(zip(table["run"], table["status"], strict=True))
+    assert rows == {run_id: run.status.status for run_id, run in listings.items()}
+    notes = dict(zip(table["run"], table["note"], strict=True))
+    assert notes["bad-status"] == (
+        f"{malformed_env / 'bad-status' / 'status.json'}: unreadable (a JSON list, not an object)"
+    )
+    for run_id, name in (("bad-status", "status.json"), ("bad-manifest", "run.json")):
+        at = open_page("pages/3_Run_detail.py", {"run": run_id})
+        assert not at.exception, at.exception
+        assert [e.value for e in at.error] == [
+            f"{malformed_env / run_id / name}: unreadable (a JSON list, not an object)"
+        ]
+    # Compare's default pair is two readable runs, and picking a broken one is one line
+    at = open_page("pages/5_Compare.py")
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    at = open_page("pages/5_Compare.py", {"a": "bad-status", "b": "good-a"})
+    assert not at.exception
+    assert len(at.error) == 1 and "unreadable (a JSON list, not an object)" in at.error[0].value

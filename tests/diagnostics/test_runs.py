@@ -100,3 +100,63 @@ def test_manifest_keeps_fields_added_while_running(tmp_path):
     manifest = RunFolder(writer.path).manifest()
     assert manifest.extra == {"model_parameters": 1234}
     assert manifest.scenario == "healthy"
+
+
+# A malformed run file makes that one run "unreadable" (with the reason) and nothing else:
+# the typed reader is the one place that decides, so `list`, every page and the analyser agree.
+MALFORMED = [
+    ("status.json", "[1, 2]", "a JSON list, not an object"),
+    ("status.json", '{"status": "running", "step": "many"}', "step is 'many', not int"),
+    ("status.json", '{"status": 7}', "status is 7"),
+    ("status.json", '{"status": "completed", "heartbeat": "soon"}', "heartbeat is 'soon'"),
+    ("status.json", "[" * 100_000 + "]" * 100_000, "JSON nested too deeply"),
+    ("run.json", "[1, 2]", "a JSON list, not an object"),
+    ("run.json", '{"version": 1, "config": [1]}', "config is [1], not dict"),
+    ("run.json", '{"version": 1, "notes": "one"}', "notes is 'one', not list"),
+    ("run.json", '{"version": 1, "created_at": "today"}', "created_at is 'today'"),
+    ("run.json", "[" * 100_000 + "]" * 100_000, "JSON nested too deeply"),
+]
+
+
+@pytest.mark.parametrize(("name", "text", "reason"), MALFORMED)
+def test_a_malformed_run_file_is_one_unreadable_run(tmp_path, name, text, reason):
+    good = _writer(tmp_path, run_id="good")
+    good.finalise("completed")
+    bad = _writer(tmp_path, run_id="bad")
+    bad.finalise("completed")
+    (bad.path / name).write_text(text)
+    with pytest.raises(RunFolderError, match=f"^{bad.path / name}: unreadable"):
+        folder = RunFolder(bad.path)
+        folder.manifest() if name == "run.json" else folder.status()
+    listings = {run.run_id: run for run in list_runs(tmp_path)}
+    assert listings["good"].status.status == "completed" and listings["good"].error is None
+    assert listings["bad"].status.status == "unreadable"
+    assert reason in listings["bad"].status.reason
+    assert listings["bad"].error == listings["bad"].status.reason
+
+
+def test_list_runs_of_a_folder_it_may_not_read_is_empty():
+    assert list_runs("/proc/self") == []
+
+
+def test_a_failed_status_write_leaves_no_tmp_file(tmp_path):
+    writer = _writer(tmp_path)
+    (writer.path / "status.json").unlink()
+    (writer.path / "status.json").mkdir()  # os.replace onto a directory fails
+    with pytest.raises(OSError):
+        writer.heartbeat()
+    assert not [p.name for p in writer.path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_run_folder_that_cannot_be_completed_is_removed(tmp_path):
+    looped: dict = {}
+    looped["self"] = looped  # run.json cannot be written: the folder must not stay half-made
+    with pytest.raises(ValueError, match="Circular reference"):
+        RunWriter.create(tmp_path, {"scenario": "x", "bad": looped}, {}, run_id="half")
+    assert not (tmp_path / "half").exists()
+
+
+def test_the_same_run_id_twice_is_file_exists(tmp_path):
+    _writer(tmp_path, run_id="taken")
+    with pytest.raises(FileExistsError):
+        _writer(tmp_path, run_id="taken")

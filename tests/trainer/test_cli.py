@@ -38,6 +38,21 @@ from trainer.config import build_config
         (["--patch-json", '{"train.grad_clip": "big"}'], "error: train.grad_clip: 'big' is not"),
         (["--run-id", "../escape"], "error: --run-id: '../escape'; allowed: letters, digits"),
         (["--frobnicate"], "error: unrecognized arguments: --frobnicate"),
+        # a full match: "$" in the old pattern let an id ending in a newline through
+        (["--run-id", "run\n"], "error: --run-id: 'run\\n'; allowed: letters, digits"),
+        (["--parent-run-id", "x\n"], "error: --parent-run-id: 'x\\n'; allowed: letters"),
+        (["--parent-run-id", "[a](http://x)"], "error: --parent-run-id: '[a](http://x)'"),
+        (["--parent-run-id", "../up"], "error: --parent-run-id: '../up'; allowed: letters"),
+        (["--set", f"seed={2**32}"], "error: seed: '4294967296' is out of range; allowed: "),
+        (["--set", "runtime.threads=100000"], "error: runtime.threads: '100000' is out of"),
+        (
+            ["--patch-json", "[" * 30_000 + "]" * 30_000],
+            "error: --patch-json: JSON nested too deeply",
+        ),
+        (
+            ["--patch-json", '{"a":' * 20_000 + "1" + "}" * 20_000],  # argv holds 128 KiB,
+            "error: --patch-json: JSON nested too deeply",
+        ),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_leaves_no_folder(tmp_path, args, message):
@@ -104,3 +119,41 @@ def test_resume_refuses_a_live_run_but_not_a_killed_one(tmp_path):
     assert not _alive(gone.pid, socket.gethostname())
     assert _alive(os.getpid(), socket.gethostname())
     assert _alive(gone.pid, "another-host")  # elsewhere only the heartbeat can tell
+
+
+def test_largest_seed_is_accepted_before_any_folder():
+    assert build_config("healthy", {"seed": 2**32 - 1}).seed == 2**32 - 1
+
+
+def test_a_runs_dir_that_cannot_hold_folders_is_one_line_exit_2():
+    result = run_trainer_cli(["run", "--runs-dir", "/proc/self", "--run-id", "x"])
+    assert result.returncode == 2
+    assert result.stderr == (
+        "error: --runs-dir: cannot create a run folder in /proc/self: No such file or directory\n"
+    )
+    assert run_trainer_cli(["list", "--runs-dir", "/proc/self"]).stderr == "no runs in /proc/self\n"
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "problem"),
+    [
+        ("status.json", "[1, 2]", "unreadable (a JSON list, not an object)"),
+        ("run.json", "[1, 2]", "unreadable (a JSON list, not an object)"),
+        ("run.json", "[" * 100_000 + "]" * 100_000, "unreadable (JSON nested too deeply)"),
+    ],
+)
+def test_a_malformed_run_is_listed_unreadable_and_refused_by_resume(tmp_path, name, text, problem):
+    good = RunWriter.create(tmp_path, build_config().to_dict(), {}, run_id="good")
+    good.finalise("completed")
+    bad = RunWriter.create(tmp_path, build_config().to_dict(), {}, run_id="bad")
+    bad.finalise("preempted")
+    (bad.path / name).write_text(text)
+    listed = run_trainer_cli(["list", "--runs-dir", str(tmp_path)])
+    assert listed.returncode == 0, listed.stderr
+    rows = {line.split("\t")[0]: line.split("\t") for line in listed.stdout.splitlines()}
+    assert rows["good"][2] == "completed"
+    assert rows["bad"][2] == "unreadable"
+    assert rows["bad"][-1] == f"{bad.path / name}: {problem}"
+    resumed = run_trainer_cli(["resume", str(bad.path)])
+    assert resumed.returncode == 2
+    assert resumed.stderr == f"error: RUN_DIR: {bad.path / name}: {problem}\n"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 import signal
 import subprocess
@@ -100,6 +101,8 @@ def runs(tmp_path_factory):
     at_term = _wait_for_step(runs_dir / "termed", 6, termed)
     termed.send_signal(signal.SIGTERM)
     out, err = termed.communicate(timeout=60)
+    # a copy to break: its newest checkpoint torn, a crafted one beside it (below)
+    shutil.copytree(runs_dir / "termed", runs_dir / "termed-corrupt")
     after_term = {
         "returncode": termed.returncode,
         "stdout": out,
@@ -163,3 +166,38 @@ def test_resume_after_sigterm_completes_with_the_same_losses(runs):
     run = RunFolder(run_dir)
     assert run.status().status == "completed"
     assert _losses(run) == _losses(runs["reference"])
+
+
+def test_a_preempted_run_with_a_torn_newest_checkpoint_resumes_from_the_one_before(runs):
+    """The newest checkpoint torn and a crafted newer one dropped in: both are set aside,
+    the run continues from the previous intact checkpoint, still bit-exact, and stays a
+    resumable run rather than turning "failed"."""
+    run_dir = runs["dir"] / "termed-corrupt"
+    saved = sorted((run_dir / "checkpoints").glob("step_*.pt"))
+    assert len(saved) == 2  # the step-4 one and the one written at SIGTERM
+    intact, newest = saved
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
+    marker = runs["dir"] / "pwned"
+    crafted = run_dir / "checkpoints" / "step_99999999.pt"
+    crafted.write_bytes(pickle.dumps(_Payload(marker), protocol=2))
+    result = run_trainer_cli(["resume", str(run_dir)], timeout_s=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert not marker.exists()
+    run = RunFolder(run_dir)
+    status = run.status()
+    assert status.status == "completed"
+    assert status.reason.startswith(f"resumed from {intact.name}; set aside as unreadable: ")
+    assert f"resumed from {intact.name} at step 4" in run.log_tail()
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir() if "corrupt" in p.name) == [
+        f"{newest.name}.corrupt",
+        "step_99999999.pt.corrupt",
+    ]
+    assert _losses(run) == _losses(runs["reference"])
+
+
+class _Payload:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
