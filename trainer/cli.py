@@ -384,8 +384,8 @@ def _launch(
     from trainer.dist_launch import LaunchSpec, launch_run
 
     spec = LaunchSpec(
-        nproc_per_node=args.nproc_per_node or 1,
-        nnodes=args.nnodes or 1,
+        nproc_per_node=1 if args.nproc_per_node is None else args.nproc_per_node,
+        nnodes=1 if args.nnodes is None else args.nnodes,
         node_rank=args.node_rank,
         rdzv_endpoint=args.rdzv_endpoint,
     )

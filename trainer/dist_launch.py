@@ -194,13 +194,13 @@ def launch_run(
     patch: dict[str, Any] | None,
 ) -> tuple[Path, str, str | None]:
     """A new distributed run: node 0 creates the folder, every node runs its ranks."""
+    spec.validate(config, run_id)  # before torch: a refused shape answers at once
     import torch
 
     from diagnostics.runs import RunWriter, new_run_id
     from trainer.run_io import environment
     from trainer.runtime import resolve_device, run_notes
 
-    spec.validate(config, run_id)
     if config.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device", "cuda requested but no CUDA device is available", "auto, cpu")
     device = resolve_device(config.device)

@@ -19,9 +19,11 @@ same: same seed, same ops on equally sized batches), so rank 0's checkpoint resu
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -173,6 +175,7 @@ class RankWriter:
         self.path = path
         self.rank = rank
         self._manifest = RunWriter(path=path)
+        self._lock = threading.Lock()  # the sampler thread notes too
         self._steps = _LineAppender(path / rank_file(STEPS_LINES, rank))
         self._samples = _LineAppender(path / rank_file(SAMPLES_LINES, rank))
 
@@ -184,19 +187,26 @@ class RankWriter:
 
     def add_note(self, note: str) -> None:
         if self.rank == 0:
-            self._manifest.add_note(note)
+            with self._lock:
+                self._manifest.add_note(note)
         else:
             log.info("note: %s", note)
 
+    def add_note_if_room(self, note: str) -> None:
+        """As SafeWriter's: a note a full disk refuses is dropped (the loop then fails)."""
+        with contextlib.suppress(OSError):
+            self.add_note(note)
+
     def update_manifest(self, **fields: Any) -> None:
         if self.rank == 0:
-            self._manifest.update_manifest(**fields)
+            with self._lock:
+                self._manifest.update_manifest(**fields)
 
     def update_environment(self, **fields: Any) -> None:
         if self.rank == 0:
             environment = dict(RunFolder(self.path).manifest().environment)
             environment.update(fields)
-            self._manifest.update_manifest(environment=environment)
+            self.update_manifest(environment=environment)
 
     def heartbeat(self) -> None:  # the launcher keeps status.json's heartbeat
         return None
