@@ -41,7 +41,7 @@ DIST_ARGS = (
     "data.num_workers=0",
 )
 # long enough to be stopped part-way: each sample waits 15 ms, a batch of 8 then 120 ms
-SLOW_ARGS = (*DIST_ARGS, "--steps", "60", "--instruments", "off")
+SLOW_ARGS = (*DIST_ARGS, "--steps", "60", "--instruments", "off", "--nproc-per-node", "2")
 SLOW_ARGS += ("--set", "data.sample_latency_ms=15")
 
 
