@@ -23,9 +23,36 @@ REFRESH_S = 1.5
 LIVE_WINDOW_STEPS = 400
 
 
-def preset_values(scenario: str) -> dict[str, Any]:
-    """Every dotted key's value under a scenario's preset (what the form starts at)."""
-    return build_config(scenario).to_flat()
+def preset_values(scenario: str, size: str = "auto") -> dict[str, Any]:
+    """Every dotted key's value under a scenario's preset at a size preset (what the form
+    starts at; ``auto`` shows the cpu values, as the device is only known at run start)."""
+    return build_config(scenario, {"model.size": size}).to_flat()
+
+
+def remembered_scenario(names: list[str]) -> str:
+    """The scenario last chosen: the URL's (?scenario=), else this session's, else the first.
+    So a reload, or a visit to another page and back, keeps the form on it."""
+    for name in (st.query_params.get("scenario"), st.session_state.get("launch_scenario")):
+        if name in names:
+            return str(name)
+    return names[0]
+
+
+def remember_scenario(name: str) -> None:
+    st.session_state["launch_scenario"] = name
+    if st.query_params.get("scenario") != name:
+        st.query_params["scenario"] = name
+
+
+def check_form(overrides: dict[str, Any], scenario: str) -> dict[str, str]:
+    """Field -> one-line error: the trainer's validation, then whether the device exists
+    here (so "cuda" on a machine without CUDA is an error under Device, not a failed run)."""
+    errors = launch.validate_overrides(overrides, scenario=scenario)
+    if "device" not in errors:
+        problem = launch.device_error(str(overrides.get("device", "auto")))
+        if problem:
+            errors["device"] = f"device: {problem}"
+    return errors
 
 
 def field_widget(form_field: views.FormField, info: Any, preset_value: Any, scenario: str) -> Any:
@@ -56,6 +83,11 @@ def watched_run(runs_dir: Path) -> RunFolder | None:
         if run_id:
             path = views.safe_run_path(runs_dir, run_id)
             if path is not None:
+                # back from another page (the menu's links carry no ?run=): put it in the
+                # URL again so that a reload, which starts a new session, still finds it
+                st.session_state["watched_run_id"] = run_id
+                if st.query_params.get("run") != run_id:
+                    st.query_params["run"] = run_id
                 return RunFolder(path)
     active = launch.active_runs(runs_dir)
     if not active:
@@ -77,6 +109,20 @@ def panel(runs_dir: Path, run: RunFolder) -> None:
     st.fragment(run_every=REFRESH_S if live_now else None)(_panel_body)(runs_dir, run)
 
 
+def _lineage(run: RunFolder) -> str | None:
+    """':material/replay: Re-run of X with `patch`' for a re-run; None otherwise."""
+    try:
+        manifest = run.manifest()
+    except RunFolderError:
+        return None
+    if not manifest.parent_run_id:
+        return None
+    return (
+        f":material/replay: Re-run of **{manifest.parent_run_id}** with "
+        f"`{views.patch_summary(manifest.applied_patch)}`"
+    )
+
+
 def _panel_body(runs_dir: Path, run: RunFolder) -> None:
     try:
         status = run.status()
@@ -96,6 +142,9 @@ def _panel_body(runs_dir: Path, run: RunFolder) -> None:
     with st.container(border=True):
         head, action = st.columns([5, 1])
         head.markdown(f"#### {run.run_id} &nbsp; {views.status_badge(status.status)}")
+        lineage = _lineage(run)
+        if lineage:
+            head.markdown(lineage)
         if status.is_active:
             cancel_requested = (run.path / "cancel.request").exists()
             if action.button(

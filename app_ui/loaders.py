@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import streamlit as st
 
 from diagnostics.analyze import analyze
+from diagnostics.drilldown import DrillDown, load_drilldowns
 from diagnostics.errors import InputError
 from diagnostics.runs import RunFolder
 from diagnostics.trace.budget import Limits
@@ -46,3 +47,16 @@ def analyse_run(run_path: Path) -> AnalysisResult:
     Raises the analyser's InputError (one line for the page) for unreadable inputs.
     """
     return _analyse_run_cached(str(run_path), RunFolder(run_path).mtime_key())
+
+
+@st.cache_resource(max_entries=8, ttl=CACHE_TTL_S, show_spinner="Reading the trace…")
+def _run_drilldowns_cached(run_path: str, mtime_key: float) -> tuple[DrillDown, ...]:
+    # a resource, not data: the event tables are large and never mutated, so every
+    # session shares one copy instead of unpickling its own on each rerun
+    del mtime_key
+    return load_drilldowns(Path(run_path))
+
+
+def run_drilldowns(run_path: Path) -> tuple[DrillDown, ...]:
+    """The drill-down tables of a run's trace (one per rank), cached like the analysis."""
+    return _run_drilldowns_cached(str(run_path), RunFolder(run_path).mtime_key())

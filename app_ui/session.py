@@ -16,8 +16,11 @@ from diagnostics.views import resolve_runs_dir
 SESSION_DEFAULTS: Mapping[str, object] = MappingProxyType(
     {
         "watched_run_id": None,  # the run the Launch page follows
+        "launch_scenario": None,  # the Launch form's scenario, kept across pages
         "launch_errors": {},  # field -> message from the last rejected launch
-        "upload_analysis": None,  # (upload key, AnalysisResult | None, error | None)
+        # ((upload key, mode), UploadSet | None, error | None)
+        "upload_analysis": None,
+        "upload_mode": None,  # (upload key, "ranks" | "separate"): the user's answer
         "saved_upload_dir": None,  # where the user saved the current upload, if they did
     }
 )
@@ -41,10 +44,20 @@ NAVIGATION: tuple[tuple[str, str, str], ...] = (
 )
 
 
+# The tab icon is a file shipped with the app: a ":material/…:" page icon makes the browser
+# fetch an SVG from fonts.gstatic.com on every page (nothing else the app shows does; the
+# fonts, Material Symbols included, ship inside Streamlit's own static files).
+FAVICON = Path(__file__).resolve().parent / "static" / "favicon.png"
+
+
 def setup_page(title: str, icon: str = ":material/medical_services:") -> None:
     """Page config, session defaults and the menu: the first call on every page (each
-    page script runs on its own, so each calls it)."""
-    st.set_page_config(page_title=f"{title} · Pipeline Doctor", page_icon=icon, layout="wide")
+    page script runs on its own, so each calls it). ``icon`` is the page's own icon in the
+    menu and titles; the browser tab shows the local favicon."""
+    del icon  # kept in the signature: pages pass their icon, the tab shows FAVICON
+    st.set_page_config(
+        page_title=f"{title} · Pipeline Doctor", page_icon=str(FAVICON), layout="wide"
+    )
     init_session()
     with st.sidebar:
         st.markdown("### :material/medical_services: Pipeline Doctor")

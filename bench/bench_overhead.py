@@ -11,7 +11,13 @@ scatter; the median over interleaved repeats is the figure to quote, and the who
 seconds (from ``getrusage`` of the finished child, workers included) are a second view
 that other processes' load barely moves.
 
+On CUDA (``--device cuda``) a step's time is device time from CUDA events, read back
+without synchronising (trainer/instruments/steps.py), with instruments on and off alike, so
+"off" is the trainer with no profiler and no sampler, not a trainer with a different clock.
+``--set model.size=cpu|gpu`` picks the size preset (the default ``auto`` follows the device).
+
     .venv/bin/python bench/bench_overhead.py [--repeats 3] [--steps 60] [--scenario healthy]
+        [--device auto|cpu|cuda] [--set model.size=gpu]
 """
 
 from __future__ import annotations
@@ -94,7 +100,11 @@ def main(argv: list[str] | None = None) -> int:
             for mode in order:
                 run, cpu[mode] = run_once(Path(tmp), mode, args)
                 medians[mode], counted = steady_step_ms(run, args.warmup)
-                device = run.manifest().environment.get("device")
+                manifest = run.manifest()
+                device = manifest.environment.get("device")
+                size = manifest.environment.get("model_size", "?")
+                profiler = manifest.config["profiler"]
+                wait, warmup, active = profiler["wait"], profiler["warmup"], profiler["active"]
             ratio = medians["on"] / medians["off"]
             rows.append((repeat, medians["on"], medians["off"], ratio, cpu["on"], cpu["off"]))
             print(
@@ -102,9 +112,14 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
 
+    clock = "CUDA events, no per-step sync" if device == "cuda" else "host clock"
     print(
         f"\nInstrument overhead: {args.scenario}, {args.steps} steps, device {device}, "
-        f"median step time of {counted} steady steps per run\n"
+        f"model.size {size}, median step time of {counted} steady steps per run\n\n"
+        f"on = profiler window (wait {wait}, warmup {warmup}, active {active}) + system "
+        f"sampler + step clock; off = step clock only ({clock}). Steady steps: after "
+        f"{args.warmup} warm-up steps, outside the profiler window and the step after it "
+        "(which writes the trace): what the profiler leaves behind once its window closes.\n"
     )
     print(
         "| repeat | step on (ms) | step off (ms) | step on / off "

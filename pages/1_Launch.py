@@ -22,17 +22,22 @@ if watched is not None:
     live.panel(runs_dir, watched)
 
 busy = launch.active_runs(runs_dir)
+names = list(launch.SCENARIOS)
 scenario = st.selectbox(
     "Scenario",
-    list(launch.SCENARIOS),
+    names,
+    index=names.index(live.remembered_scenario(names)),
     format_func=lambda name: f"{name} — {launch.SCENARIOS[name]}",
     help="A preset of the settings below; change any of them before starting.",
 )
-preset = live.preset_values(scenario)
+live.remember_scenario(scenario)
 fields = {info.key: info for info in launch.config_fields()}
+size = live.field_widget(views.SIZE_FIELD, fields["model.size"], "auto", "size")
+preset = live.preset_values(scenario, size)
 errors: dict[str, str] = st.session_state["launch_errors"]
+form_id = f"{scenario}-{size}"  # switching either resets the form to that preset
 
-with st.form(f"launch-{scenario}"):
+with st.form(f"launch-{form_id}"):
     values: dict[str, object] = {}
     for section, form_fields in views.LAUNCH_FORM:
         st.markdown(f"**{section}**")
@@ -40,7 +45,7 @@ with st.form(f"launch-{scenario}"):
         for column, form_field in zip(columns, form_fields, strict=True):
             with column:
                 values[form_field.key] = live.field_widget(
-                    form_field, fields[form_field.key], preset[form_field.key], scenario
+                    form_field, fields[form_field.key], preset[form_field.key], form_id
                 )
                 if form_field.key in errors:
                     st.error(errors[form_field.key], icon=":material/warning:")
@@ -59,8 +64,8 @@ with st.form(f"launch-{scenario}"):
     )
 
 if submitted:
-    overrides = views.form_overrides(values)
-    errors = launch.validate_overrides(overrides, scenario=scenario)
+    overrides = {**views.form_overrides(values, preset), "model.size": size}
+    errors = live.check_form(overrides, scenario)
     st.session_state["launch_errors"] = errors
     if not errors:
         device = str(overrides.pop("device"))

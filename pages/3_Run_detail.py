@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app_ui import loaders, render, session
+from app_ui import drilldown, loaders, render, session
 from diagnostics import views
 from diagnostics.errors import InputError
 from diagnostics.runs import RunFolder, RunFolderError, list_runs
@@ -134,6 +134,9 @@ if pressed is not None and pressed.fix.config_patch:
 st.subheader("Charts")
 render.run_charts(result, key_prefix="run")
 render.notes(result)
+
+st.subheader("Drill down")
+drilldown.drilldown(loaders.run_drilldowns(run.path), key_prefix="run")
 
 st.subheader("Open the trace in TensorBoard")
 if folder.trace_files():

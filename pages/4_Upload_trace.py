@@ -3,17 +3,20 @@
 Uploads are analysed from a private temporary folder that is removed straight after; they
 are kept only when the user presses "Save upload" (into <runs dir>/uploads/). The analysis
 runs in a child process with a memory and time limit (diagnostics.isolated): a bomb ends
-that child with one line here, never the server.
+that child with one line here, never the server. Files that disagree (GPU model, PyTorch
+version, job) are not merged as ranks until the user says so.
 """
 
 from __future__ import annotations
 
 import streamlit as st
 
-from app_ui import render, session
+from app_ui import drilldown, render, session
+from app_ui import uploads as uploads_ui
 from diagnostics import views
 from diagnostics.errors import InputError
 from diagnostics.isolated import analyze_files_isolated
+from diagnostics.views.upload_set import ACCEPTED_EXTENSIONS, analyse_upload_set
 
 session.setup_page("Upload trace", ":material/upload_file:")
 st.title(":material/upload_file: Upload a trace")
@@ -28,11 +31,11 @@ st.caption(
     "analysed from a temporary copy that is deleted straight after, unless you save it."
 )
 
+# no type filter here: the analyser names a wrong file and says which extensions it takes
 uploads = st.file_uploader(
     "Trace files",
-    type=["json", "gz"],
     accept_multiple_files=True,
-    help="Several files are read as the ranks of one job.",
+    help=f"{' or '.join(ACCEPTED_EXTENSIONS)}. Several files are read as the ranks of one job.",
 )
 if not uploads:
     st.session_state["upload_analysis"] = None
@@ -45,20 +48,28 @@ if not uploads:
 
 files = [(upload.name, upload) for upload in uploads]
 key = "|".join(sorted(upload.file_id for upload in uploads))
+answer = st.session_state["upload_mode"]
+mode = answer[1] if answer and answer[0] == key else None
 cached = st.session_state["upload_analysis"]
-if cached is None or cached[0] != key:
+if cached is None or cached[0] != (key, mode):
     with st.spinner(f"Analysing {len(files)} trace file{'s' if len(files) > 1 else ''}…"):
         try:
-            cached = (key, views.analyse_uploads(files, analyze_files_isolated), None)
+            cached = ((key, mode), analyse_upload_set(files, analyze_files_isolated, mode), None)
         except InputError as exc:
-            cached = (key, None, str(exc))
+            cached = ((key, mode), None, str(exc))
     st.session_state["upload_analysis"] = cached
     st.session_state["saved_upload_dir"] = None
-_, result, error = cached
+_, upload_set, error = cached
 
 if error is not None:
     st.error(error, icon=":material/error:")
     st.stop()
+
+if upload_set.needs_answer:
+    uploads_ui.ask_ranks_or_separate(upload_set, key)
+    st.stop()
+chosen = uploads_ui.chosen_result(upload_set)
+result = chosen.result
 
 names = ", ".join(name for name, _ in files)
 info, save = st.columns([4, 1])
@@ -72,12 +83,15 @@ elif save.button(
     st.session_state["saved_upload_dir"] = str(views.save_uploads(files, session.runs_dir()))
     st.rerun()
 
+uploads_ui.rank_tables(upload_set, chosen)
 render.cards(result)
 st.subheader("Findings")
 render.findings(result, key_prefix="upload")
 st.subheader("Charts")
 render.run_charts(result, key_prefix="upload")
 render.notes(result)
+st.subheader("Drill down")
+drilldown.drilldown(chosen.drilldowns, key_prefix="upload")
 st.subheader("Report")
 render.downloads(
     lambda fmt: render.report_text(result, fmt), base_name="trace-report", key_prefix="upload"

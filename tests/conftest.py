@@ -81,12 +81,20 @@ SCENARIO_RUN_ARGS = (
     "--set",
     "runtime.threads=1",
 )
-SCENARIO_NAMES = ("healthy", "slow-loader", "no-pin-memory", "unstable", "leak", "small-batch")
+SCENARIO_NAMES = (
+    "healthy",
+    "slow-loader",
+    "no-pin-memory",
+    "unstable",
+    "leak",
+    "small-batch",
+    "fp32",
+)
 
 
 @pytest.fixture(scope="session")
 def scenario_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """scenario name -> a completed run folder, all six started at once (one thread each)."""
+    """scenario name -> a completed run folder, all started at once (one thread each)."""
     runs_dir = tmp_path_factory.mktemp("scenario_runs")
     logs = runs_dir / "_logs"
     logs.mkdir()

@@ -124,8 +124,11 @@ def _patch(text: str | None) -> dict[str, Any] | None:
     return patch
 
 
-def config_from_args(args: argparse.Namespace) -> tuple[TrainerConfig, dict[str, Any] | None]:
-    """The resolved config (and the applied patch) from ``run``'s arguments."""
+def config_from_args(
+    args: argparse.Namespace, resolved_device: str | None = None
+) -> tuple[TrainerConfig, dict[str, Any] | None]:
+    """The config (and the applied patch) from ``run``'s arguments; with
+    ``resolved_device``, ``model.size=auto`` becomes that device's size preset."""
     if args.instruments not in ("on", "off"):
         raise ConfigError("--instruments", f"{args.instruments!r}", "on, off")
     overrides: list[tuple[str, Any]] = [parse_assignment(item) for item in args.sets]
@@ -136,7 +139,13 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainerConfig, dict[str,
         overrides.append(("instruments.enabled", False))
     if args.memory_lines:
         overrides.append(("instruments.memory_lines", True))
-    config = build_config(args.scenario, overrides, steps=args.steps, device=args.device)
+    config = build_config(
+        args.scenario,
+        overrides,
+        steps=args.steps,
+        device=args.device,
+        resolved_device=resolved_device,
+    )
     return config, patch
 
 
@@ -180,6 +189,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     check_run_id("--run-id", args.run_id)
     check_run_id("--parent-run-id", args.parent_run_id)
     config, patch = config_from_args(args)
+    unresolved = config
     runs_dir = args.runs_dir or default_runs_dir()
     distributed = args.nproc_per_node is not None or args.nnodes is not None
     exists_ok = distributed and args.node_rank != 0  # node 0 creates it
@@ -201,6 +211,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if config.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device", "cuda requested but no CUDA device is available", "auto, cpu")
     device = resolve_device(config.device)
+    # the size preset follows the device, known only now (still before the run folder exists)
+    config, patch = config_from_args(args, resolved_device=device)
+    requested_size = "auto" if unresolved.model.size == "auto" else config.model.size
     from diagnostics.runs import RunWriter
     from trainer.run_io import cpu_count, environment
 
@@ -211,7 +224,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         writer = RunWriter.create(
             runs_dir,
             config.to_dict(),
-            environment(device, threads),
+            {
+                **environment(device, threads),
+                # the preset the run got, and what was asked for (auto follows the device)
+                "model_size": config.model.size,
+                "model_size_requested": requested_size,
+            },
             run_id=args.run_id,
             parent_run_id=args.parent_run_id,
             applied_patch=patch,

@@ -19,6 +19,7 @@ from typing import Any, Literal, get_args, get_origin
 Device = Literal["auto", "cpu", "cuda"]
 DatasetKind = Literal["map", "sharded"]
 AmpMode = Literal["off", "bf16", "fp16"]
+ModelSize = Literal["auto", "cpu", "gpu"]
 
 
 class ConfigError(ValueError):
@@ -83,6 +84,12 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
+    # a preset of the sizing fields (SIZE_PRESETS), resolved when the run starts; any sizing
+    # field set explicitly (--set, a fix's patch, the app's form) still wins over it
+    size: ModelSize = _spec(
+        "auto",
+        "size preset of model, batch, tokens and workers: auto = gpu on CUDA, cpu on CPU",
+    )
     hidden_size: int = _spec(192, "BERT hidden size", min=16, max=4096)
     layers: int = _spec(2, "BERT encoder layers", min=1, max=48)
     heads: int = _spec(4, "attention heads (must divide hidden_size)", min=1, max=64)
@@ -99,6 +106,9 @@ class TrainConfig:
         1.0, "max total grad norm; null = no clipping", min=0.0, exclusive_min=True
     )
     amp: AmpMode = _spec("bf16", "autocast dtype on CUDA (CPU runs compute in fp32)")
+    tf32: bool = _spec(
+        False, "TF32 Tensor Cores for fp32 matmuls and convolutions (CUDA, Ampere and later)"
+    )
     grad_scaler: bool = _spec(True, "GradScaler (only meaningful with fp16)")
     pretrain_steps: int = _spec(8, "masked-LM steps before fine-tuning; 0 = none", min=0)
     checkpoint_every: int = _spec(20, "checkpoint every N optimiser steps", min=1)
@@ -138,6 +148,12 @@ class RuntimeConfig:
     # bounded: torch.set_num_threads(100000) runs after the folder exists and then stalls
     threads: int | None = _spec(
         None, "torch CPU threads; null = chosen for the machine", min=1, max=1024
+    )
+    read_every_steps: int = _spec(
+        10,
+        "CUDA: steps between device-to-host reads of loss and grad norm (no per-step sync)",
+        min=1,
+        max=1000,
     )
 
 
@@ -187,6 +203,7 @@ SCENARIOS: dict[str, str] = {
     "unstable": "a learning rate far too high, no clipping: grad-norm spikes, then NaN (fp16 without GradScaler on CUDA)",
     "leak": "`total_loss += loss` keeps every graph, plus a list that keeps every batch",
     "small-batch": "batches of 2: too small to keep the device busy",
+    "fp32": "no AMP and TF32 off: every matmul in full fp32 on CUDA cores, Tensor Cores idle",
 }
 
 # Each scenario differs from the defaults (the healthy baseline) only in these fields.
@@ -211,7 +228,44 @@ SCENARIO_PRESETS: dict[str, dict[str, Any]] = {
     },
     "leak": {"train.accumulate_loss_as_tensor": True, "train.keep_batch_history": True},
     "small-batch": {"train.batch_size": 2},
+    # what a GPU does with fp32 and no opt-in: the same model 5.6x slower per step on an
+    # H200 (h200-sized/m768l6b256-fp32 against m768l6b256); on CPU it equals healthy
+    "fp32": {"train.amp": "off", "train.tf32": False},
 }
+
+# The sizing fields under each model.size. "cpu" is the defaults (a CPU CI run takes
+# seconds); "gpu" is the size measured on an H200 (../shared/gpu-runs/h200-sized/m768l6b256):
+# healthy keeps the GPU 82.7 % busy at 34.9 ms a step and 7.2 GiB peak, where the cpu size
+# leaves it 3 % busy and every scenario then shows GPU starvation instead of its own fault.
+# A scenario preset is applied after the size preset (small-batch's batch of 2 stays 2).
+SIZE_PRESETS: dict[str, dict[str, Any]] = {
+    "cpu": {
+        "model.hidden_size": 192,
+        "model.layers": 2,
+        "model.heads": 4,
+        "model.intermediate_size": 768,
+        "train.batch_size": 32,
+        "data.max_length": 32,
+        "data.num_workers": 1,
+    },
+    "gpu": {
+        "model.hidden_size": 768,
+        "model.layers": 6,
+        "model.heads": 12,
+        "model.intermediate_size": 3072,
+        "train.batch_size": 256,
+        "data.max_length": 128,
+        "data.num_workers": 4,
+    },
+}
+
+
+def resolve_size(requested: str, device: str | None) -> str:
+    """The size preset a run gets: ``auto`` follows the device (``None``: not known yet,
+    e.g. validating a form without torch; ``auto`` then stays ``auto``, cpu values)."""
+    if requested != "auto" or device is None:
+        return requested
+    return "gpu" if device == "cuda" else "cpu"
 
 
 def split_sizes(rows: int) -> tuple[int, int]:
@@ -453,23 +507,47 @@ def build_config(
     *,
     steps: int | None = None,
     device: str | None = None,
+    resolved_device: str | None = None,
 ) -> TrainerConfig:
-    """Defaults, then the scenario preset, then the overrides (each coerced and checked)."""
+    """Defaults, the size preset, the scenario preset, then the overrides (each checked).
+
+    ``resolved_device`` ("cpu"/"cuda", known once torch is imported at run start) turns
+    ``model.size=auto`` into the cpu or gpu preset; without it ``auto`` keeps the defaults
+    (the cpu values), which is what a form validated without torch shows.
+    """
     if scenario not in SCENARIOS:
         raise ConfigError("scenario", f"{scenario!r} is unknown", ", ".join(SCENARIOS))
+    items = list(overrides.items() if isinstance(overrides, Mapping) else overrides)
+    requested = "auto"
+    for key, value in items:
+        if key == "model.size":
+            requested = coerce(key, value)
+    size = resolve_size(requested, resolved_device)
     config = TrainerConfig(scenario=scenario)
+    for key, value in SIZE_PRESETS.get(size, {}).items():
+        set_value(config, key, value)
+    config.model.size = size  # type: ignore[assignment]
     for key, value in SCENARIO_PRESETS[scenario].items():
         set_value(config, key, value)
-    items = overrides.items() if isinstance(overrides, Mapping) else overrides
     for key, value in items:
         if key == "scenario":
             raise ConfigError("scenario", "choose the scenario with --scenario, not --set")
-        set_value(config, key, value)
+        if key != "model.size":  # resolved above: "auto" must not come back
+            set_value(config, key, value)
     if steps is not None:
         set_value(config, "train.steps", steps)
     if device is not None:
         set_value(config, "device", device)
-    validate(config)
+    try:
+        validate(config)
+    except ConfigError as exc:
+        explicit = {key for key, _ in items}
+        if exc.key in SIZE_PRESETS.get(size, {}) and exc.key not in explicit:
+            # say where the value came from: the user never typed it
+            raise ConfigError(
+                exc.key, f"{exc.problem} (from the model.size={size} preset)", exc.allowed
+            ) from None
+        raise
     return config
 
 

@@ -95,7 +95,9 @@ class DistContext:
         """DDP around the trainer's model, checkpoints from rank 0 only, the straggler delay."""
         self.ddp = wrap_model(trainer.model, trainer.device)
         if not self.is_primary:
-            trainer.save_checkpoint = lambda: None
+            # rank 0's checkpoint resumes every rank; the others still bring their step
+            # files up to the checkpoint's step, as a checkpoint does
+            trainer.save_checkpoint = trainer.pending.flush
         distributed = getattr(trainer.config, "distributed", None)
         if distributed is not None and distributed.straggler_rank == self.rank:
             self.straggler_delay_s = distributed.straggler_delay_ms / 1e3

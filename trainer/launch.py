@@ -9,10 +9,12 @@ creates it (it refuses to start into an existing folder); the trainer writes its
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -37,6 +39,7 @@ __all__ = [
     "active_runs",
     "cancel_run",
     "config_fields",
+    "device_error",
     "start_run",
     "validate_overrides",
 ]
@@ -71,6 +74,58 @@ def validate_overrides(
 ) -> dict[str, str]:
     """Field -> one-line error for each bad override; empty when the form is fine."""
     return _validate_overrides(overrides, scenario)
+
+
+# The probe imports torch in a child (this module must not import it: the app uses it).
+_CUDA_PROBE = (
+    "import torch; print(int(torch.cuda.is_available()), torch.cuda.device_count() "
+    "if torch.cuda.is_available() else 0)"
+)
+CUDA_PROBE_TIMEOUT_S = 120.0
+
+
+@functools.lru_cache(maxsize=1)
+def _cuda_devices() -> int | None:
+    """How many CUDA devices torch sees here (0: none); None when torch cannot say.
+
+    Cached for the process: drivers and GPUs do not come and go under a running app.
+    """
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _CUDA_PROBE],
+            capture_output=True,
+            text=True,
+            timeout=CUDA_PROBE_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    fields = done.stdout.split()
+    if done.returncode != 0 or len(fields) != 2:
+        return None
+    return int(fields[1]) if fields[0] == "1" else 0
+
+
+def device_error(device: str) -> str | None:
+    """Why the trainer could not run on ``device`` here (one line for the Device field), or
+    None. "auto" and "cpu" always run; "cuda" needs a device torch can use."""
+    if not str(device).startswith("cuda"):
+        return None
+    count = _cuda_devices()
+    if count is None:
+        return "could not check for CUDA here (torch did not answer); try auto or cpu"
+    if count == 0:
+        return (
+            "CUDA was requested but this machine has no CUDA device torch can use "
+            "(torch.cuda.is_available() is False); choose auto or cpu"
+        )
+    return None
+
+
+def _reap(process: subprocess.Popen[bytes]) -> None:
+    # The run outlives the request that started it; without a wait() its exit would leave
+    # a zombie in the app's process table until the app exits.
+    threading.Thread(target=process.wait, name=f"reap-{process.pid}", daemon=True).start()
 
 
 def _format_value(value: object) -> str:
@@ -152,6 +207,7 @@ def start_run(
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if (run_dir / "run.json").is_file() and (run_dir / "status.json").is_file():
+            _reap(process)  # only now: a thread already waiting would make poll() see None
             return LaunchedRun(run_id=run_id, run_dir=run_dir, pid=process.pid)
         code = process.poll()
         if code is not None:
@@ -162,6 +218,7 @@ def start_run(
                 tail,
             )
         time.sleep(0.05)
+    _reap(process)
     tail = _tail(log_path)
     raise LaunchError(
         f"trainer (pid {process.pid}) did not create {run_dir} within {timeout_s:g} s "

@@ -19,6 +19,7 @@ Data order depends only on (seed, phase, epoch), so a resumed run sees the same 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -42,13 +43,14 @@ from trainer.data import (
     used_token_ids,
 )
 from trainer.distributed import current_context, worker_name
+from trainer.instruments.deferred import DeviceScalars, PendingSteps
 from trainer.instruments.memory_lines import make_memory_lines
 from trainer.instruments.profiler import make_profiler
-from trainer.instruments.steps import cuda_memory, make_step_clock, rss_bytes
+from trainer.instruments.steps import Resolved, cuda_memory, make_step_clock, rss_bytes
 from trainer.instruments.system import make_sampler
 from trainer.model import MultiTaskModel, mask_tokens, parameter_count
 from trainer.run_io import SafeWriter
-from trainer.runtime import StopRequests, seed_everything
+from trainer.runtime import StopRequests, seed_everything, set_tf32
 from trainer.vocab import model_vocab
 
 log = logging.getLogger("trainer")
@@ -56,6 +58,8 @@ log = logging.getLogger("trainer")
 CANCEL_FILE = "cancel.request"
 TOKENIZER_FILE = "tokenizer.json"  # the run's own tokenizer: resume must not retrain one
 MEMORY_LINES_PROBE_SAMPLES = 64
+# a step record's keys that come before its times and scalars (the rest follow them)
+_EARLY_KEYS = ("step", "epoch", "phase", "wall_time", "lr", "batch_size")
 
 
 @dataclass
@@ -91,6 +95,8 @@ class Trainer:
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.stop = stop
+        # set either way, not left to the process: the fp32 scenario needs TF32 off for sure
+        self.fp32_matmul = set_tf32(config.train.tf32) if self.cuda else None
         self.instruments = config.instruments.enabled
         self.total_steps = config.train.pretrain_steps + config.train.steps
         self.started = time.monotonic()
@@ -120,8 +126,13 @@ class Trainer:
             num_merchant_types=n_types,
             pad_id=self.vocab.pad_id,
         ).to(self.device)
+        # fused on CUDA: it takes the skip-this-step flag as a device tensor (found_inf), so a
+        # non-finite step is skipped without the host ever reading the loss
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=config.train.lr, weight_decay=config.train.weight_decay
+            self.model.parameters(),
+            lr=config.train.lr,
+            weight_decay=config.train.weight_decay,
+            fused=True if self.cuda else None,  # None: CPU keeps torch's default path
         )
         amp = config.train.amp if self.cuda else "off"
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
@@ -137,7 +148,12 @@ class Trainer:
         self.resume_note: str | None = None  # what a resume had to set aside, if anything
         self.memory_lines = make_memory_lines(self.instruments and config.instruments.memory_lines)
         self._train_step = self.memory_lines.wrap(self._train_step_impl)
-        self.clock = make_step_clock(self.device, instruments=self.instruments)
+        self.clock = make_step_clock(self.device)
+        self.scalars = (
+            DeviceScalars(self.device, config.runtime.read_every_steps) if self.cuda else None
+        )
+        self.pending = PendingSteps(self._write_record, self._complete_record, self.scalars)
+        self._log_every = max(1, self.total_steps // 10)
         self.profiler = make_profiler(
             config.profiler,
             self.run_dir / "trace",
@@ -161,6 +177,8 @@ class Trainer:
         return checkpoint.checkpoint_path(self.run_dir, step)
 
     def save_checkpoint(self) -> Path:
+        # the step file must reach the checkpoint's step: a resume continues after it
+        self.pending.flush()
         return checkpoint.save(self.run_dir, self.position.step, checkpoint.capture(self))
 
     def load_checkpoint(self, path: Path) -> None:
@@ -234,6 +252,8 @@ class Trainer:
         params = [p for p in self.model.parameters() if p.grad is not None]
         grads = [p.grad for p in params]
         grad_norm = torch.nn.utils.get_total_norm(grads)  # before clipping, every step
+        if self.cuda:
+            return self._finish_step_on_device(loss, grad_norm, params, batch, hidden)
         loss_value = float(loss.detach())
         grad_norm_value = float(grad_norm)
         finite = math.isfinite(loss_value) and math.isfinite(grad_norm_value)
@@ -257,13 +277,55 @@ class Trainer:
         if train.keep_batch_history:
             # the second leak: a "debug" list holding every batch and its encoder output
             self.batch_history.append((batch, hidden))
-        return {
+        values = {
             "loss": loss_value,
             "grad_norm": grad_norm_value,
             "amp_scale": amp_scale,
             "finite": finite,
-            "batch_size": int(batch["input_ids"].shape[0]),
         }
+        return {"scalars": Resolved(values), "batch_size": int(batch["input_ids"].shape[0])}
+
+    def _finish_step_on_device(
+        self,
+        loss: torch.Tensor,
+        grad_norm: torch.Tensor,
+        params: list[torch.nn.Parameter],
+        batch: dict[str, torch.Tensor],
+        hidden: torch.Tensor | None,
+    ) -> dict[str, Any]:
+        """The CUDA end of a step: same decisions as the CPU's, none read on the host.
+
+        Clipping a non-finite norm would turn the gradients into NaN, but such a step's
+        update is skipped (fused AdamW's ``found_inf``; GradScaler passes its own), so
+        clipping unconditionally changes nothing that is applied.
+        """
+        train = self.config.train
+        assert self.scalars is not None
+        finite = torch.isfinite(loss.detach()) & torch.isfinite(grad_norm)
+        if train.grad_clip is not None:
+            torch.nn.utils.clip_grads_with_norm_(params, train.grad_clip, grad_norm)
+        amp_scale = None
+        if self.scaler.is_enabled():
+            amp_scale = self.scaler._get_scale_async()  # the tensor; get_scale() would sync
+            scalars = self.scalars.add(loss, grad_norm, finite, amp_scale)
+            self.scaler.step(self.optimizer)  # skips the update itself on inf/NaN gradients
+            self.scaler.update()
+        else:
+            scalars = self.scalars.add(loss, grad_norm, finite, None)
+            self.optimizer.found_inf = (~finite).to(torch.float32)  # type: ignore[attr-defined]
+            try:
+                self.optimizer.step()
+            finally:
+                del self.optimizer.found_inf  # type: ignore[attr-defined]
+        self.optimizer.zero_grad(set_to_none=True)
+
+        if train.accumulate_loss_as_tensor:
+            self.total_loss += loss  # the leak, as on CPU
+        else:
+            self.total_loss += loss.detach()  # a device tensor: read at checkpoints only
+        if train.keep_batch_history:
+            self.batch_history.append((batch, hidden))
+        return {"scalars": scalars, "batch_size": int(batch["input_ids"].shape[0])}
 
     # --- evaluation ------------------------------------------------------------------------
 
@@ -342,25 +404,55 @@ class Trainer:
             phases.append(("finetune", self.total_steps, 0, 0))
         return [p for p in phases if p[1] > pos.step]
 
-    def _record(self, phase: str, epoch: int, times: dict[str, float], out: dict[str, Any]):
+    def _record(self, phase: str, epoch: int, times: Any, out: dict[str, Any]) -> None:
+        """Queues the step's record: what the host knows now, the rest once it arrives."""
         record = {
             "step": self.position.step,
             "epoch": epoch,
             "phase": phase,
             "wall_time": time.time(),
-            **times,
-            "loss": out["loss"],
-            "grad_norm": out["grad_norm"],
             "lr": self.optimizer.param_groups[0]["lr"],
-            "amp_scale": out["amp_scale"],
             "batch_size": out["batch_size"],
-            "samples_per_s": out["batch_size"] / max(times["step_time_ms"], 1e-6) * 1e3,
             "rss_bytes": rss_bytes(self._process),
             "profiled": self.profiler.recording,
             **cuda_memory(self.device),
         }
+        self.pending.push(record, times if self.clock.deferred else Resolved(times), out["scalars"])
+
+    def _complete_record(
+        self, record: dict[str, Any], times: dict[str, float], values: dict[str, Any]
+    ) -> dict[str, Any]:
+        # the order of the written record's keys is the step file's column order
+        return {
+            **{k: record[k] for k in ("step", "epoch", "phase", "wall_time")},
+            **times,
+            "loss": values["loss"],
+            "grad_norm": values["grad_norm"],
+            "lr": record["lr"],
+            "amp_scale": values["amp_scale"],
+            "batch_size": record["batch_size"],
+            "samples_per_s": record["batch_size"] / max(times["step_time_ms"], 1e-6) * 1e3,
+            **{k: v for k, v in record.items() if k not in _EARLY_KEYS},
+            "finite": values["finite"],
+        }
+
+    def _write_record(self, record: dict[str, Any]) -> None:
+        finite = record.pop("finite")
+        step = record["step"]
+        if not finite:
+            self._note_nonfinite(step)
         self.writer.append_step(record)
-        return record
+        if step % self._log_every == 0 or step == self.total_steps:
+            log.info(
+                "step %d/%d %s loss %.4f grad norm %.3g %.1f ms (data %.1f ms)",
+                step,
+                self.total_steps,
+                record["phase"],
+                record["loss"],
+                record["grad_norm"],
+                record["step_time_ms"],
+                record["data_wait_ms"],
+            )
 
     def _note_nonfinite(self, step: int) -> None:
         self.nonfinite_steps += 1
@@ -385,12 +477,20 @@ class Trainer:
             # the training split, not data.rows: a tenth is held out for validation, and
             # the last partial batch is still a step
             steps_per_epoch=math.ceil(len(self.train_set) / self.config.train.batch_size),
+            # "ieee" = fp32 matmuls on CUDA cores; "tf32" = on Tensor Cores (train.tf32)
+            fp32_matmul_precision=self.fp32_matmul,
         )
         self._probe_getitem()
         self.model.train()
         self.sampler.start()
         try:
             outcome = self._run_phases()
+        except BaseException:
+            # a failed run keeps every record that reached the device; a CUDA error may
+            # make reading them fail too, and must not hide the first error
+            with contextlib.suppress(Exception):
+                self.pending.flush()
+            raise
         finally:
             self.profiler.stop()
             self.sampler.stop()
@@ -436,7 +536,6 @@ class Trainer:
 
     def _run_phases(self) -> Outcome:
         cfg = self.config
-        every = max(1, self.total_steps // 10)
         for phase, phase_end, start_epoch, start_batch in self._phases():
             batches = EpochBatches(
                 self.train_set,
@@ -472,24 +571,11 @@ class Trainer:
                 out = self._train_step(phase, batch)
                 times = self.clock.finish()
                 self.position = Position(self.position.step + 1, phase, epoch, batch_in_epoch)
-                if not out["finite"]:
-                    self._note_nonfinite(self.position.step)
-                record = self._record(phase, epoch, times, out)
+                self._record(phase, epoch, times, out)
                 self.profiler.step()
-                step = self.position.step
-                if step % every == 0 or step == phase_end:
-                    log.info(
-                        "step %d/%d %s loss %.4f grad norm %.3g %.1f ms (data %.1f ms)",
-                        step,
-                        self.total_steps,
-                        phase,
-                        record["loss"],
-                        record["grad_norm"],
-                        record["step_time_ms"],
-                        record["data_wait_ms"],
-                    )
-                if step % cfg.train.checkpoint_every == 0:
+                if self.position.step % cfg.train.checkpoint_every == 0:
                     self.save_checkpoint()
+            self.pending.flush()
             del batches  # shuts this phase's workers down before the next phase starts
         self.evaluate(self.position.epoch)
         if self.position.step % cfg.train.checkpoint_every:
@@ -497,6 +583,7 @@ class Trainer:
         return Outcome("completed", None, self.position.step)
 
     def _stop(self, status: str, reason: str) -> Outcome:
+        self.pending.flush()
         log.warning("stopping at step %d: %s", self.position.step, reason)
         if "max_runtime_s" in reason:
             self.writer.add_note(f"stopped early: {reason}")

@@ -96,20 +96,20 @@ def mask_tokens(
     """BERT masking: 15 % of real tokens are targets; of those 80 % [MASK], 10 % random,
     10 % kept. Draws from the default RNG of the tensor's device (checkpointed on resume).
     """
-    labels = input_ids.clone()
     special = torch.zeros_like(input_ids, dtype=torch.bool)
     for token_id in special_ids:
         special |= input_ids == token_id
     chosen = (
         torch.rand(input_ids.shape, device=input_ids.device) < MLM_MASK_PROBABILITY
     ) & ~special
-    labels[~chosen] = -100
-    masked = input_ids.clone()
+    # masked_fill/where, not x[mask] = ...: boolean-mask indexing counts the mask on the
+    # host (nonzero), a device sync every step on CUDA; same draws, same values
+    labels = input_ids.masked_fill(~chosen, -100)
     roll = torch.rand(input_ids.shape, device=input_ids.device)
-    masked[chosen & (roll < 0.8)] = mask_id
+    masked = input_ids.masked_fill(chosen & (roll < 0.8), mask_id)
     randomise = chosen & (roll >= 0.8) & (roll < 0.9)
     random_ids = torch.randint(vocab_size, input_ids.shape, device=input_ids.device)
-    masked[randomise] = random_ids[randomise]
+    masked = torch.where(randomise, random_ids, masked)
     return masked, labels
 
 

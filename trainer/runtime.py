@@ -79,3 +79,23 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def set_tf32(enabled: bool) -> str:
+    """TF32 for fp32 matmuls and cuDNN convolutions on or off; returns the matmul setting.
+
+    The ``fp32_precision`` attributes are PyTorch 2.9+'s API; older releases have only the
+    ``allow_tf32`` flags. Mixing the two in one process is an error in current releases
+    (get_float32_matmul_precision refuses to answer), so only one of them is ever set.
+    """
+    mode = "tf32" if enabled else "ieee"
+    matmul = torch.backends.cuda.matmul
+    try:
+        matmul.fp32_precision = mode
+        torch.backends.cudnn.conv.fp32_precision = mode  # type: ignore[attr-defined]
+        torch.backends.cudnn.rnn.fp32_precision = mode  # type: ignore[attr-defined]
+        return str(matmul.fp32_precision)
+    except AttributeError:  # PyTorch before 2.9
+        matmul.allow_tf32 = enabled
+        torch.backends.cudnn.allow_tf32 = enabled
+        return mode

@@ -29,14 +29,14 @@ from diagnostics.facts import selectors as sel
 @dataclass(frozen=True)
 class TraceIndex:
     # one row per GPU event: gpu_id, name, cat, device, stream, start_us, end_us, dur_us,
-    # correlation, bytes, and the launching call (rt_id, rt_name, rt_start_us, rt_end_us,
+    # correlation, bytes, blocks_per_sm, occupancy_pct, and the launching call (rt_id, rt_name, rt_start_us, rt_end_us,
     # rt_dur_us, rt_pid, rt_tid, op_id; nulls when unlinked)
     gpu: pl.DataFrame
     # one row per runtime/driver call: rt_id, name, pid, tid, start_us, end_us, dur_us,
     # correlation, op_id (innermost enclosing cpu_op, null when none)
     runtime: pl.DataFrame
     # one row per operator (cpu_op except ProfilerStep): op_id, name, pid, tid, start_us,
-    # end_us, dur_us, depth (1 = outermost; 0 for zero-length ops), parent_id
+    # end_us, dur_us, input_shapes, depth (1 = outermost; 0 for zero-length ops), parent_id
     ops: pl.DataFrame
     # host ranges: every cpu_op and user_annotation duration event (steps included): name,
     # cat, start_us, end_us
@@ -58,6 +58,8 @@ def gpu_events(events: pl.DataFrame) -> pl.DataFrame:
             pl.col("dur").alias("dur_us"),
             "correlation",
             "bytes",
+            "blocks_per_sm",
+            "occupancy_pct",
         )
         .with_row_index("gpu_id")
     )
@@ -100,6 +102,7 @@ def _tree_and_sweep(events: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
             pl.col("ts").alias("start_us"),
             sel.END_US,
             pl.col("dur").alias("dur_us"),
+            "input_shapes",
         )
         .with_row_index("op_id")
     )

@@ -36,6 +36,12 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     # Any, so that an unexpected shape is dropped rather than the whole event refused
     input_types: Any = msgspec.field(name="Input type", default=None)
     dtype: Any = None  # a few ops name one dtype instead ("Half", "BFloat16", "Float")
+    # operators (record_shapes=True): the input shapes (lists of ints, nested for tensor
+    # lists); a Raw would pin the decode buffer, so they are decoded and re-encoded as text
+    input_dims: list[Any] | None = msgspec.field(name="Input Dims", default=None)
+    # kernels: CUPTI's launch figures (absent from some CUDA versions' traces)
+    blocks_per_sm: float | None = msgspec.field(name="blocks per SM", default=None)
+    occupancy_pct: float | None = msgspec.field(name="est. achieved occupancy %", default=None)
 
 
 NO_ARGS = Args()
@@ -77,6 +83,9 @@ RAW_SCHEMA: dict[str, pl.DataType] = {
     "device_id": pl.Int64,
     "input_types": pl.String,  # only the 16-bit float dtypes among them (see _half_dtypes)
     "dtype": pl.String,  # the same for the single "dtype" arg
+    "input_dims": pl.String,
+    "blocks_per_sm": pl.Float64,
+    "occupancy_pct": pl.Float64,
 }
 _EVENT_FIELDS = ("ph", "name", "cat", "ts", "dur", "pid", "tid", "id")
 RAW_EVENT_SCHEMA = {name: dtype for name, dtype in RAW_SCHEMA.items() if name != "id"}
@@ -91,9 +100,18 @@ _FLOW_FIELDS = ("name", "cat", "ts", "pid", "tid", "id")
 _GPU_CATS = ("kernel", "memcpy", "gpu_memcpy", "memset", "gpu_memset", "cuda_sync")
 _RUNTIME_CATS = ("runtime", "cuda_runtime", "cuda_driver", "driver")
 _CPU_CATS = ("operator", "cpu_op", "user_annotation", "python_function")
-_GPU_ARGS = ("device", "stream", "correlation", "external_id", "external_id_legacy", "bytes")
+_GPU_ARGS = (
+    "device",
+    "stream",
+    "correlation",
+    "external_id",
+    "external_id_legacy",
+    "bytes",
+    "blocks_per_sm",
+    "occupancy_pct",
+)
 _RUNTIME_ARGS = ("correlation", "external_id", "external_id_legacy")
-_CPU_ARGS = ("external_id", "external_id_legacy", "input_types", "dtype")
+_CPU_ARGS = ("external_id", "external_id_legacy", "input_types", "dtype", "input_dims")
 _MEMORY_ARGS = (
     "memory_bytes",
     "bytes",
@@ -323,9 +341,19 @@ def _arg_columns(events: list[Event], cats: pl.Series, names: pl.Series) -> list
         args = list(map(_GET_ARGS, compress(events, mask.to_list())))
         for field in fields:
             values = list(map(_GETTERS[field], args))
+            if field == "input_dims":
+                values = _raw_texts(values)
             if not _all_none(values):
                 columns[field] = columns[field].scatter(rows, _to_series(field, values))
     return list(columns.values())
+
+
+_ENCODE = msgspec.json.Encoder().encode
+
+
+def _raw_texts(values: list[list[Any] | None]) -> list[str | None]:
+    # "[[256,768],[768,3072]]": compact JSON text, one string column instead of lists
+    return [_ENCODE(value).decode() if value is not None else None for value in values]
 
 
 def _metadata_names(events: list[Event], frame: pl.DataFrame) -> list[tuple[str, Any, Any, Any]]:

@@ -114,6 +114,9 @@ def _normalise_chunk(
             pl.col("device_type").alias("memory_device_type"),
             pl.col("device_id").alias("memory_device_id"),
             pl.coalesce(pl.col("input_types"), pl.col("dtype")).alias("half_dtypes"),
+            pl.col("input_dims").alias("input_shapes"),
+            pl.col("blocks_per_sm"),
+            pl.col("occupancy_pct"),
         )
         .cast(EVENT_SCHEMA)  # type: ignore[arg-type]
         .collect()

@@ -87,6 +87,11 @@ EVENT_SCHEMA: dict[str, pl.DataType] = {
     # CPU ops recorded with shapes: the 16-bit float dtypes among the op's inputs ("Input
     # type"): "c10::Half", "c10::BFloat16" or both joined by ","; else null
     "half_dtypes": pl.String,
+    # operators recorded with record_shapes=True: args["Input Dims"] as JSON text, e.g.
+    # "[[256, 768], [768, 3072]]"; null when the trace has no shapes
+    "input_shapes": pl.String,
+    "blocks_per_sm": pl.Float64,  # kernels: args["blocks per SM"] (CUPTI), else null
+    "occupancy_pct": pl.Float64,  # kernels: args["est. achieved occupancy %"], else null
 }
 
 EVENT_COLUMNS: tuple[str, ...] = tuple(EVENT_SCHEMA)

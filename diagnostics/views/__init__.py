@@ -35,6 +35,7 @@ from diagnostics.views.compare import (
 )
 from diagnostics.views.config import (
     LAUNCH_FORM,
+    SIZE_FIELD,
     FormField,
     config_table,
     flatten_config,
@@ -95,6 +96,7 @@ __all__ = [
     "Progress",
     "RUN_STATES",
     "SEVERITY_BADGES",
+    "SIZE_FIELD",
     "STATUS_BADGES",
     "analyse_uploads",
     "upload_limits_text",

@@ -142,6 +142,20 @@ LAUNCH_FORM: tuple[tuple[str, tuple[FormField, ...]], ...] = (
 )
 
 
+# The size preset is chosen next to the scenario, outside the form: the form's fields start
+# at the chosen size's values (trainer.config.SIZE_PRESETS), and only fields the user
+# changes are sent, so "auto" can still become the gpu preset when the run finds CUDA.
+SIZE_FIELD = FormField(
+    "model.size",
+    "Model size",
+    "choice",
+    "auto = the gpu preset on CUDA, the cpu preset on CPU (decided when the run starts). "
+    "cpu: hidden 192, 2 layers, batch 32, 32 tokens, 1 worker. gpu: hidden 768, 6 layers, "
+    "12 heads, batch 256, 128 tokens, 4 workers (82.7 % GPU busy on an H200). "
+    "A field changed below overrides the preset",
+)
+
+
 def form_value(form_field: FormField, preset_value: Any) -> Any:
     """What a widget starts at for a scenario's preset value."""
     if form_field.widget == "clip":
@@ -151,11 +165,29 @@ def form_value(form_field: FormField, preset_value: Any) -> Any:
     return preset_value
 
 
-def form_overrides(values: Mapping[str, Any]) -> dict[str, Any]:
-    """Widget values -> trainer overrides (a clipping of 0 means no clipping: null)."""
-    clip_keys = {f.key for _, fields in LAUNCH_FORM for f in fields if f.widget == "clip"}
-    return {
+def form_overrides(
+    values: Mapping[str, Any], preset: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Widget values -> trainer overrides (a clipping of 0 means no clipping: null).
+
+    With ``preset`` (the values the form started at), only the fields the user changed are
+    overrides, and ``device`` always: an unchanged field must not pin a value that the size
+    preset, resolved when the run starts, would choose differently.
+    """
+    fields = {f.key: f for _, section in LAUNCH_FORM for f in section}
+    clip_keys = {key for key, f in fields.items() if f.widget == "clip"}
+    overrides = {
         key: (None if key in clip_keys and value == 0 else value) for key, value in values.items()
+    }
+    if preset is None:
+        return overrides
+    return {
+        key: value
+        for key, value in overrides.items()
+        if key == "device"
+        or key not in fields
+        or key not in preset
+        or values[key] != form_value(fields[key], preset[key])
     }
 
 

@@ -122,6 +122,10 @@ def safe_run_path(runs_dir: str | Path, run_id: str) -> Path | None:
     return path if RunFolder.is_run_folder(path) else None
 
 
+# The live rate follows the current pace: start-up (model build, worker spawn) drops out.
+RECENT_STEPS = 20
+
+
 @dataclass(frozen=True)
 class Progress:
     status: str
@@ -129,15 +133,19 @@ class Progress:
     step: int
     total_steps: int | None
     fraction: float  # 0..1 for the progress bar
-    steps_per_s: float | None
+    steps_per_s: float | None  # recent: over the last RECENT_STEPS steps
     eta_s: float | None
     elapsed_s: float | None
+    overall_steps_per_s: float | None = None  # first to last step record
+    recent_steps: int = 0  # how many step intervals the recent rate spans
 
     @property
     def text(self) -> str:
         parts = [f"step {self.step:,}" + (f" of {self.total_steps:,}" if self.total_steps else "")]
         if self.steps_per_s is not None:
-            parts.append(f"{self.steps_per_s:.2f} steps/s")
+            parts.append(f"{self.steps_per_s:.2f} steps/s recent (last {self.recent_steps} steps)")
+        if self.overall_steps_per_s is not None:
+            parts.append(f"{self.overall_steps_per_s:.2f} steps/s overall")
         if self.eta_s is not None and self.status == "running":
             parts.append(f"about {fmt_seconds(self.eta_s)} left")
         if self.elapsed_s is not None:
@@ -156,13 +164,18 @@ def progress(status: RunStatus, steps: pl.DataFrame, now: float | None = None) -
     fraction = min(1.0, step / total) if total else 0.0
     if status.status == "completed":
         fraction = 1.0
-    rate = None
+    rate = overall = None
+    recent_steps = 0
     wall = steps.get_column("wall_time").drop_nulls() if steps.height else None
     if wall is not None and wall.len() >= 2:
-        recent = wall.tail(21)
+        recent = wall.tail(RECENT_STEPS + 1)
         span = float(recent.max()) - float(recent.min())
         if span > 0:
             rate = (recent.len() - 1) / span
+            recent_steps = recent.len() - 1
+        whole = float(wall.max()) - float(wall.min())
+        if whole > 0:
+            overall = (wall.len() - 1) / whole
     eta = None
     if rate and total and step < total:
         eta = (total - step) / rate
@@ -175,6 +188,8 @@ def progress(status: RunStatus, steps: pl.DataFrame, now: float | None = None) -
         steps_per_s=rate,
         eta_s=eta,
         elapsed_s=run_duration_s(status, now),
+        overall_steps_per_s=overall,
+        recent_steps=recent_steps,
     )
 
 

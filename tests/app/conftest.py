@@ -202,10 +202,13 @@ def page(browser):
         context.close()
 
 
-def wait_for_skeletons(page, timeout_ms: int = 15_000) -> None:
-    """Code blocks and tables load their renderer lazily and show a grey skeleton first."""
+def wait_for_skeletons(page, timeout_ms: int = 60_000) -> None:
+    """Code blocks and tables load their renderer lazily and show a grey skeleton first.
+    Only visible ones count: a table in a tab not shown keeps its skeleton until opened.
+    A long page on a busy machine takes a while: code blocks in findings load one by one."""
     page.wait_for_function(
-        "() => document.querySelectorAll('[data-testid^=\"stSkeleton\"]').length === 0",
+        "() => [...document.querySelectorAll('[data-testid^=\"stSkeleton\"]')]"
+        ".every(el => el.offsetParent === null)",
         timeout=timeout_ms,
     )
 

@@ -172,6 +172,22 @@ def test_launch_form_shows_errors_next_to_the_fields_and_starts_nothing(empty_en
     assert list_runs(empty_env) == []  # nothing was launched
 
 
+def test_launch_form_size_preset_sets_the_fields_and_is_validated(empty_env):
+    at = open_page("pages/1_Launch.py")
+    size = next(s for s in at.selectbox if s.label == "Model size")
+    assert size.value == "auto" and list(size.options) == ["auto", "cpu", "gpu"]
+    assert (_field(at, "Batch size").value, _field(at, "DataLoader workers").value) == (32, 1)
+    size.set_value("gpu").run()
+    assert not at.exception
+    # the form now starts at the gpu preset (the H200-measured size)
+    assert (_field(at, "Batch size").value, _field(at, "DataLoader workers").value) == (256, 4)
+    _field(at, "Batch size").set_value(0)
+    next(b for b in at.button if b.label == "Start run").click().run()
+    errors = [e.value for e in at.error]
+    assert any(e.startswith("train.batch_size: 0 is out of range") for e in errors), errors
+    assert list_runs(empty_env) == []
+
+
 def test_launch_form_refuses_while_a_run_uses_the_device(empty_env):
     writer = RunWriter.create(
         empty_env, {"scenario": "healthy"}, {}, run_id="busy-run", total_steps=50

@@ -19,6 +19,7 @@ from diagnostics.errors import InputError
 from diagnostics.report.metrics import KeyMetrics
 from diagnostics.runs import STEP_SCHEMA, RunFolder, RunStatus, RunWriter, list_runs
 from tests.app.conftest import REPO_ROOT
+from trainer.config import build_config
 
 # --- numbers for people ------------------------------------------------------------------
 
@@ -254,6 +255,23 @@ def test_form_overrides_turn_zero_clipping_into_none():
         "data.num_workers": 2,
     }
     assert views.form_overrides({"train.grad_clip": 0.5}) == {"train.grad_clip": 0.5}
+
+
+def test_form_overrides_send_only_changed_fields_so_the_size_preset_can_apply():
+    # the form starts at the cpu values under "auto"; unchanged fields must not pin them,
+    # or a run that finds CUDA would keep batch 32 instead of the gpu preset's 256
+    preset = build_config("healthy").to_flat()
+    values = {
+        "device": "auto",
+        "train.batch_size": 32,
+        "data.num_workers": 3,
+        "train.grad_clip": 1.0,
+        "train.lr": float(preset["train.lr"]),
+    }
+    assert views.form_overrides(values, preset) == {"device": "auto", "data.num_workers": 3}
+    # clipping typed as 0 differs from the preset's 1.0: sent, as null
+    assert views.form_overrides({"train.grad_clip": 0.0}, preset) == {"train.grad_clip": None}
+    assert views.SIZE_FIELD.key == "model.size"
 
 
 # --- uploads -----------------------------------------------------------------------------

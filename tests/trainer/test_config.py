@@ -78,6 +78,7 @@ def test_scenarios_are_presets_of_ordinary_fields():
         "unstable",
         "leak",
         "small-batch",
+        "fp32",
     }
     for name, preset in SCENARIO_PRESETS.items():
         assert set(preset) <= set(field_keys()), name

@@ -139,3 +139,39 @@ def test_form_helpers():
 def test_cancel_needs_a_run_folder(tmp_path):
     with pytest.raises(ValueError, match="not a run folder"):
         launch.cancel_run(tmp_path)
+
+
+def _is_zombie_or_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return bool(handle.read())
+    except FileNotFoundError:
+        return False
+
+
+def test_a_finished_run_is_reaped_not_left_a_zombie(tmp_path):
+    started = launch.start_run(
+        scenario="healthy",
+        overrides={**OVERRIDES, "data.sample_latency_ms": 0.0},
+        runs_dir=tmp_path,
+        steps=2,
+        device="cpu",
+        instruments=False,
+    )
+    run = RunFolder(started.run_dir)
+    assert _wait(lambda: run.status().is_final), "the run did not finish"
+    # nothing else in this test waits on the child: only launch's reaper can collect it
+    assert _wait(lambda: not _is_zombie_or_alive(started.pid), timeout_s=60.0), (
+        f"pid {started.pid} is still in the process table after its run ended"
+    )
+
+
+def test_device_error_names_a_missing_cuda_before_anything_starts():
+    assert launch.device_error("cpu") is None
+    assert launch.device_error("auto") is None
+    message = launch.device_error("cuda")
+    if torch.cuda.is_available():
+        assert message is None
+    else:
+        assert message is not None and message.startswith("CUDA was requested")
+        assert "choose auto or cpu" in message

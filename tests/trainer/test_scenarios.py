@@ -80,3 +80,12 @@ def test_leak_flags_are_recorded_in_the_config(runs):
     train = runs["leak"].manifest().config["train"]
     assert train["accumulate_loss_as_tensor"] is True
     assert train["keep_batch_history"] is True
+
+
+def test_fp32_runs_on_cpu_without_amp(runs):
+    # on CPU the fp32 scenario is the healthy run: no autocast, no scaler, no AMP note
+    config = _config(runs["fp32"])
+    assert (config.train.amp, config.train.tf32) == ("off", False)
+    assert runs["fp32"].steps()["amp_scale"].null_count() == runs["fp32"].steps().height
+    assert not any("train.amp" in note for note in runs["fp32"].manifest().notes)
+    assert runs["fp32"].manifest().environment["fp32_matmul_precision"] is None  # CUDA only

@@ -1,9 +1,10 @@
 """Per-step timing and memory for the step records.
 
-On CUDA the copy, compute and optimiser phases are timed with CUDA events: host clocks
-only measure how long it took to *queue* the kernels. On CPU every op runs synchronously,
-so host clocks are the truth. The data wait is always a host clock: it is the time the
-training process sat blocked in ``next()`` on the DataLoader.
+On CUDA the copy, compute and optimiser phases and the step itself are timed with CUDA
+events, read back on later steps without blocking: host clocks only measure how long it
+took to *queue* the kernels. On CPU every op runs synchronously, so host clocks are the
+truth. The data wait is always a host clock: it is the time the training process sat
+blocked in ``next()`` on the DataLoader.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ def rss_bytes(process: psutil.Process | None = None) -> int:
 
 
 class HostStepClock:
-    """Host-clock marks; the variant used on CPU and whenever instruments are off."""
+    """Host-clock marks: the CPU's clock, where every op runs synchronously."""
+
+    deferred = False
 
     def __init__(self) -> None:
         self._marks: dict[str, float] = {}
@@ -50,30 +53,100 @@ class HostStepClock:
         }
 
 
+class Resolved:
+    """A value already on the host: the CPU's step times and step scalars."""
+
+    def __init__(self, value: Any):
+        self._value = value
+
+    def ready(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        pass
+
+    def get(self) -> Any:
+        return self._value
+
+
+# the marks a CUDA step records as events: "begin" and "fetched" bound the data wait on the
+# device's own timeline, so the step time needs no host clock (which only sees queueing)
+CUDA_MARKS = ("begin", "fetched", *PHASES)
+
+
+class PendingCudaTimes:
+    """One step's CUDA events; resolved when its last event has run on the device."""
+
+    def __init__(
+        self, host: dict[str, float], events: dict[str, Any], pool: list[Any], fetched: bool
+    ):
+        self._host = host
+        self._events = events
+        self._pool = pool
+        self._fetched = fetched
+
+    def ready(self) -> bool:
+        # cudaEventQuery: never blocks, and elapsed_time is only valid once this is true
+        return bool(self._events["optimised"].query())
+
+    def wait(self) -> None:
+        self._events["optimised"].synchronize()
+
+    def get(self) -> dict[str, float]:
+        ev = self._events
+        # begin -> fetched and start -> end on the device: an evaluation between fetched
+        # and start (epoch boundary) belongs to neither the data wait nor the step
+        times = {
+            **self._host,
+            "h2d_ms": ev["start"].elapsed_time(ev["copied"]),
+            "compute_ms": ev["copied"].elapsed_time(ev["computed"]),
+            "optimizer_ms": ev["computed"].elapsed_time(ev["optimised"]),
+            "step_time_ms": (ev["begin"].elapsed_time(ev["fetched"]) if self._fetched else 0.0)
+            + ev["start"].elapsed_time(ev["optimised"]),
+        }
+        self._pool.append(ev)  # every event of the set has run: safe to record again
+        return times
+
+
 class CudaStepClock(HostStepClock):
-    """CUDA events at each phase boundary; waits for the last one when the step ends."""
+    """CUDA events at each phase boundary, never waited on during the step.
+
+    ``finish`` returns a ``PendingCudaTimes``; the loop asks it ``ready()`` on later steps
+    (``Event.query()``, which does not block) and writes the record once it is. A step
+    ending in a device synchronisation would cost every step the launch latency of the
+    next one: 5 % at the default size on an H200 (issue 9). The step time is device time
+    from the step's first event to its last: when the device is behind, "begin" runs as
+    the previous step's work ends; when it waits for data, as the host gets there; either
+    way it is the step's real period, which host clocks cannot see without a sync.
+    """
+
+    deferred = True
 
     def __init__(self) -> None:
         super().__init__()
-        self._events = {name: torch.cuda.Event(enable_timing=True) for name in PHASES}
+        self._pool: list[dict[str, Any]] = []
+        self._events: dict[str, Any] = {}
+
+    def _event_set(self) -> dict[str, Any]:
+        if self._pool:
+            return self._pool.pop()
+        return {name: torch.cuda.Event(enable_timing=True) for name in CUDA_MARKS}
+
+    def begin(self) -> None:
+        super().begin()
+        self._events = self._event_set()
+        self._events["begin"].record()
 
     def mark(self, name: str) -> None:
         super().mark(name)
         if name in self._events:
             self._events[name].record()
 
-    def finish(self) -> dict[str, float]:
+    def finish(self) -> PendingCudaTimes:  # type: ignore[override]
         self._events["optimised"].record()
-        # one sync per step: the price of true GPU times (the host ones would be queue times)
-        self._events["optimised"].synchronize()
+        fetched = "fetched" in self._marks
         host = super().finish()
-        ev = self._events
-        return {
-            **host,
-            "h2d_ms": ev["start"].elapsed_time(ev["copied"]),
-            "compute_ms": ev["copied"].elapsed_time(ev["computed"]),
-            "optimizer_ms": ev["computed"].elapsed_time(ev["optimised"]),
-        }
+        return PendingCudaTimes(host, self._events, self._pool, fetched)
 
 
 def cuda_memory(device: torch.device) -> dict[str, Any]:
@@ -86,7 +159,9 @@ def cuda_memory(device: torch.device) -> dict[str, Any]:
     }
 
 
-def make_step_clock(device: torch.device, *, instruments: bool) -> HostStepClock:
-    if instruments and device.type == "cuda":
+def make_step_clock(device: torch.device) -> HostStepClock:
+    """CUDA events on CUDA, instruments on or off: with no sync in the step, a host clock
+    there would time the queueing of kernels, not the step."""
+    if device.type == "cuda":
         return CudaStepClock()
     return HostStepClock()

@@ -1,0 +1,53 @@
+"""The Upload page's parts for several files: the "ranks or separately?" question, the
+choice among separately analysed files, and the per-rank tables."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from diagnostics.views.upload_set import UploadResult, UploadSet
+
+
+def ask_ranks_or_separate(upload_set: UploadSet, key: str) -> None:
+    """Why the files may not be one job, what each says, and the two answers (stored in
+    the session for this upload ``key``; the page reruns with it)."""
+    st.warning(
+        "**These files may not be ranks of one job:**\n"
+        + "\n".join(f"- {reason}" for reason in upload_set.mismatches),
+        icon=":material/help:",
+    )
+    st.dataframe(upload_set.identities, hide_index=True, width="stretch")
+    ranks, separate = st.columns(2)
+    if ranks.button("Analyse as ranks of one job", icon=":material/join:", width="stretch"):
+        st.session_state["upload_mode"] = (key, "ranks")
+        st.rerun()
+    if separate.button(
+        "Analyse each file separately", icon=":material/call_split:", width="stretch"
+    ):
+        st.session_state["upload_mode"] = (key, "separate")
+        st.rerun()
+
+
+def chosen_result(upload_set: UploadSet) -> UploadResult:
+    """The one result, or the file the user picks when each was analysed on its own."""
+    if len(upload_set.results) == 1:
+        return upload_set.results[0]
+    labels = [r.label for r in upload_set.results]
+    label = st.selectbox("Analysed separately: show", labels, key="upload-separate-choice")
+    return upload_set.results[labels.index(label)]
+
+
+def rank_tables(upload_set: UploadSet, chosen: UploadResult) -> None:
+    """Several files analysed as ranks: what each file says, and the per-rank summary."""
+    if upload_set.mode != "ranks" or upload_set.identities.height < 2:
+        return
+    st.subheader("Ranks")
+    if upload_set.mismatches:
+        st.caption(
+            "Analysed as ranks of one job at your request, although: "
+            + "; ".join(upload_set.mismatches)
+        )
+    st.dataframe(upload_set.identities, hide_index=True, width="stretch")
+    facts = chosen.result.facts
+    if facts is not None and facts.ranks is not None:
+        st.dataframe(facts.ranks, hide_index=True, width="stretch")

@@ -1,0 +1,112 @@
+"""The drill-down views of one rank's trace: Overview, Operators, Kernels, Memory,
+Timeline, Export (what torch-tb-profiler's views showed), as pure polars tables.
+
+``build_drilldown(trace)`` computes every table once from the loader's event table;
+``DrillDown.timeline(step)`` and ``DrillDown.step_export(step)`` work on one step when asked.
+Figures are drawn by diagnostics.report.drill_plots; pages only lay them out.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import polars as pl
+
+from diagnostics.drilldown.export import PERFETTO_STEPS, step_slice_json
+from diagnostics.drilldown.kernels import kernel_view
+from diagnostics.drilldown.memory import (
+    allocator_curve,
+    curve_peaks,
+    top_allocations,
+    trace_start_us,
+)
+from diagnostics.drilldown.operators import operator_view, search
+from diagnostics.drilldown.overview import step_breakdown_table
+from diagnostics.drilldown.timeline import Timeline, step_timeline, step_window
+from diagnostics.facts.breakdown import step_breakdown
+from diagnostics.facts.linking import build_index
+from diagnostics.facts.memory import memory_curve
+from diagnostics.facts.steps import find_steps
+from diagnostics.trace.loader import LoadedInput, load
+from diagnostics.trace.schema import LoadedTrace
+
+__all__ = [
+    "PERFETTO_STEPS",
+    "DrillDown",
+    "Timeline",
+    "build_drilldown",
+    "drilldowns_of",
+    "load_drilldowns",
+    "search",
+]
+
+
+@dataclass(frozen=True)
+class DrillDown:
+    label: str  # "rank 3 · file.json.gz": which trace this is
+    trace: LoadedTrace
+    steps: pl.DataFrame  # step, start_us, end_us, dur_us, host_start_us, host_end_us
+    breakdown: pl.DataFrame  # facts.breakdown per step (for the per-step bars)
+    overview: pl.DataFrame  # category, mean_ms, pct
+    operators: pl.DataFrame  # operators.OPERATOR_VIEW_SCHEMA, by operator
+    operators_by_shape: pl.DataFrame  # the same, by operator and input shapes
+    kernels: pl.DataFrame  # kernels.KERNEL_VIEW_SCHEMA
+    memory_curve: pl.DataFrame  # memory.CURVE_SCHEMA (downsampled, peaks kept)
+    memory_peaks: pl.DataFrame  # device, time_ms, allocated_mib
+    allocations: pl.DataFrame  # memory.ALLOCATION_SCHEMA, largest first
+
+    @property
+    def has_shapes(self) -> bool:
+        return bool(self.operators_by_shape.height) and bool(
+            (self.operators_by_shape["input_shapes"] != "").any()
+        )
+
+    @property
+    def step_ids(self) -> list[int]:
+        return [int(s) for s in self.steps["step"].to_list()]
+
+    def timeline(self, step: int) -> Timeline:
+        return step_timeline(
+            self.trace.events, self.steps, step, thread_names=self.trace.metadata.thread_names
+        )
+
+    def step_export(self, step: int) -> bytes:
+        start_us, end_us = step_window(self.steps, step)
+        return step_slice_json(self.trace, start_us, end_us)
+
+
+def build_drilldown(trace: LoadedTrace, label: str | None = None) -> DrillDown:
+    """Every drill-down table of one rank's trace."""
+    events = trace.events
+    index = build_index(events)
+    steps = find_steps(events, index)
+    breakdown = step_breakdown(events, steps, index)
+    start_us = trace_start_us(events)
+    curve = allocator_curve(memory_curve(events), start_us)
+    name = os.path.basename(trace.metadata.path)
+    return DrillDown(
+        label=label or f"rank {trace.rank} · {name}",
+        trace=trace,
+        steps=steps.frame.select(
+            "step", "start_us", "end_us", "dur_us", "host_start_us", "host_end_us"
+        ),
+        breakdown=breakdown,
+        overview=step_breakdown_table(breakdown),
+        operators=operator_view(index, "operator"),
+        operators_by_shape=operator_view(index, "operator+shape"),
+        kernels=kernel_view(index),
+        memory_curve=curve,
+        memory_peaks=curve_peaks(curve),
+        allocations=top_allocations(events, index, start_us),
+    )
+
+
+def drilldowns_of(loaded: LoadedInput) -> tuple[DrillDown, ...]:
+    """One DrillDown per rank of a loaded input (empty for a run without a trace)."""
+    return tuple(build_drilldown(trace) for trace in loaded.traces)
+
+
+def load_drilldowns(path: str | os.PathLike[str]) -> tuple[DrillDown, ...]:
+    """A trace file, folder of ranks or run folder -> one DrillDown per rank."""
+    return drilldowns_of(load(path))

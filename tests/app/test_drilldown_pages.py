@@ -1,0 +1,110 @@
+"""AppTest: the drill-down tabs on Upload and Run detail, and the mismatched-upload question.
+
+Real traces only: a V100 trace and an H200 trace of this project's trainer uploaded together
+must not be merged as ranks without asking; the tabs must render from the analyser's tables.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.app.test_pages import open_page, texts
+
+H200_RUN = "h200-sized/m768l6b256"
+TABS = ["Overview", "Operators", "Kernels", "Memory", "Timeline", "Export"]
+
+
+@pytest.fixture
+def h200_trace(repo_root):
+    run = repo_root.parent / "shared" / "gpu-runs" / H200_RUN
+    return next((run / "trace").glob("*.json.gz"))
+
+
+@pytest.fixture
+def empty_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("PIPELINE_DOCTOR_RUNS_DIR", str(tmp_path / "runs"))
+    return tmp_path / "runs"
+
+
+def upload(at, *paths):
+    at.file_uploader[0].set_value([(p.name, p.read_bytes(), "application/gzip") for p in paths])
+    return at.run()
+
+
+def test_an_unsupported_extension_says_which_file_and_what_is_accepted(empty_env):
+    at = open_page("pages/4_Upload_trace.py")
+    at.file_uploader[0].set_value(("notes.txt", b"hello", "text/plain"))
+    at.run()
+    assert not at.exception
+    assert [e.value for e in at.error] == [
+        "notes.txt: unsupported file type (.txt): upload Chrome traces written by "
+        "torch.profiler, as .json or .json.gz"
+    ]
+
+
+@pytest.mark.slow
+def test_a_v100_and_an_h200_trace_are_not_merged_without_asking(
+    empty_env, shared_traces_dir, h200_trace
+):
+    v100 = shared_traces_dir / "kineto_resnet50_num_workers_0.pt.trace.json.gz"
+    at = upload(open_page("pages/4_Upload_trace.py"), v100, h200_trace)
+    assert not at.exception
+    page = texts(at)
+    assert "may not be ranks of one job" in page
+    assert "GPU models differ" in page and "Tesla V100-DGXS-32GB" in page and "NVIDIA H200" in page
+    assert not at.metric  # nothing analysed yet: no "2 ranks", no straggler finding
+    labels = [b.label for b in at.button]
+    assert "Analyse as ranks of one job" in labels and "Analyse each file separately" in labels
+
+    next(b for b in at.button if b.label == "Analyse each file separately").click().run()
+    assert not at.exception
+    choice = at.selectbox(key="upload-separate-choice")
+    assert choice.options == [v100.name, h200_trace.name]
+    assert "rank-stragglers" not in texts(at)
+    assert [t.label for t in at.tabs][-6:] == TABS
+    choice.set_value(h200_trace.name).run()
+    assert not at.exception
+    assert "NVIDIA H200" in texts(at)
+
+
+@pytest.mark.slow
+def test_upload_as_ranks_shows_the_per_rank_table(empty_env, shared_traces_dir, h200_trace):
+    v100 = shared_traces_dir / "kineto_resnet50_num_workers_0.pt.trace.json.gz"
+    at = upload(open_page("pages/4_Upload_trace.py"), v100, h200_trace)
+    next(b for b in at.button if b.label == "Analyse as ranks of one job").click().run()
+    assert not at.exception
+    assert "Ranks" in [s.value for s in at.subheader]
+    identities = at.dataframe[0].value
+    assert list(identities["file"]) == [v100.name, h200_trace.name]
+    assert at.metric  # analysed
+
+
+@pytest.mark.slow
+def test_upload_drill_down_tabs_render_on_a_real_h200_trace(empty_env, h200_trace):
+    at = upload(open_page("pages/4_Upload_trace.py"), h200_trace)
+    assert not at.exception
+    assert [t.label for t in at.tabs][-6:] == TABS
+    assert "Drill down" in [s.value for s in at.subheader]
+    # the operators table searches, and groups by shapes (this trainer records them)
+    at.text_input(key="upload-op-search").set_value("aten::mm").run()
+    assert not at.exception
+    at.radio(key="upload-op-group").set_value("operator + input shapes").run()
+    assert not at.exception
+    table = next(df.value for df in at.dataframe if "input_shapes" in df.value.columns)
+    assert set(table["operator"]) == {"aten::mm"}
+    assert (table["input_shapes"].str.len() > 2).all()
+    # timeline step choice: the steps of the trace
+    step = at.selectbox(key="upload-timeline-step")
+    assert len(step.options) >= 2
+    step.select_index(0).run()
+    assert not at.exception
+
+
+@pytest.mark.slow
+def test_run_detail_has_the_drill_down_tabs(monkeypatch, trained_runs):
+    monkeypatch.setenv("PIPELINE_DOCTOR_RUNS_DIR", str(trained_runs.runs_dir))
+    at = open_page("pages/3_Run_detail.py", {"run": trained_runs.slow.name})
+    assert not at.exception
+    assert [t.label for t in at.tabs][-6:] == TABS
+    kernels_or_ops = [df.value for df in at.dataframe if "operator" in df.value.columns]
+    assert kernels_or_ops and len(kernels_or_ops[0]) > 0  # a CPU run still has operators

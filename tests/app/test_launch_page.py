@@ -1,0 +1,84 @@
+"""AppTest: the Launch page keeps its scenario and watched run, names the re-run's origin,
+labels its rates, and checks the device before starting anything."""
+
+from __future__ import annotations
+
+import time
+
+import polars as pl
+import pytest
+import torch
+
+from diagnostics import views
+from diagnostics.runs import STEP_SCHEMA, RunStatus, list_runs
+from tests.app.test_pages import open_page, texts
+
+
+@pytest.fixture
+def empty_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("PIPELINE_DOCTOR_RUNS_DIR", str(tmp_path / "runs"))
+    return tmp_path / "runs"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_cuda_is_an_error_under_device_and_starts_nothing(empty_env):
+    at = open_page("pages/1_Launch.py")
+    device = next(s for s in at.selectbox if s.label == "Device")
+    device.set_value("cuda")
+    next(b for b in at.button if b.label == "Start run").click().run()
+    assert not at.exception
+    errors = [e.value for e in at.error]
+    assert any(e.startswith("device: CUDA was requested") for e in errors), errors
+    assert any("1 setting needs fixing" in e for e in errors), errors
+    assert list_runs(empty_env) == []
+
+
+def test_the_scenario_survives_going_to_another_page_and_back(empty_env):
+    at = open_page("pages/1_Launch.py")
+    scenario = next(s for s in at.selectbox if s.label == "Scenario")
+    scenario.set_value("slow-loader").run()
+    assert at.query_params["scenario"] in ("slow-loader", ["slow-loader"])
+    at.switch_page("pages/2_Runs.py").run()
+    at.query_params.clear()  # the menu's links carry no query
+    at.switch_page("pages/1_Launch.py").run()
+    assert not at.exception
+    assert next(s for s in at.selectbox if s.label == "Scenario").value == "slow-loader"
+    # the form follows it: slow-loader has no workers
+    assert next(n for n in at.number_input if n.label == "DataLoader workers").value == 0
+
+
+def test_a_reload_with_the_scenario_in_the_url_keeps_it(empty_env):
+    at = open_page("pages/1_Launch.py", {"scenario": "no-pin-memory"})
+    assert next(s for s in at.selectbox if s.label == "Scenario").value == "no-pin-memory"
+
+
+@pytest.mark.slow
+def test_a_re_runs_panel_says_what_it_re_runs_and_the_watched_run_comes_back(
+    monkeypatch, trained_runs
+):
+    monkeypatch.setenv("PIPELINE_DOCTOR_RUNS_DIR", str(trained_runs.runs_dir))
+    at = open_page("pages/1_Launch.py", {"run": trained_runs.fixed.name})
+    assert not at.exception
+    assert f"Re-run of **{trained_runs.slow.name}** with `data.num_workers = 2`" in texts(at)
+    # to another page and back through the menu: the same run is followed, and in the URL
+    at.switch_page("pages/2_Runs.py").run()
+    at.query_params.clear()
+    at.switch_page("pages/1_Launch.py").run()
+    assert f"#### {trained_runs.fixed.name}" in texts(at)
+    assert at.query_params["run"] in (trained_runs.fixed.name, [trained_runs.fixed.name])
+
+
+def test_progress_labels_the_recent_and_the_overall_rate():
+    now = time.time()
+    # 30 steps: the first 10 at one a second, the last 20 at two a second
+    walls = [now + i for i in range(10)] + [now + 9 + 0.5 * i for i in range(1, 21)]
+    steps = pl.DataFrame(
+        {"step": list(range(1, 31)), "wall_time": walls},
+        schema_overrides={"step": STEP_SCHEMA["step"], "wall_time": STEP_SCHEMA["wall_time"]},
+    )
+    status = RunStatus(status="running", step=30, total_steps=60, started_at=now)
+    progress = views.progress(status, steps)
+    assert progress.steps_per_s == pytest.approx(2.0)  # 20 intervals over 10 s
+    assert progress.overall_steps_per_s == pytest.approx(29 / 19)  # 29 intervals over 19 s
+    assert "2.00 steps/s recent (last 20 steps)" in progress.text
+    assert "1.53 steps/s overall" in progress.text

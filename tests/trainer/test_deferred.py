@@ -1,0 +1,103 @@
+"""Step records written in order once their figures reach the host (trainer/instruments/deferred).
+
+The CUDA handles (events, pinned copies) need a GPU: tests/trainer/test_gpu.py runs them.
+Here a handle that becomes ready when the test says so stands in for a CUDA event, to pin
+the queue's order and flush rules, which are the same on both devices.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from trainer.instruments.deferred import PendingSteps
+from trainer.instruments.steps import HostStepClock, Resolved
+
+
+class Later:
+    """A value that arrives when ``arrive()`` is called (as a CUDA event completes)."""
+
+    def __init__(self, value):
+        self.value = value
+        self.arrived = False
+        self.waited = False
+
+    def arrive(self) -> None:
+        self.arrived = True
+
+    def ready(self) -> bool:
+        return self.arrived
+
+    def wait(self) -> None:
+        self.waited = True
+        self.arrived = True
+
+    def get(self):
+        assert self.arrived, "read before it arrived"
+        return self.value
+
+
+def _complete(record, times, values):
+    return {**record, **times, **values}
+
+
+def _queue():
+    written: list[dict] = []
+    return PendingSteps(written.append, _complete), written
+
+
+def test_resolved_values_are_written_at_once():
+    queue, written = _queue()
+    queue.push({"step": 1}, Resolved({"step_time_ms": 5.0}), Resolved({"loss": 2.0}))
+    assert written == [{"step": 1, "step_time_ms": 5.0, "loss": 2.0}]
+    assert len(queue) == 0
+
+
+def test_records_wait_for_both_times_and_scalars_and_keep_step_order():
+    queue, written = _queue()
+    handles = []
+    for step in (1, 2, 3):
+        times, scalars = Later({"step_time_ms": float(step)}), Later({"loss": 10.0 * step})
+        handles.append((times, scalars))
+        queue.push({"step": step}, times, scalars)
+    assert written == [] and len(queue) == 3
+    handles[1][0].arrive()
+    handles[1][1].arrive()
+    assert queue.poll() == 0  # step 2 is ready, but step 1 is not: nothing out of order
+    handles[0][0].arrive()
+    assert queue.poll() == 0  # step 1's times alone are not enough
+    handles[0][1].arrive()
+    assert queue.poll() == 2
+    assert [r["step"] for r in written] == [1, 2]
+    assert written[1] == {"step": 2, "step_time_ms": 2.0, "loss": 20.0}
+    assert len(queue) == 1
+
+
+def test_flush_waits_for_everything_in_order():
+    queue, written = _queue()
+    pending = [(Later({"step_time_ms": 1.0}), Later({"loss": 1.0})) for _ in range(4)]
+    for step, (times, scalars) in enumerate(pending, start=1):
+        queue.push({"step": step}, times, scalars)
+    assert queue.flush() == 4
+    assert [r["step"] for r in written] == [1, 2, 3, 4]
+    assert all(t.waited and s.waited for t, s in pending)
+    assert queue.flush() == 0 and len(queue) == 0
+
+
+def test_a_value_is_never_read_before_it_arrives():
+    queue, _ = _queue()
+    queue.push({"step": 1}, Later({}), Later({}))
+    with pytest.raises(AssertionError):
+        queue._write_head()  # what poll() guards against
+
+
+def test_host_clock_times_add_up():
+    clock = HostStepClock()
+    clock.begin()
+    clock.mark("fetched")
+    for mark in ("start", "copied", "computed"):
+        clock.mark(mark)
+    times = clock.finish()
+    assert not clock.deferred
+    assert times["step_time_ms"] >= times["data_wait_ms"] >= 0.0
+    parts = times["h2d_ms"] + times["compute_ms"] + times["optimizer_ms"]
+    assert times["step_time_ms"] == pytest.approx(times["data_wait_ms"] + parts, abs=0.05)
