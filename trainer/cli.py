@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from trainer.config import (
+    DISTRIBUTED_SCENARIOS,
     SCENARIOS,
     ConfigError,
     TrainerConfig,
@@ -61,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m trainer", description="The reference trainer.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     scenarios = "\n".join(f"  {name:14s} {text}" for name, text in SCENARIOS.items())
+    scenarios += "\n  with --nproc-per-node 2 or more:\n" + "\n".join(
+        f"  {name:14s} {text}" for name, text in DISTRIBUTED_SCENARIOS.items()
+    )
     keys = "\n".join(f"  {f.key:34s} {f.allowed} (default {f.default})" for f in config_fields())
     run = sub.add_parser(
         "run",
@@ -202,6 +206,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError("--runs-dir", f"{runs_dir}: {_os_problem(exc)}") from None
     if distributed:
         return _launch(args, config, patch, runs_dir)
+    if config.scenario in DISTRIBUTED_SCENARIOS:
+        raise ConfigError(
+            "--scenario", f"{config.scenario} needs two or more ranks", "--nproc-per-node 2"
+        )
 
     # torch only now: the checks above stay instant, and cuda is the last one needing it
     import torch

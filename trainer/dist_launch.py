@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from diagnostics.runs import RANK_STATUS_FILE, RunFolder
-from trainer.config import ConfigError, TrainerConfig
+from trainer.config import DISTRIBUTED_SCENARIOS, ConfigError, TrainerConfig
 
 log = logging.getLogger("trainer")
 
@@ -52,6 +52,17 @@ class LaunchSpec:
                 raise ConfigError("--rdzv-endpoint", f"{self.rdzv_endpoint!r}", "HOST:PORT")
         if self.nnodes > 1 and run_id is None:
             raise ConfigError("--run-id", "missing with --nnodes > 1", "the same id on every node")
+        if config.scenario in DISTRIBUTED_SCENARIOS and self.world_size < 2:
+            raise ConfigError(
+                "--scenario", f"{config.scenario} needs two or more ranks", "--nproc-per-node 2"
+            )
+        straggler = config.distributed.straggler_rank
+        if straggler is not None and straggler >= self.world_size:
+            raise ConfigError(
+                "distributed.straggler_rank",
+                f"{straggler} is not a rank of a job of {self.world_size}",
+                f"0..{self.world_size - 1}",
+            )
         if config.data.dataset == "sharded" and self.world_size > 1:
             raise ConfigError(
                 "data.dataset",

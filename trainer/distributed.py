@@ -25,7 +25,7 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -84,23 +84,45 @@ class DistContext:
     node_rank: int
     backend: str
     stop_group: Any = None  # gloo group for the stop flag (nccl would need a device sync)
-    straggler_delay_s: float = 0.0
     ddp: Any = None  # not on the model: a module attribute there would make a cycle
+    sync_after_backward: bool = False
+    model_params: list[Any] = field(default_factory=list)
 
     @property
     def is_primary(self) -> bool:
         return self.rank == 0
 
     def attach(self, trainer: Any) -> None:
-        """DDP around the trainer's model, checkpoints from rank 0 only, the straggler delay."""
-        self.ddp = wrap_model(trainer.model, trainer.device)
+        """Gradient sync around the trainer's model, checkpoints from rank 0 only, and the
+        straggler scenario's slower data path on its rank."""
+        settings = trainer.config.distributed
+        self.model_params = list(trainer.model.parameters())
+        if settings.sync == "overlap":
+            self.ddp = wrap_model(trainer.model, trainer.device, settings.bucket_cap_mb)
+        else:
+            # no DDP: the ranks start from rank 0's weights and after_backward averages
+            for tensor in trainer.model.state_dict().values():
+                dist.broadcast(tensor, src=0)
+            self.sync_after_backward = True
         if not self.is_primary:
             # rank 0's checkpoint resumes every rank; the others still bring their step
             # files up to the checkpoint's step, as a checkpoint does
             trainer.save_checkpoint = trainer.pending.flush
-        distributed = getattr(trainer.config, "distributed", None)
-        if distributed is not None and distributed.straggler_rank == self.rank:
-            self.straggler_delay_s = distributed.straggler_delay_ms / 1e3
+        if settings.straggler_rank == self.rank and settings.straggler_delay_ms:
+            # in __getitem__, where a slow read really is: the trace shows it as data wait
+            per_sample_s = settings.straggler_delay_ms / 1e3 / trainer.config.train.batch_size
+            trainer.train_set.sample_latency_s += per_sample_s
+            log.info("straggler: %.0f ms more data loading a batch", settings.straggler_delay_ms)
+
+    def after_backward(self) -> None:
+        """``distributed.sync=after-backward``: one blocking all-reduce per gradient, after
+        the whole backward, so none of it overlaps compute (what DDP's buckets avoid)."""
+        if not self.sync_after_backward:
+            return
+        for param in self.model_params:
+            if param.grad is not None:
+                dist.all_reduce(param.grad)
+                param.grad.div_(self.world_size)
 
     def agree_stop(self, local: tuple[str, str] | None) -> tuple[str, str] | None:
         flag = torch.tensor([_stop_code(local)], dtype=torch.int64)
@@ -111,11 +133,6 @@ class DistContext:
         if _stop_code(local) == agreed:
             return local
         return _AGREED_REASONS[agreed]
-
-    def after_fetch(self) -> None:
-        """The straggler scenario: this rank's data path made slower."""
-        if self.straggler_delay_s:
-            time.sleep(self.straggler_delay_s)
 
 
 _CONTEXT: DistContext | None = None
@@ -144,7 +161,9 @@ class _Entry(torch.nn.Module):
         return getattr(type(self.model), method)(self.model, *args)
 
 
-def wrap_model(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+def wrap_model(
+    model: torch.nn.Module, device: torch.device, bucket_cap_mb: float = 25.0
+) -> torch.nn.Module:
     """Wraps ``model`` in DDP in place: its ``forward`` and ``mlm_loss`` go through DDP.
 
     DDP synchronises gradients only for calls made through its own forward; the loop calls
@@ -159,6 +178,7 @@ def wrap_model(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
         _Entry(model),
         device_ids=[device.index] if device.type == "cuda" else None,
         find_unused_parameters=True,
+        bucket_cap_mb=bucket_cap_mb,
         broadcast_buffers=False,  # no buffers are trained; evaluation then needs no peers
     )
     model.forward = lambda *args: ddp("forward", *args)  # type: ignore[method-assign]

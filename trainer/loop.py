@@ -245,6 +245,8 @@ class Trainer:
                 )
                 loss, hidden = output.loss, output.hidden
         self.scaler.scale(loss).backward()
+        if self.dist is not None:
+            self.dist.after_backward()  # the all-reduce, when it is not DDP's overlapped one
         self.clock.mark("computed")
 
         if self.scaler.is_enabled():
@@ -562,8 +564,6 @@ class Trainer:
                     return self._stop(*stop)
                 self.clock.begin()
                 epoch, batch_in_epoch, batch = next(batches)
-                if self.dist is not None:
-                    self.dist.after_fetch()
                 self.clock.mark("fetched")
                 if phase == "finetune" and epoch != current_epoch:
                     self.evaluate(current_epoch)
