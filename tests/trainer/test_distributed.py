@@ -153,13 +153,33 @@ def test_bad_job_shapes_are_one_line_and_leave_nothing(tmp_path, extra, field):
 # --- real runs -----------------------------------------------------------------------------
 
 
-def test_two_processes_on_cpu(tmp_path):
+def _two_rank_run(runs_dir: Path, scenario: str, steps: int = 6) -> RunFolder:
+    args = [a if a != "healthy" else scenario for a in DIST_ARGS]
     result = run_trainer_cli(
-        ["run", *DIST_ARGS, "--steps", "6", "--runs-dir", str(tmp_path), "--nproc-per-node", "2"],
+        ["run", *args, "--steps", str(steps), "--runs-dir", str(runs_dir)]
+        + ["--nproc-per-node", "2"],
         timeout_s=400,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    run = RunFolder(result.stdout.strip().splitlines()[-1])
+    return RunFolder(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def healthy_two_ranks(tmp_path_factory) -> RunFolder:
+    return _two_rank_run(tmp_path_factory.mktemp("dist_healthy"), "healthy")
+
+
+def _allreduces_per_profiled_step(run: RunFolder, rank: int) -> float:
+    from diagnostics.trace.loader import load
+
+    trace = next(t for t in load(run.path).traces if t.rank == rank)
+    calls = trace.events.filter(pl.col("name") == "c10d::allreduce_").height
+    profiled = run.rank_steps().filter((pl.col("rank") == rank) & pl.col("profiled")).height
+    return calls / profiled
+
+
+def test_two_processes_on_cpu(healthy_two_ranks):
+    run = healthy_two_ranks
     assert run.status().status == "completed"
     info = run.manifest().extra["distributed"]
     assert (info["world_size"], info["backend"], info["nnodes"]) == (2, "gloo", 1)
@@ -191,6 +211,46 @@ def test_two_processes_on_cpu(tmp_path):
     loaded = load(run.path)
     assert loaded.ranks == (0, 1)
     assert {t.metadata.rank_source for t in loaded.traces} == {"distributedInfo"}
+
+
+def test_straggler_rank_loads_slower_and_the_other_waits_for_it(tmp_path):
+    run = _two_rank_run(tmp_path, "straggler", steps=6)
+    assert run.manifest().config["distributed"]["straggler_rank"] == 1
+    medians = (
+        run.rank_steps()
+        .group_by("rank")
+        .agg(pl.col("data_wait_ms", "compute_ms", "step_time_ms").median())
+        .sort("rank")
+    )
+    wait0, wait1 = medians["data_wait_ms"].to_list()
+    compute0, compute1 = medians["compute_ms"].to_list()
+    step0, step1 = medians["step_time_ms"].to_list()
+    # 300 ms a batch more in rank 1's __getitem__ (8 samples x 37.5 ms)
+    assert wait1 - wait0 >= 250.0
+    # in lockstep: rank 0 spends that time blocked in backward's all-reduce instead
+    assert compute0 - compute1 >= 150.0
+    assert abs(step0 - step1) <= 0.25 * max(step0, step1)
+
+
+def test_exposed_communication_all_reduces_every_gradient_after_backward(
+    tmp_path, healthy_two_ranks
+):
+    run = _two_rank_run(tmp_path, "exposed-communication", steps=6)
+    assert run.manifest().config["distributed"]["sync"] == "after-backward"
+    per_step = _allreduces_per_profiled_step(run, 0)
+    bucketed = _allreduces_per_profiled_step(healthy_two_ranks, 0)
+    # one call per gradient tensor (tens of them) against DDP's few 25 MB buckets
+    assert per_step >= 20 and bucketed <= 5, (per_step, bucketed)
+    steps = run.rank_steps().pivot(on="rank", index="step", values="grad_norm")
+    # the manual average still keeps the replicas in step: the same norm on both ranks
+    assert steps["0"].to_list() == pytest.approx(steps["1"].to_list())
+
+
+def test_distributed_scenarios_need_two_ranks(tmp_path):
+    result = run_trainer_cli(["run", "--scenario", "straggler", "--runs-dir", str(tmp_path)])
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: --scenario: straggler needs two or more ranks")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_cancel_stops_every_rank_at_one_step_and_resume_finishes(tmp_path):
