@@ -55,9 +55,13 @@ def _popen(args: list[str]) -> subprocess.Popen[str]:
     )
 
 
-def _wait_for_steps(run_dir: Path, steps: int, timeout_s: float = 240.0) -> None:
+def _wait_for_steps(
+    proc: subprocess.Popen[str], run_dir: Path, steps: int, timeout_s: float = 240.0
+) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended early: {proc.communicate()[1][-3000:]}")
         step = RunFolder(run_dir).last_step() if run_dir.is_dir() else None
         if step is not None and step >= steps:
             return
@@ -262,7 +266,7 @@ def test_cancel_stops_every_rank_at_one_step_and_resume_finishes(tmp_path):
         run_dir = found[0] if found else None
         time.sleep(0.2)
     assert run_dir is not None, "no run folder"
-    _wait_for_steps(run_dir, 3)
+    _wait_for_steps(proc, run_dir, 3)
     (run_dir / "cancel.request").touch()
     code, _, err = _finish(proc)
     assert code == 0, err[-3000:]
@@ -287,7 +291,7 @@ def test_sigterm_preempts_every_rank_with_a_checkpoint(tmp_path):
     run_id = "preempted-job"
     proc = _popen(["run", *SLOW_ARGS, "--runs-dir", str(tmp_path), "--run-id", run_id])
     run_dir = tmp_path / run_id
-    _wait_for_steps(run_dir, 2)
+    _wait_for_steps(proc, run_dir, 2)
     proc.send_signal(signal.SIGTERM)
     code, _, err = _finish(proc)
     assert code == 0, err[-3000:]
@@ -306,7 +310,7 @@ def test_a_rank_that_dies_fails_the_run_with_its_reason(tmp_path):
     run_id = "rank-dies"
     proc = _popen(["run", *SLOW_ARGS, "--runs-dir", str(tmp_path), "--run-id", run_id])
     run_dir = tmp_path / run_id
-    _wait_for_steps(run_dir, 2)
+    _wait_for_steps(proc, run_dir, 2)
     ranks = RunFolder(run_dir).manifest().extra["distributed"]["ranks"]
     victim = next(r["pid"] for r in ranks if r["rank"] == 1)
     os.kill(victim, signal.SIGKILL)
