@@ -364,3 +364,67 @@ def test_nccl_ranks_on_cuda(tmp_path):
     assert info["backend"] == "nccl" and info["world_size"] == nproc
     assert json.loads((run.path / "status.rank0.json").read_text())["status"] == "completed"
     assert run.rank_steps().group_by("rank").len()["len"].to_list() == [6] * nproc
+
+
+# --- the app's launcher ---------------------------------------------------------------------
+
+
+def test_job_arguments_for_the_form():
+    from trainer.launch import job_arguments
+
+    assert job_arguments(1, 1) == []
+    assert job_arguments(2) == ["--nproc-per-node", "2"]
+    assert job_arguments(4, 2, "10.0.0.1:29500") == [
+        "--nproc-per-node",
+        "4",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "0",
+        "--rdzv-endpoint",
+        "10.0.0.1:29500",
+    ]
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        job_arguments(1, 2, "")
+
+
+def test_other_node_command_is_node_zeros_with_its_own_rank():
+    from trainer.launch import other_node_command
+
+    command = [sys.executable, "-m", "trainer", "run", "--run-id", "job 1", "--node-rank", "0"]
+    assert other_node_command(command, 1) == (
+        "python -m trainer run --run-id 'job 1' --node-rank 1"
+    )
+
+
+def test_start_run_launches_a_two_process_job(tmp_path):
+    from trainer.launch import start_run
+
+    overrides = {"data.rows": 240, "train.pretrain_steps": 0, "train.batch_size": 8}
+    overrides |= {"data.num_workers": 0}
+    launched = start_run(
+        scenario="healthy",
+        overrides=overrides,
+        runs_dir=tmp_path,
+        steps=4,
+        device="cpu",
+        instruments=False,
+        nproc_per_node=2,
+        timeout_s=240,
+    )
+    assert launched.command[-2:] == ("--nproc-per-node", "2")
+    run = RunFolder(launched.run_dir)
+    deadline = time.monotonic() + 300
+    while not run.status().is_final and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert run.status().status == "completed", run.log_tail()
+    assert run.world_size() == 2
+    assert run.rank_steps().group_by("rank").len()["len"].to_list() == [4, 4]
+
+
+def test_start_run_refuses_a_distributed_scenario_on_one_process(tmp_path):
+    from trainer.launch import start_run
+
+    with pytest.raises(ValueError, match="straggler needs two or more processes"):
+        start_run(scenario="straggler", overrides={}, runs_dir=tmp_path, device="cpu")
+    assert not any(tmp_path.iterdir())
