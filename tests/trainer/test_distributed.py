@@ -306,6 +306,22 @@ def test_sigterm_preempts_every_rank_with_a_checkpoint(tmp_path):
     assert run.checkpoints()[-1].name == f"step_{step:08d}.pt"
 
 
+def test_the_runtime_budget_stops_every_rank_at_one_step(tmp_path):
+    budget = ["--set", "train.max_runtime_s=6", "--run-id", "budget"]
+    result = run_trainer_cli(
+        ["run", *SLOW_ARGS, "--runs-dir", str(tmp_path), *budget], timeout_s=400
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = RunFolder(tmp_path / "budget")
+    status = run.status()
+    assert status.status == "cancelled" and "max_runtime_s" in (status.reason or "")
+    ends = {r: (s["status"], s["step"]) for r, s in run.rank_statuses().items()}
+    step = ends[0][1]
+    assert ends == {0: ("cancelled", step), 1: ("cancelled", step)}
+    assert 0 < step < 60  # 60 steps of >= 120 ms data wait each cannot fit in 6 s
+    assert run.checkpoints()[-1].name == f"step_{step:08d}.pt"
+
+
 def test_a_rank_that_dies_fails_the_run_with_its_reason(tmp_path):
     run_id = "rank-dies"
     proc = _popen(["run", *SLOW_ARGS, "--runs-dir", str(tmp_path), "--run-id", run_id])
