@@ -48,11 +48,11 @@ log = logging.getLogger("trainer")
 
 PROCESS_GROUP_TIMEOUT = timedelta(minutes=5)  # a peer that never arrives fails the run
 
-# Stop wishes in increasing priority: the all-reduced MAX is what every rank does.
-_STOP_CODES = ("none", "budget", "cancel", "sigint", "sigterm")
-
 
 def _stop_code(stop: tuple[str, str] | None) -> int:
+    """A stop wish as a number, in increasing priority (none, budget, cancel, SIGINT,
+    SIGTERM): the all-reduced MAX is what every rank does. Read from the loop's own
+    (status, reason) pairs (Trainer._stop_reason)."""
     if stop is None:
         return 0
     status, reason = stop
