@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
-# Targets: base (runtime dependencies), production (non-root, serves the app),
-# development (adds the test tools and JupyterLab).
+# Targets: base (runtime dependencies), production (non-root, serves the app behind a
+# sign-in), development (non-root; adds the test tools and JupyterLab). docs/SECURITY.md.
 FROM python:3.11-slim AS base
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -16,16 +16,23 @@ COPY app_ui ./app_ui
 COPY .streamlit ./.streamlit
 COPY diagnostics ./diagnostics
 COPY trainer ./trainer
-
-FROM base AS production
+COPY scripts/serve.py ./scripts/serve.py
 RUN useradd --create-home --uid 10001 doctor \
     && mkdir -p /data/runs \
     && chown -R doctor:doctor /data
+
+FROM base AS production
+# Authlib: Streamlit's st.login (OpenID Connect) needs it when [auth] is configured.
+RUN pip install --no-cache-dir Authlib==1.9.10
+# Every interface, so a published port reaches it: scripts/serve.py then refuses to start
+# unless PIPELINE_DOCTOR_TOKEN or [auth] in /app/.streamlit/secrets.toml is set (or, for a
+# read-only demo, PIPELINE_DOCTOR_ALLOW_ANONYMOUS=1).
+ENV PIPELINE_DOCTOR_ADDRESS=0.0.0.0
 USER 10001:10001
 EXPOSE 8501
 HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
     CMD ["python", "-c", "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8501/_stcore/health', timeout=4).status == 200 else 1)"]
-CMD ["python", "-m", "streamlit", "run", "app.py", "--server.address=0.0.0.0", "--server.port=8501", "--server.headless=true", "--browser.gatherUsageStats=false"]
+CMD ["python", "scripts/serve.py", "--port", "8501"]
 
 FROM base AS development
 COPY requirements-dev.txt .
@@ -33,5 +40,11 @@ RUN pip install --no-cache-dir -r requirements-dev.txt jupyterlab==4.6.6
 COPY tests ./tests
 COPY bench ./bench
 COPY pyproject.toml ./
+RUN chown -R doctor:doctor /app
+USER 10001:10001
+# JupyterLab runs code: loopback and a token by default (JUPYTER_TOKEN, else one Jupyter
+# generates and prints). To reach it through a published port, set JUPYTER_IP=0.0.0.0
+# together with a JUPYTER_TOKEN of your own.
+ENV JUPYTER_IP=127.0.0.1
 EXPOSE 8501 8888
-CMD ["python", "-m", "jupyter", "lab", "--ip=0.0.0.0", "--port=8888", "--no-browser", "--allow-root"]
+CMD ["sh", "-c", "exec python -m jupyter lab --ip=\"$JUPYTER_IP\" --port=8888 --no-browser"]

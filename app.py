@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app_ui import render, session
+from app_ui.safe_text import md_code, md_text
 from diagnostics import views
 from diagnostics.runs import list_runs
 
@@ -40,7 +41,7 @@ listings = list_runs(runs_dir)
 active = [run for run in listings if run.status.is_active]
 for run in active:
     st.info(
-        f"**{run.run_id}** is running ({run.status.step:,}"
+        f"**{md_text(run.run_id)}** is running ({run.status.step:,}"
         + (f" of {run.status.total_steps:,}" if run.status.total_steps else "")
         + " steps).",
         icon=":material/sync:",
@@ -55,7 +56,7 @@ for run in active:
 st.subheader("Recent runs")
 if not listings:
     st.caption(
-        f"No runs yet in `{runs_dir}`. Launch one, or upload a trace recorded with torch.profiler."
+        f"No runs yet in {md_code(runs_dir)}. Launch one, or upload a trace recorded with torch.profiler."
     )
 else:
     render.runs_table(views.runs_table(listings[:8]), key="home-runs")

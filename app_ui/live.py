@@ -11,7 +11,8 @@ from typing import Any
 
 import streamlit as st
 
-from app_ui import render
+from app_ui import auth, render
+from app_ui.safe_text import md_code, md_text
 from diagnostics import views
 from diagnostics.report import plots
 from diagnostics.runs import FINAL_STATES, RunFolder, RunFolderError
@@ -118,8 +119,8 @@ def _lineage(run: RunFolder) -> str | None:
     if not manifest.parent_run_id:
         return None
     return (
-        f":material/replay: Re-run of **{manifest.parent_run_id}** with "
-        f"`{views.patch_summary(manifest.applied_patch)}`"
+        f":material/replay: Re-run of **{md_text(manifest.parent_run_id)}** with "
+        f"{md_code(views.patch_summary(manifest.applied_patch))}"
     )
 
 
@@ -129,7 +130,7 @@ def _panel_body(runs_dir: Path, run: RunFolder) -> None:
         steps = run.steps()
         samples = run.samples()
     except RunFolderError as exc:
-        st.error(str(exc), icon=":material/error:")
+        st.error(md_text(exc), icon=":material/error:")
         return
     progress = views.progress(status, steps)
     seen_key = f"live-status-{run.run_id}"
@@ -141,25 +142,35 @@ def _panel_body(runs_dir: Path, run: RunFolder) -> None:
 
     with st.container(border=True):
         head, action = st.columns([5, 1])
-        head.markdown(f"#### {run.run_id} &nbsp; {views.status_badge(status.status)}")
+        head.markdown(
+            f"#### {md_text(run.run_id)} &nbsp; {views.status_badge(md_text(status.status))}"
+        )
         lineage = _lineage(run)
         if lineage:
             head.markdown(lineage)
         if status.is_active:
             cancel_requested = (run.path / "cancel.request").exists()
+            may_cancel = auth.is_authenticated()
             if action.button(
                 "Cancel run",
                 icon=":material/stop_circle:",
                 key=f"cancel-{run.run_id}",
-                disabled=cancel_requested,
-                help="Stops cleanly at the end of the current step; the data is kept.",
+                disabled=cancel_requested or not may_cancel,
+                help="Stops cleanly at the end of the current step; the data is kept."
+                if may_cancel
+                else "Sign in to cancel runs.",
                 width="stretch",
             ):
-                launch.cancel_run(run.path)
-                st.toast(
-                    "Cancel requested: the run stops after its current step.",
-                    icon=":material/stop_circle:",
-                )
+                try:
+                    auth.authorise("Cancel")
+                except auth.NotAllowed as exc:
+                    st.error(str(exc), icon=":material/block:")
+                else:
+                    launch.cancel_run(run.path)
+                    st.toast(
+                        "Cancel requested: the run stops after its current step.",
+                        icon=":material/stop_circle:",
+                    )
             if cancel_requested:
                 st.caption("Cancel requested: stopping after the current step…")
         else:
@@ -176,7 +187,7 @@ def _panel_body(runs_dir: Path, run: RunFolder) -> None:
             )
         elif status.status in {"failed", "dead"}:
             st.error(
-                f"The run {status.status}: {status.reason or 'no reason recorded'}",
+                f"The run {md_text(status.status)}: {md_text(status.reason or 'no reason recorded')}",
                 icon=":material/error:",
             )
             tail = run.log_tail(3000)
@@ -184,7 +195,7 @@ def _panel_body(runs_dir: Path, run: RunFolder) -> None:
                 st.code(tail, language="text")
         elif status.status in {"cancelled", "preempted"}:
             st.warning(
-                f"The run was {status.status}; its records so far are kept.",
+                f"The run was {md_text(status.status)}; its records so far are kept.",
                 icon=":material/stop_circle:",
             )
 

@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 import streamlit as st
 
+from app_ui.safe_text import md_text
 from diagnostics import views
+from diagnostics.metrics import key_metrics
 from diagnostics.report import plots
 from diagnostics.report.html import render_html
 from diagnostics.report.json_report import render_json
 from diagnostics.report.markdown import render_markdown
-from diagnostics.report.metrics import key_metrics
 from diagnostics.report.model import build_comparison_report, build_report
 from diagnostics.rules.base import Finding
 
@@ -45,10 +46,19 @@ def cards(result: AnalysisResult) -> None:
         column.metric(card.label, card.value, help=card.help, border=True)
 
 
+def text_cells(table: pl.DataFrame) -> pl.DataFrame:
+    """A table for st.table, which renders markdown in its cells: every cell as plain text
+    (config values come from a run's own run.json)."""
+    return pl.DataFrame(
+        {name: [md_text(value) for value in table.get_column(name)] for name in table.columns},
+        schema=dict.fromkeys(table.columns, pl.String),
+    )
+
+
 def notes(result: AnalysisResult) -> None:
     """The analyser's warnings and the rules it could not apply, folded away."""
-    for warning in result.warnings:
-        st.warning(warning, icon=":material/warning:")
+    for warning in result.warnings:  # may quote a file name or a trace's own strings
+        st.warning(md_text(warning), icon=":material/warning:")
     if result.skipped:
         with st.expander(f"{len(result.skipped)} checks did not apply to this input"):
             st.dataframe(
@@ -86,8 +96,11 @@ def findings(
     )
     st.caption(
         f"{len(ranked)} finding{'s' if len(ranked) != 1 else ''}, most severe first. "
-        "Each shows its evidence, the fix as code and, for the reference trainer, as a "
-        "config patch."
+        + (
+            "Each shows its evidence, the fix as code and as a config patch for a re-run."
+            if result.is_trainer_run
+            else "Each shows its evidence and the fix as code for your own training script."
+        )
     )
     for index, finding in enumerate(ranked):
         severity = str(finding.severity)
@@ -109,8 +122,12 @@ def findings(
                 if rows:
                     st.markdown("**Evidence**")
                     st.table(
+                        # st.table renders markdown in its cells; values can be a trace's strings
                         pl.DataFrame(
-                            {"measure": [r[0] for r in rows], "value": [r[1] for r in rows]}
+                            {
+                                "measure": [md_text(r[0]) for r in rows],
+                                "value": [md_text(r[1]) for r in rows],
+                            }
                         ),
                         hide_index=True,
                         hide_header=True,
@@ -124,10 +141,14 @@ def findings(
                     )
             st.markdown("**Fix**")
             st.code(finding.fix.code, language="python")
-            patch = finding.fix.config_patch
+            patch = finding.fix.config_patch if result.is_trainer_run else None
             if patch:
                 st.markdown("**Config patch for the reference trainer**")
-                st.table(views.patch_rows(patch, config), hide_index=True, border="horizontal")
+                st.table(
+                    text_cells(views.patch_rows(patch, config)),
+                    hide_index=True,
+                    border="horizontal",
+                )
                 st.code(views.patch_command(patch, config), language="bash")
                 if can_rerun:
                     clicked = st.button(

@@ -9,6 +9,7 @@ from types import MappingProxyType
 
 import streamlit as st
 
+from app_ui import auth
 from diagnostics.views import resolve_runs_dir
 
 # Every key a page keeps in st.session_state, with its default. Each browser session has
@@ -51,18 +52,21 @@ FAVICON = Path(__file__).resolve().parent / "static" / "favicon.png"
 
 
 def setup_page(title: str, icon: str = ":material/medical_services:") -> None:
-    """Page config, session defaults and the menu: the first call on every page (each
-    page script runs on its own, so each calls it). ``icon`` is the page's own icon in the
-    menu and titles; the browser tab shows the local favicon."""
+    """Page config, the login gate, session defaults and the menu: the first call on every
+    page (each page script runs on its own, so each calls it). Nothing of the page, not
+    even the menu, is drawn before the gate lets this session through. ``icon`` is the
+    page's own icon in the menu and titles; the browser tab shows the local favicon."""
     del icon  # kept in the signature: pages pass their icon, the tab shows FAVICON
     st.set_page_config(
         page_title=f"{title} · Pipeline Doctor", page_icon=str(FAVICON), layout="wide"
     )
+    auth.gate()
     init_session()
     with st.sidebar:
         st.markdown("### :material/medical_services: Pipeline Doctor")
         for page, label, page_icon in NAVIGATION:
             st.page_link(page, label=label, icon=page_icon)
+        auth.account_menu()
 
 
 def runs_dir() -> Path:

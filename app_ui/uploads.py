@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from app_ui.safe_text import md_text
 from diagnostics.views.upload_set import UploadResult, UploadSet
 
 
@@ -13,7 +14,7 @@ def ask_ranks_or_separate(upload_set: UploadSet, key: str) -> None:
     the session for this upload ``key``; the page reruns with it)."""
     st.warning(
         "**These files may not be ranks of one job:**\n"
-        + "\n".join(f"- {reason}" for reason in upload_set.mismatches),
+        + "\n".join(f"- {md_text(reason)}" for reason in upload_set.mismatches),
         icon=":material/help:",
     )
     st.dataframe(upload_set.identities, hide_index=True, width="stretch")
@@ -45,7 +46,7 @@ def rank_tables(upload_set: UploadSet, chosen: UploadResult) -> None:
     if upload_set.mismatches:
         st.caption(
             "Analysed as ranks of one job at your request, although: "
-            + "; ".join(upload_set.mismatches)
+            + md_text("; ".join(upload_set.mismatches))
         )
     st.dataframe(upload_set.identities, hide_index=True, width="stretch")
     facts = chosen.result.facts

@@ -88,13 +88,16 @@ def render_text(doc: dict[str, Any]) -> str:
             f" · p95 {_ms(step_time['p95'])}"
         )
     if summary.get("samples_per_s") is not None:
-        steps += f"   throughput {summary['samples_per_s']:.1f} samples/s"
+        # formatted as the cards and reports show it (report.fmt.rate)
+        from diagnostics.report.fmt import rate
+
+        steps += f"   throughput {rate(summary['samples_per_s'], 'samples/s')} (median step)"
     lines.append(steps)
     if summary.get("breakdown_pct"):
         parts = " · ".join(f"{k} {_pct(v)}" for k, v in summary["breakdown_pct"].items())
-        lines.append(f"step breakdown: {parts}")
+        lines.append(f"step breakdown: {parts} (mean over the profiled steps)")
     if summary.get("data_wait_pct") is not None:
-        lines.append(f"data wait: {_pct(summary['data_wait_pct'])} of step time")
+        lines.append(f"data wait: {_pct(summary['data_wait_pct'])} of step time (median step)")
     if summary.get("gpu_utilization_pct") is not None:
         gpu = f"GPU: utilisation {_pct(summary['gpu_utilization_pct'])}"
         if summary.get("gpu_busy_us") is not None:

@@ -24,8 +24,12 @@ from diagnostics.facts import (
     rank_summary,
     step_time_spread,
 )
+from diagnostics.facts.comm_ranks import CollectiveMatch
+from diagnostics.facts.ranks import rank_collectives
 from diagnostics.facts.summary import overlap_summary
+from diagnostics.metrics import KeyMetrics, compute_key_metrics
 from diagnostics.model import AnalysisInputs, RunData, TraceFacts
+from diagnostics.rank_pool import POOL_MIN_FILES, digest_files, ranks_are_distinct
 from diagnostics.result import (
     BREAKDOWN_KEYS,
     IDLE_KEYS,
@@ -34,9 +38,16 @@ from diagnostics.result import (
 )
 from diagnostics.rules.base import Skipped
 from diagnostics.rules.engine import run_rules
-from diagnostics.trace.budget import DEFAULT_MAX_DECOMPRESSED_BYTES, DEFAULT_MAX_EVENTS
-from diagnostics.trace.loader import LoadedInput, load, load_trace_files
-from diagnostics.trace.schema import LoadedTrace
+from diagnostics.runs import RunFolder
+from diagnostics.trace.budget import DEFAULT_MAX_DECOMPRESSED_BYTES, DEFAULT_MAX_EVENTS, Limits
+from diagnostics.trace.loader import (
+    LoadedInput,
+    load,
+    load_trace_file,
+    load_trace_files,
+    trace_files_in,
+)
+from diagnostics.trace.schema import LoadedTrace, TraceMetadata
 
 __all__ = [
     "DEFAULT_MAX_DECOMPRESSED_BYTES",
@@ -58,8 +69,64 @@ def analyze(
 
     The byte and event budgets hold for the whole input (all files of a folder together).
     """
+    folder = Path(path)
+    if folder.is_dir() and not RunFolder.is_run_folder(folder):
+        files = trace_files_in(folder)
+        many = _analyze_many(
+            files,
+            [str(f) for f in files],
+            "ranks",
+            str(folder),
+            max_decompressed_bytes,
+            max_events,
+            thresholds,
+        )
+        if many is not None:
+            return many
     loaded = load(path, max_decompressed_bytes=max_decompressed_bytes, max_events=max_events)
     return analyze_loaded(loaded, thresholds=thresholds)
+
+
+def _analyze_many(
+    files: Sequence[Path],
+    names: Sequence[str],
+    kind: str,
+    path: str,
+    max_bytes: int,
+    max_events: int,
+    thresholds: Any,
+) -> AnalysisResult | None:
+    """Many rank files through the process pool (diagnostics.rank_pool): only the primary
+    rank's events are held here. None when the files are too few or their ranks need the
+    sequential loader's numbering."""
+    if len(files) < POOL_MIN_FILES:
+        return None
+    digests = digest_files(files, names, Limits(max_bytes, max_events))
+    if not ranks_are_distinct(digests):
+        return None
+    order = sorted(range(len(digests)), key=lambda i: digests[i].metadata.rank)
+    first = order[0]
+    primary = load_trace_file(
+        files[first],
+        display_name=names[first],
+        max_decompressed_bytes=max_bytes,
+        max_events=max_events,
+    )
+    metadata = tuple(digests[i].metadata for i in order)
+    loaded = LoadedInput(
+        kind="trace" if kind == "trace" else "ranks",
+        path=path,
+        traces=(primary,),
+        files=tuple(names),
+        warnings=tuple(w for m in metadata for w in m.warnings),
+        notes=tuple(n for m in metadata for n in m.notes),
+    )
+    return analyze_loaded(
+        loaded,
+        thresholds=thresholds,
+        rank_facts=tuple(digests[i].facts for i in order),
+        rank_metadata=metadata,
+    )
 
 
 def analyze_files(
@@ -81,6 +148,11 @@ def analyze_files(
         raise InputError("(no files)", "nothing to analyse: give at least one trace file")
     if len(names) != len(files):
         raise ValueError("display_names must name every path")
+    many = _analyze_many(
+        files, names, "ranks", ", ".join(names), max_decompressed_bytes, max_events, thresholds
+    )
+    if many is not None:
+        return many
     traces, notes = load_trace_files(
         files,
         display_names=names,
@@ -98,13 +170,27 @@ def analyze_files(
     return analyze_loaded(loaded, thresholds=thresholds)
 
 
-def analyze_loaded(loaded: LoadedInput, *, thresholds: Any = None) -> AnalysisResult:
-    """Facts, rules and summary for an input the loader has read."""
-    rank_facts = tuple(compute_facts(t.events, t.metadata) for t in loaded.traces)
+def analyze_loaded(
+    loaded: LoadedInput,
+    *,
+    thresholds: Any = None,
+    rank_facts: tuple[TraceFacts, ...] | None = None,
+    rank_metadata: tuple[TraceMetadata, ...] | None = None,
+) -> AnalysisResult:
+    """Facts, rules and summary for an input the loader has read.
+
+    ``rank_facts``/``rank_metadata`` (by rank, the primary first): every rank's facts
+    computed elsewhere (diagnostics.rank_pool); ``loaded.traces`` then holds the primary
+    rank only."""
+    if rank_facts is None:
+        rank_facts = tuple(compute_facts(t.events, t.metadata) for t in loaded.traces)
+    if rank_metadata is None:
+        rank_metadata = tuple(t.metadata for t in loaded.traces)
     facts: TraceFacts | None = rank_facts[0] if rank_facts else None
     primary: LoadedTrace | None = loaded.traces[0] if loaded.traces else None
+    match = rank_collectives(rank_facts) if len(rank_facts) > 1 else None
     if facts is not None and len(rank_facts) > 1:
-        facts = replace(facts, ranks=rank_summary(rank_facts))
+        facts = replace(facts, ranks=rank_summary(rank_facts, match))
         rank_facts = (facts, *rank_facts[1:])
     environment = _environment(loaded.run, primary, facts)
     step_map = (
@@ -119,7 +205,8 @@ def analyze_loaded(loaded: LoadedInput, *, thresholds: Any = None) -> AnalysisRe
         extra={
             "cpu_count": environment.get("cpu_count"),
             "rank_facts": rank_facts,
-            "trace_metadata": tuple(t.metadata for t in loaded.traces),
+            "collective_match": match,
+            "trace_metadata": rank_metadata,
             "trace_run_steps": step_map,
         },
     )
@@ -131,7 +218,9 @@ def analyze_loaded(loaded: LoadedInput, *, thresholds: Any = None) -> AnalysisRe
     if facts is not None:
         warnings.extend(w for w in facts.warnings if w not in warnings)
     warnings.extend(f"rule {e.rule} failed and was skipped: {e.reason}" for e in outcome.errors)
-    summary = summarise(loaded, facts, rank_facts)
+    summary = summarise(loaded, facts, rank_facts, inputs.metrics, match)
+    if rank_metadata:
+        summary["events"] = sum(m.event_count for m in rank_metadata)
     if step_map is not None and step_map.height:
         summary["trace_run_steps"] = step_map.select("trace_step", "run_step").to_dicts()
     counts = {"high": 0, "medium": 0, "low": 0}
@@ -143,7 +232,7 @@ def analyze_loaded(loaded: LoadedInput, *, thresholds: Any = None) -> AnalysisRe
             "kind": loaded.kind,
             "path": loaded.path,
             "files": list(loaded.files),
-            "ranks": list(loaded.ranks),
+            "ranks": [m.rank for m in rank_metadata],
         },
         summary=summary,
         facts=facts,
@@ -154,6 +243,7 @@ def analyze_loaded(loaded: LoadedInput, *, thresholds: Any = None) -> AnalysisRe
         environment=environment,
         notes=loaded.notes,
         rank_facts=rank_facts if len(rank_facts) > 1 else (),
+        metrics=inputs.metrics,
     )
 
 
@@ -213,45 +303,35 @@ def _finite(value: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _step_time_ms(values: pl.Series) -> dict[str, float | None] | None:
-    values = values.cast(pl.Float64).drop_nulls().drop_nans()
-    if values.len() == 0:
-        return None
-    return {
-        "mean": _finite(values.mean()),
-        "p50": _finite(values.median()),
-        "p95": _finite(values.quantile(0.95, interpolation="linear")),
-    }
-
-
 def _device_name(value: Any) -> str | None:
     if not isinstance(value, str) or not value:
         return None
     return "cuda" if value.lower().startswith("cuda") else "cpu"
 
 
-def _run_peak_memory(run: RunData) -> int | None:
-    for column in ("cuda_peak_bytes", "cuda_allocated_bytes"):
-        if column in run.steps.columns:
-            peak = run.steps[column].max()
-            if peak is not None:
-                return int(peak)
-    return None
-
-
-def _trace_peak_memory(facts: TraceFacts) -> int | None:
-    memory = facts.memory
-    if memory.height == 0 or "allocated_bytes" not in memory.columns:
-        return None
-    gpu_rows = memory.filter(pl.col("device") >= 0) if "device" in memory.columns else memory
-    peak = gpu_rows["allocated_bytes"].max() if gpu_rows.height else None
-    return int(peak) if peak is not None else None
+def _comm_summary(facts: TraceFacts | None) -> dict[str, Any]:
+    comms = facts.comms if facts is not None else None
+    if comms is None:
+        return {}
+    return {
+        "comm_source": comms.source,
+        "comm_collective_us": _finite(comms.collective_us),
+        "comm_overlap_pct": _finite(comms.overlap_pct),
+        "comm_exposed_us": _finite(comms.exposed_us),
+        "comm_exposed_us_per_step": _finite(comms.exposed_us_per_step),
+        "comm_exposed_pct": _finite(comms.exposed_pct),
+    }
 
 
 def summarise(
-    loaded: LoadedInput, facts: TraceFacts | None, rank_facts: Sequence[TraceFacts] = ()
+    loaded: LoadedInput,
+    facts: TraceFacts | None,
+    rank_facts: Sequence[TraceFacts] = (),
+    metrics: KeyMetrics | None = None,
+    match: CollectiveMatch | None = None,
 ) -> dict[str, Any]:
-    """The summary dict: every SUMMARY_KEYS key, null where it does not apply."""
+    """The summary dict: every SUMMARY_KEYS key, null where it does not apply. The headline
+    numbers are the key metrics' (diagnostics.metrics), so the JSON says what the cards say."""
     summary: dict[str, Any] = dict.fromkeys(SUMMARY_KEYS)
     run = loaded.run
     run_steps = run.steps if run is not None else None
@@ -263,25 +343,25 @@ def summarise(
         device = _device_name(run.config.get("device"))
     summary["device"] = device
 
+    metrics = metrics or compute_key_metrics(facts, run)
     if run_steps is not None and run_steps.height:
         summary["steps"] = run_steps.height
-        summary["step_time_ms"] = _step_time_ms(run_steps["step_time_ms"])
         summary["step_time_source"] = "run"
-        rates = run_steps["samples_per_s"].drop_nulls().drop_nans()
-        summary["samples_per_s"] = _finite(rates.mean()) if rates.len() else None
-        timed = run_steps.filter(
-            pl.col("data_wait_ms").is_not_null() & pl.col("step_time_ms").is_not_null()
-        )
-        total_ms = float(timed["step_time_ms"].sum()) if timed.height else 0.0
-        if total_ms > 0:
-            summary["data_wait_pct"] = float(timed["data_wait_ms"].sum()) / total_ms * 100.0
-        summary["peak_memory_bytes"] = _run_peak_memory(run)
     elif facts is not None:
         summary["steps"] = facts.steps.height
-        summary["step_time_ms"] = _step_time_ms(facts.steps["dur_us"] / 1000.0)
         summary["step_time_source"] = "trace"
     elif run is not None:
         summary["steps"] = 0
+    if metrics.median_step_time_ms is not None:
+        summary["step_time_ms"] = {
+            "mean": metrics.mean_step_time_ms,
+            "p50": metrics.median_step_time_ms,
+            "p95": metrics.p95_step_time_ms,
+        }
+    summary["samples_per_s"] = metrics.samples_per_s
+    summary["data_wait_pct"] = metrics.data_wait_pct
+    summary["gpu_utilization_pct"] = metrics.gpu_utilization_pct
+    summary["peak_memory_bytes"] = metrics.peak_memory_bytes
 
     if facts is not None:
         summary["steps_inferred"] = facts.steps_inferred
@@ -290,18 +370,16 @@ def summarise(
         summary["breakdown_pct"] = (
             {key: _finite(parts.get(key)) for key in BREAKDOWN_KEYS} if parts else None
         )
-        if summary["data_wait_pct"] is None and parts:
-            summary["data_wait_pct"] = _finite(parts.get("dataloader"))
         if facts.gpu.height:
-            summary["gpu_utilization_pct"] = _finite(facts.gpu["utilization_pct"].mean())
             summary["gpu_busy_us"] = _finite(facts.gpu["busy_us"].sum())
             summary.update(overlap_summary(facts.gpu))
             idle = idle_breakdown_pct(facts.idle_gaps)
             summary["gpu_idle_breakdown_pct"] = (
                 {key: _finite(idle.get(key)) for key in IDLE_KEYS} if idle else None
             )
-        if summary["peak_memory_bytes"] is None:
-            summary["peak_memory_bytes"] = _trace_peak_memory(facts)
+    summary.update(_comm_summary(facts))
+    if match is not None:
+        summary["comm_ranks"] = match.to_summary()
     summary["events"] = sum(t.events.height for t in loaded.traces) if loaded.traces else None
 
     if facts is not None and facts.ranks is not None and len(rank_facts) > 1:

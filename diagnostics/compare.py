@@ -2,8 +2,10 @@
 
 ``compare(a, b)`` reads ``a`` as *before* and ``b`` as *after*: every ratio is b / a, so a
 throughput ratio of 2.0 means the second job is twice as fast, a step-time ratio of 0.5
-that its steps take half as long. Findings are matched by rule id: *gone* (in a only),
-*new* (in b only), *kept* (in both).
+that its steps take half as long. The headline is the median step-time ratio
+(``Comparison.speedup`` = median a / median b); throughput is derived from the same medians
+(diagnostics.metrics), so the two never disagree. Findings are matched by rule id: *gone*
+(in a only), *new* (in b only), *kept* (in both).
 """
 
 from __future__ import annotations
@@ -14,8 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from diagnostics.report.metrics import KeyMetrics, key_metrics
-from diagnostics.report.pricing import config_value
+from diagnostics.metrics import KeyMetrics, key_metrics
 
 Better = Literal["higher", "lower", "neither"]
 
@@ -83,6 +84,14 @@ class Comparison:
     findings_kept: tuple[tuple[Any, Any], ...]  # (finding in a, finding in b), same rule
     config_changes: tuple[tuple[str, Any, Any], ...]  # (dotted key, a value, b value)
 
+    @property
+    def speedup(self) -> float | None:
+        """Median step time of a over that of b: 1.34 means b's steps are 1.34x faster."""
+        a, b = self.metrics_a.median_step_time_ms, self.metrics_b.median_step_time_ms
+        if a is None or b is None or a <= 0 or b <= 0:
+            return None
+        return a / b
+
     def row(self, key: str) -> MetricRow:
         for row in self.rows:
             if row.key == key:
@@ -93,6 +102,7 @@ class Comparison:
         return {
             "label_a": self.label_a,
             "label_b": self.label_b,
+            "speedup": self.speedup,
             "metrics": [row.to_dict() for row in self.rows],
             "findings_gone": [f.to_dict() for f in self.findings_gone],
             "findings_new": [f.to_dict() for f in self.findings_new],
@@ -137,14 +147,15 @@ def _config_changes(a: Any, b: Any) -> tuple[tuple[str, Any, Any], ...]:
     flat_a, flat_b = _flatten(run_a.config), _flatten(run_b.config)
     changes = []
     for key in sorted(set(flat_a) | set(flat_b)):
-        value_a = config_value(run_a.config, key)
-        value_b = config_value(run_b.config, key)
+        value_a, value_b = flat_a.get(key), flat_b.get(key)
         if value_a != value_b:
             changes.append((key, value_a, value_b))
     return tuple(changes)
 
 
 def _rows(ma: KeyMetrics, mb: KeyMetrics) -> tuple[MetricRow, ...]:
+    # throughput is derived from the median step (diagnostics.metrics): its ratio is the
+    # inverse of the step-time ratio whenever the batch size is the same
     use_samples = ma.samples_per_s is not None and mb.samples_per_s is not None
     throughput = (
         MetricRow(

@@ -8,11 +8,16 @@ columns are listed beside it, with units in the names. Fields may be added; none
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Literal
 
 import polars as pl
 
+from diagnostics.metrics import KeyMetrics, compute_key_metrics
 from diagnostics.runs import RunFolder, RunManifest, RunStatus
+
+if TYPE_CHECKING:
+    from diagnostics.facts.comms import CommFacts
 
 
 @dataclass(frozen=True)
@@ -54,8 +59,8 @@ class TraceFacts:
     distributed: dict[str, Any] | None = None
     pytorch_version: str | None = None
     rank: int = 0
-    # per-rank summary when several ranks were loaded: rank, steps, step_time_ms_mean,
-    # step_time_ms_p50, gpu_utilization_pct
+    # per-rank summary when several ranks were loaded: diagnostics.facts.ranks.RANKS_SCHEMA
+    # (step times, step parts per step, communication, cross-rank wait and late arrivals)
     ranks: pl.DataFrame | None = None
     warnings: tuple[str, ...] = ()
     # device (-1 host), peak_allocated_bytes, peak_reserved_bytes, device_total_bytes,
@@ -64,6 +69,9 @@ class TraceFacts:
     # dtype (c10::Half | c10::BFloat16), ops: CPU operator calls with an input of that
     # 16-bit dtype (traces recorded with record_shapes); None when not computed
     op_half_dtypes: pl.DataFrame | None = None
+    # collective time, overlap with compute, exposed time per step and the compact table of
+    # collectives for cross-rank matching (diagnostics.facts.comms); None: no communication
+    comms: CommFacts | None = None
 
     @property
     def device_memory_bytes(self) -> int | None:
@@ -118,3 +126,9 @@ class AnalysisInputs:
     run: RunData | None = None
     events: pl.DataFrame | None = None  # the event table, for rules that need raw names
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @cached_property
+    def metrics(self) -> KeyMetrics:
+        """The headline numbers (diagnostics.metrics), computed once: the rules quote these,
+        so a finding's title says what the cards and reports say."""
+        return compute_key_metrics(self.trace, self.run)

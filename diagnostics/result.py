@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from diagnostics.metrics import KeyMetrics
 from diagnostics.model import RunData, TraceFacts
 from diagnostics.rules.base import Finding, Skipped
 
@@ -24,10 +25,12 @@ STEP_TIME_KEYS = ("mean", "p50", "p95")
 SUMMARY_KEYS: dict[str, str] = {
     "device": '"cuda" or "cpu": where the training ran',
     "steps": "steps measured: run step records (run folder) or ProfilerStep#N (trace)",
-    "step_time_ms": "{mean, p50, p95} of step time, ms",
+    "step_time_ms": "{mean, p50, p95} of steady-state step time, ms (p50 is the median "
+    "every view quotes; see diagnostics/metrics.py)",
     "breakdown_pct": "{kernel, memcpy, memset, runtime, dataloader, cpu_exec, other}: "
     "share of profiled step time, % (torch-tb-profiler's categories and priority)",
-    "gpu_utilization_pct": "GPU busy time (kernels, copies, memsets) over the steps' span, %",
+    "gpu_utilization_pct": "GPU busy time (kernels, copies, memsets, all streams) over the "
+    "profiled steps' span, %; without a CUDA trace the mean NVML utilisation",
     "gpu_busy_us": "union of the GPU work (kernels, copies, memsets, every stream, each "
     "instant once) launched in the profiled steps, µs",
     "gpu_copy_us": "union of memory copies (memcpy) in gpu_busy_us, µs",
@@ -40,12 +43,24 @@ SUMMARY_KEYS: dict[str, str] = {
     "step_time_source": '"run" (per-step records) or "trace" (profiler steps)',
     "steps_inferred": "true when the trace had no ProfilerStep#N (whole span = one step)",
     "trace_steps": "profiled steps in the trace",
-    "samples_per_s": "mean training throughput from the run's step records, samples/s",
-    "data_wait_pct": "time blocked on the DataLoader over step time, % (run records, "
-    "else the trace's dataloader share)",
+    "samples_per_s": "throughput derived from the median step: batch size / median step "
+    "time, samples/s",
+    "data_wait_pct": "median over steady-state steps of data wait / step time, % (run "
+    "records, else the trace's DataLoader ranges per profiler step)",
     "peak_memory_bytes": "peak CUDA memory allocated (run records, else the trace), bytes",
     "events": "rows of the event table (all ranks)",
     "ranks": "several ranks: {count, table: [per-rank rows], spread: step-time spread}",
+    "comm_source": '"gpu_kernels" (NCCL kernels) or "host_ops" (CPU/gloo collectives); '
+    "null: no communication in the trace",
+    "comm_collective_us": "union of communication over the profiled steps, µs",
+    "comm_overlap_pct": "share of communication overlapped by compute, % (HTA's "
+    "get_comm_comp_overlap; CPU traces: by the training loop thread's operators)",
+    "comm_exposed_us": "communication with no compute beside it, over the profiled steps, µs",
+    "comm_exposed_us_per_step": "mean exposed communication per profiled step, µs",
+    "comm_exposed_pct": "exposed communication over summed step time, %",
+    "comm_ranks": "two or more ranks: {matched_collectives, significant_collectives, "
+    "skew_us_p50, skew_us_max, per_rank: [{rank, matched, collective_us, wait_us, "
+    "transfer_us, wait_pct, late_count, late_share_pct}]}: collectives matched across ranks",
     "findings_by_severity": "{high, medium, low}: number of findings",
     "trace_run_steps": "run folder with a trace: [{trace_step, run_step}], the profiler's "
     "steps matched to the run's step records on one clock",
@@ -91,6 +106,14 @@ class AnalysisResult:
     notes: tuple[str, ...] = ()
     # every rank's facts, by rank, when several ranks were analysed (facts is among them)
     rank_facts: tuple[TraceFacts, ...] = ()
+    # the headline numbers every view quotes (diagnostics.metrics), computed once
+    metrics: KeyMetrics | None = None
+
+    @property
+    def is_trainer_run(self) -> bool:
+        """A run folder of the reference trainer (not an uploaded trace): only then do
+        findings carry trainer config patches and the views offer re-runs."""
+        return self.run is not None
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -96,6 +96,9 @@ STEP_SCHEMA: dict[str, pl.DataType] = {
     "cuda_reserved_bytes": pl.Int64,
     "cuda_peak_bytes": pl.Int64,
     "profiled": pl.Boolean,  # inside the profiler's active window
+    # known causes of extra time in this step, comma-separated (null: none): profiler_warmup,
+    # profiler_active, after_trace_export, epoch_start, after_evaluation, after_checkpoint
+    "marks": pl.String,
 }
 
 SAMPLE_SCHEMA: dict[str, pl.DataType] = {

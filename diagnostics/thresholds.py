@@ -241,6 +241,20 @@ class Thresholds:
         "which they are not reported, %",
         "ours: an occasional slow step that costs under 2% is not worth a finding",
     )
+    step_outlier_min_ratio: float = _t(
+        1.5,
+        "an outlier must also take at least this multiple of the median step",
+        "ours: on a steady run the MAD is tiny and median + 3 sigma sits a few percent above "
+        "the median; a step 1.5x the median is a slowdown a person would notice",
+    )
+    step_outlier_min_episodes: int = _t(
+        3,
+        "separate episodes of outlier steps (runs of consecutive outliers) needed before "
+        "the slowdown counts as recurring",
+        "ours: one burst (a neighbour's job, an epoch's worker start) is not a pattern; "
+        "three separate ones are: on the healthy CPU scenario (3 seeds) the slow steps come "
+        "in one or two bursts",
+    )
     # -- batch-too-small ------------------------------------------------------------------
     batch_memory_low_pct: float = _t(
         50.0,
@@ -259,6 +273,31 @@ class Thresholds:
         "a rank whose mean step time exceeds the ranks' median by this much is a straggler, %",
         "ours: in synchronous data parallel every rank waits for the slowest; 10% is the "
         "usual noise band of step times on shared clusters",
+    )
+
+    # -- exposed-communication ------------------------------------------------------------
+    exposed_comm_min_pct: float = _t(
+        10.0,
+        "communication not overlapped by compute, as a share of step time, above which it "
+        "is reported, %",
+        "torch-tb-profiler's distributed view flags communication above 10% of the step "
+        "(docs/PEERS.md, its rules list)",
+    )
+    # -- rank-stragglers (cause) ----------------------------------------------------------
+    straggler_cause_min_share_pct: float = _t(
+        80.0,
+        "a straggler's cause (data wait, host-to-device copies, compute) is named only when "
+        "that part's excess over the median rank explains at least this share of its excess "
+        "step time, %",
+        "TraceML names a straggler's cause only when it explains at least 80% of the wait "
+        "(docs/PEERS.md)",
+    )
+    straggler_late_share_pct: float = _t(
+        50.0,
+        "with collectives matched across ranks, a rank that starts last in at least this "
+        "share of the significant collectives is a straggler, %",
+        "ours: with N ranks an even job makes each rank last 1/N of the time; arriving last "
+        "in half of them is HTA's late-start signal (get_potential_stragglers) made a share",
     )
 
     @classmethod

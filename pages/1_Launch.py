@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app_ui import live, session
+from app_ui import auth, live, session
+from app_ui.safe_text import md_text
 from diagnostics import views
 from trainer import launch
 
@@ -24,6 +25,7 @@ if watched is not None:
 busy = launch.active_runs(runs_dir)
 described = {**launch.SCENARIOS, **launch.DISTRIBUTED_SCENARIOS}
 names = list(described)
+may_launch = auth.is_authenticated()
 scenario = st.selectbox(
     "Scenario",
     names,
@@ -68,7 +70,7 @@ with st.form(f"launch-{form_id}"):
     )
     if busy:
         st.warning(
-            f"**{busy[0].run_id}** is using the device. One run at a time: wait for it to "
+            f"**{md_text(busy[0].run_id)}** is using the device. One run at a time: wait for it to "
             "finish or cancel it above, then start this one.",
             icon=":material/hourglass_top:",
         )
@@ -76,7 +78,8 @@ with st.form(f"launch-{form_id}"):
         "Start run",
         type="primary",
         icon=":material/play_arrow:",
-        disabled=bool(busy),
+        disabled=bool(busy) or not may_launch,
+        help=None if may_launch else "Sign in to launch runs.",
         width="stretch",
     )
 
@@ -87,6 +90,7 @@ if submitted:
     if not errors:
         device = str(overrides.pop("device"))
         try:
+            auth.authorise("Launch")
             launched = launch.start_run(
                 scenario=scenario,
                 overrides=overrides,
@@ -96,7 +100,7 @@ if submitted:
                 nnodes=int(nnodes),
                 rdzv_endpoint=endpoint or None,
             )
-        except (launch.LaunchError, ValueError) as exc:
+        except (launch.LaunchError, ValueError, auth.NotAllowed) as exc:
             st.session_state["launch_errors"] = {"": str(exc)}
         else:
             st.session_state["watched_run_id"] = launched.run_id
@@ -110,7 +114,9 @@ for command in st.session_state.get("other_node_commands", []):
     st.markdown("Run on the other node (same runs folder, on the shared file system):")
     st.code(command, language="bash")
 other_errors, summary = views.form_error_summary(errors)
-for message in other_errors:  # a launch failure or a check across fields
-    st.error(message, icon=":material/error:")
+for (
+    message
+) in other_errors:  # a launch failure (the trainer's own last line) or a check across fields
+    st.error(md_text(message), icon=":material/error:")
 if summary:
     st.error(summary, icon=":material/warning:")

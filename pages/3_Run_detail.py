@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app_ui import drilldown, loaders, render, session
+from app_ui import auth, drilldown, loaders, render, session
+from app_ui.safe_text import md_code, md_text
 from diagnostics import views
 from diagnostics.errors import InputError
 from diagnostics.runs import RunFolder, RunFolderError, list_runs
@@ -27,7 +28,9 @@ if not listings:
 requested = st.query_params.get("run")
 run = views.find_run(listings, requested)
 if requested and run is None:
-    st.error(f"Run `{requested}` was not found in {runs_dir}.", icon=":material/error:")
+    st.error(
+        f"Run {md_code(requested)} was not found in {md_code(runs_dir)}.", icon=":material/error:"
+    )
 ids = [r.run_id for r in listings]
 chosen = st.selectbox(
     "Run (newest first)",
@@ -43,21 +46,21 @@ try:
     manifest = folder.manifest()
     status = folder.status()
 except RunFolderError as exc:  # a folder from another version, or half-written by a crash
-    st.error(str(exc), icon=":material/error:")
+    st.error(md_text(exc), icon=":material/error:")
     st.stop()
 
-st.subheader(run.run_id, divider="gray")
+st.subheader(md_text(run.run_id), divider="gray")
 st.markdown(
-    f"Scenario **{run.scenario or '—'}** · {views.status_badge(status.status)}"
-    + (f" ({status.reason})" if status.reason else "")
+    f"Scenario **{md_text(run.scenario or '—')}** · {views.status_badge(md_text(status.status))}"
+    + (f" ({md_text(status.reason)})" if status.reason else "")
     + f" · started {views.fmt_when(run.created_at)}"
     + f" · {views.fmt_seconds(views.run_duration_s(status))}"
-    + f" · {manifest.environment.get('device', 'device unknown')}"
+    + f" · {md_text(manifest.environment.get('device', 'device unknown'))}"
 )
 if manifest.parent_run_id:
     st.markdown(
-        f":material/replay: Re-run of **{manifest.parent_run_id}** with "
-        f"`{views.patch_summary(manifest.applied_patch)}`"
+        f":material/replay: Re-run of **{md_text(manifest.parent_run_id)}** with "
+        + md_code(views.patch_summary(manifest.applied_patch))
     )
     left, right = st.columns(2)
     left.page_link(
@@ -75,7 +78,7 @@ if manifest.parent_run_id:
 for child in views.children_of(listings, run.run_id):
     st.page_link(
         "pages/5_Compare.py",
-        label=f"Compare with its re-run {child.run_id} ({child.status.status})",
+        label=md_text(f"Compare with its re-run {child.run_id} ({child.status.status})"),
         icon=":material/compare_arrows:",
         query_params={"a": run.run_id, "b": child.run_id},
     )
@@ -93,7 +96,7 @@ if status.is_active:
 try:
     result = loaders.analyse_run(run.path)
 except InputError as exc:
-    st.error(str(exc), icon=":material/error:")
+    st.error(md_text(exc), icon=":material/error:")
     st.stop()
 
 render.cards(result)
@@ -106,7 +109,11 @@ pressed = render.findings(
     config=manifest.config,
     can_rerun=bool(manifest.scenario),
     rerun_disabled_reason=(
-        f"{busy[0].run_id} is using the device; re-run when it has finished." if busy else None
+        "Sign in to launch runs."
+        if not auth.is_authenticated()
+        else f"{md_text(busy[0].run_id)} is using the device; re-run when it has finished."
+        if busy
+        else None
     ),
 )
 if pressed is not None and pressed.fix.config_patch:
@@ -117,6 +124,7 @@ if pressed is not None and pressed.fix.config_patch:
     )
     device = str(overrides.pop("device", "auto"))
     try:
+        auth.authorise("Launch")
         launched = launch.start_run(
             scenario=str(manifest.scenario),
             overrides=overrides,
@@ -125,8 +133,8 @@ if pressed is not None and pressed.fix.config_patch:
             parent_run_id=run.run_id,
             applied_patch=pressed.fix.config_patch,
         )
-    except (launch.LaunchError, ValueError) as exc:
-        st.error(f"Could not start the re-run: {exc}", icon=":material/error:")
+    except (launch.LaunchError, ValueError, auth.NotAllowed) as exc:
+        st.error(f"Could not start the re-run: {md_text(exc)}", icon=":material/error:")
     else:
         st.session_state["watched_run_id"] = launched.run_id
         st.switch_page("pages/1_Launch.py", query_params={"run": launched.run_id})

@@ -13,6 +13,7 @@ import streamlit as st
 
 from app_ui import drilldown, render, session
 from app_ui import uploads as uploads_ui
+from app_ui.safe_text import md_code, md_text
 from diagnostics import views
 from diagnostics.errors import InputError
 from diagnostics.isolated import analyze_files_isolated
@@ -26,7 +27,8 @@ st.markdown(
     "`export_chrome_trace`) — or several, one per rank of a distributed job."
 )
 st.caption(
-    f"`.json` or `.json.gz` · up to {views.MAX_UPLOAD_FILES} files · "
+    f"`.json` or `.json.gz`, or a `.zip`/`.tar.gz` of them · up to "
+    f"{views.MAX_UPLOAD_FILES} files · "
     f"up to **{max_upload_mb} MB per file** as uploaded · {views.upload_limits_text()} · "
     "analysed from a temporary copy that is deleted straight after, unless you save it."
 )
@@ -35,7 +37,8 @@ st.caption(
 uploads = st.file_uploader(
     "Trace files",
     accept_multiple_files=True,
-    help=f"{' or '.join(ACCEPTED_EXTENSIONS)}. Several files are read as the ranks of one job.",
+    help=f"{' or '.join(ACCEPTED_EXTENSIONS)}, or an archive of them. Several files are read "
+    "as the ranks of one job.",
 )
 if not uploads:
     st.session_state["upload_analysis"] = None
@@ -61,8 +64,8 @@ if cached is None or cached[0] != (key, mode):
     st.session_state["saved_upload_dir"] = None
 _, upload_set, error = cached
 
-if error is not None:
-    st.error(error, icon=":material/error:")
+if error is not None:  # names the user's file: text, not markdown
+    st.error(md_text(error), icon=":material/error:")
     st.stop()
 
 if upload_set.needs_answer:
@@ -73,10 +76,12 @@ result = chosen.result
 
 names = ", ".join(name for name, _ in files)
 info, save = st.columns([4, 1])
-info.markdown(f"**{names}** · {views.source_caption(result.source, result.environment)}")
+info.markdown(
+    f"**{md_text(names)}** · {md_text(views.source_caption(result.source, result.environment))}"
+)
 saved_to = st.session_state["saved_upload_dir"]
 if saved_to:
-    save.success(f"Saved to `{saved_to}`", icon=":material/save:")
+    save.success(f"Saved to {md_code(saved_to)}", icon=":material/save:")
 elif save.button(
     "Save upload", icon=":material/save:", help="Keep these files under the runs folder."
 ):

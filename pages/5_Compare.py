@@ -5,9 +5,12 @@ Opened with ?a=<run id>&b=<run id>; A is read as "before", B as "after".
 
 from __future__ import annotations
 
+import html
+
 import streamlit as st
 
 from app_ui import loaders, render, session
+from app_ui.safe_text import md_text
 from diagnostics import views
 from diagnostics.compare import compare
 from diagnostics.errors import InputError
@@ -42,17 +45,24 @@ try:
     result_a = loaders.analyse_run(views.find_run(listings, run_a).path)
     result_b = loaders.analyse_run(views.find_run(listings, run_b).path)
 except InputError as exc:
-    st.error(str(exc), icon=":material/error:")
+    st.error(md_text(exc), icon=":material/error:")
     st.stop()
 comparison = compare(result_a, result_b, label_a=run_a, label_b=run_b)
 
-line = views.headline(comparison.rows)
+line = views.headline(comparison)
 if line:
     st.subheader(line)
 columns = st.columns(len(comparison.rows))
 for column, row in zip(columns, comparison.rows, strict=True):
     card = views.comparison_card(row)
-    column.metric(card.label, card.value, card.delta, delta_color=card.delta_color, border=True)
+    column.metric(
+        card.label,
+        card.value,
+        card.delta,
+        delta_color=card.delta_color,
+        delta_arrow=card.delta_arrow,
+        border=True,
+    )
 st.dataframe(views.comparison_table(comparison.rows, "A", "B"), hide_index=True, width="stretch")
 if comparison.config_changes:
     st.markdown("**What changed in the config**")
@@ -86,7 +96,10 @@ with kept:
 st.subheader("Step time, overlaid")
 if result_a.run is not None and result_b.run is not None:
     render.chart(
-        plots.compare_steps_figure(result_a.run.steps, result_b.run.steps, run_a, run_b),
+        # plotly reads <a href> and other tags in trace names: the ids are escaped for it
+        plots.compare_steps_figure(
+            result_a.run.steps, result_b.run.steps, html.escape(run_a), html.escape(run_b)
+        ),
         key="compare-steps",
         compact=True,
     )

@@ -66,6 +66,12 @@ class DataConfig:
     sample_latency_ms: float = _spec(
         0.0, "simulated storage latency per sample (ms)", min=0.0, max=10_000.0
     )
+    # a recurring stall (a remote-storage hiccup): the test that step-time-outliers still
+    # fires on recurring slowdowns injects it into a real run
+    stall_every: int = _spec(0, "every Nth batch of an epoch stalls; 0 = never", min=0)
+    stall_ms: float = _spec(
+        0.0, "how long each stalled batch waits, ms (with stall_every)", min=0.0, max=60_000.0
+    )
     max_length: int = _spec(32, "tokens per sample (padded/truncated)", min=8, max=512)
     vocab_size: int = _spec(
         3000,

@@ -418,6 +418,9 @@ class EpochBatches:
             produced = 0
             for position, batch in enumerate(self._epoch_iter(epoch, start_batch), start_batch):
                 produced += 1
+                every = self.data.stall_every
+                if every and (position + 1) % every == 0 and self.data.stall_ms > 0:
+                    time.sleep(self.data.stall_ms / 1000.0)  # data.stall_every: shows as data wait
                 yield epoch, position + 1, batch
             if produced == 0 and start_batch == 0:
                 raise RuntimeError(f"{self.phase}: an epoch produced no batches")

@@ -26,6 +26,7 @@ from diagnostics.runs import RunFolder, RunListing, list_runs, new_run_id
 from trainer.config import DISTRIBUTED_SCENARIOS, SCENARIOS, FieldInfo, build_config
 from trainer.config import config_fields as _config_fields
 from trainer.config import validate_overrides as _validate_overrides
+from trainer.launch_bounds import LaunchBounds
 
 DEFAULT_RUNS_DIR = Path(os.environ.get("PIPELINE_DOCTOR_RUNS_DIR", "runs"))
 LAUNCH_LOG_DIR = ".launch"
@@ -77,8 +78,15 @@ def config_fields() -> list[FieldInfo]:
 def validate_overrides(
     overrides: Mapping[str, object], scenario: str = "healthy"
 ) -> dict[str, str]:
-    """Field -> one-line error for each bad override; empty when the form is fine."""
-    return _validate_overrides(overrides, scenario)
+    """Field -> one-line error for each bad override or value above this server's launch
+    bounds (trainer.launch_bounds); empty when the form is fine."""
+    errors = _validate_overrides(overrides, scenario)
+    if errors:
+        return errors
+    try:
+        return LaunchBounds.from_environ().check(build_config(scenario, dict(overrides)))
+    except ValueError as exc:  # a bound set to something that is not a number
+        return {"": str(exc)}
 
 
 # The probe imports torch in a child (this module must not import it: the app uses it).
@@ -196,16 +204,25 @@ def start_run(
 ) -> LaunchedRun:
     """Starts a detached trainer; returns once its run.json and status.json exist.
 
-    Raises ``trainer.config.ConfigError`` (a ValueError) for a bad override (before anything starts) and ``LaunchError``
+    Raises ``trainer.config.ConfigError`` (a ValueError) for a bad override or one above the
+    launch bounds (before anything starts) and ``LaunchError``
     when the trainer exits or stays silent without creating its folder (with its log tail).
     """
-    # the same checks the trainer makes, here, so a bad form never starts a process
-    build_config(scenario, dict(overrides), steps=steps, device=device)
+    # the same checks the trainer makes, here, so a bad form never starts a process; then
+    # this server's launch bounds, whatever the caller (form, re-run) checked before
+    config = build_config(scenario, dict(overrides), steps=steps, device=device)
+    bounds = LaunchBounds.from_environ()
+    too_big = bounds.check(config)
     job = job_arguments(nproc_per_node, nnodes, rdzv_endpoint)
     if scenario in DISTRIBUTED_SCENARIOS and nproc_per_node * nnodes < 2:
         raise ValueError(f"{scenario} needs two or more processes")
     if applied_patch:
-        build_config(scenario, {**overrides, **applied_patch})
+        too_big.update(bounds.check(build_config(scenario, {**overrides, **applied_patch})))
+    if too_big:
+        raise ValueError("; ".join(too_big.values()))
+    # every launched run stops cleanly at the wall-time bound (the trainer's own budget)
+    runtime_s = bounds.runtime_s(config.train.max_runtime_s)
+    overrides = {**overrides, "train.max_runtime_s": runtime_s}
     # absolute: the child runs with the project root as its working directory
     root = Path(runs_dir).resolve()
     root.mkdir(parents=True, exist_ok=True)

@@ -154,6 +154,8 @@ class Trainer:
         )
         self.pending = PendingSteps(self._write_record, self._complete_record, self.scalars)
         self._log_every = max(1, self.total_steps // 10)
+        # known causes of extra time the next step record names (StepRecord "marks")
+        self._pending_marks: list[str] = []
         self.profiler = make_profiler(
             config.profiler,
             self.run_dir / "trace",
@@ -406,6 +408,20 @@ class Trainer:
             phases.append(("finetune", self.total_steps, 0, 0))
         return [p for p in phases if p[1] > pos.step]
 
+    def _step_marks(self, batch_in_epoch: int) -> str | None:
+        """What else the step just run paid for, so an analysis can leave it out of outlier
+        and steady-state judgements: the profiler's warm-up and active steps, the first
+        step of an epoch (and after an evaluation or a checkpoint or a trace export, which
+        run between steps)."""
+        marks = list(self._pending_marks)
+        self._pending_marks = []
+        state = self.profiler.state
+        if state in ("warmup", "active"):
+            marks.append(f"profiler_{state}")
+        if batch_in_epoch == 1:
+            marks.append("epoch_start")
+        return ",".join(dict.fromkeys(marks)) or None
+
     def _record(self, phase: str, epoch: int, times: Any, out: dict[str, Any]) -> None:
         """Queues the step's record: what the host knows now, the rest once it arrives."""
         record = {
@@ -417,6 +433,7 @@ class Trainer:
             "batch_size": out["batch_size"],
             "rss_bytes": rss_bytes(self._process),
             "profiled": self.profiler.recording,
+            "marks": self._step_marks(self.position.batch_in_epoch),
             **cuda_memory(self.device),
         }
         self.pending.push(record, times if self.clock.deferred else Resolved(times), out["scalars"])
@@ -567,14 +584,20 @@ class Trainer:
                 self.clock.mark("fetched")
                 if phase == "finetune" and epoch != current_epoch:
                     self.evaluate(current_epoch)
+                    self._pending_marks.append("after_evaluation")
                 current_epoch = epoch
                 out = self._train_step(phase, batch)
                 times = self.clock.finish()
                 self.position = Position(self.position.step + 1, phase, epoch, batch_in_epoch)
                 self._record(phase, epoch, times, out)
+                exporting = self.profiler.state == "active"
                 self.profiler.step()
+                if exporting and self.profiler.state != "active":
+                    # the window closed: the trace was written between this step and the next
+                    self._pending_marks.append("after_trace_export")
                 if self.position.step % cfg.train.checkpoint_every == 0:
                     self.save_checkpoint()
+                    self._pending_marks.append("after_checkpoint")
             self.pending.flush()
             del batches  # shuts this phase's workers down before the next phase starts
         self.evaluate(self.position.epoch)

@@ -8,6 +8,7 @@ from typing import Any
 import polars as pl
 
 from diagnostics.facts.breakdown import step_breakdown
+from diagnostics.facts.comms import comm_facts
 from diagnostics.facts.copies import copy_table
 from diagnostics.facts.gpu import gpu_utilization
 from diagnostics.facts.idle import idle_gaps
@@ -15,7 +16,7 @@ from diagnostics.facts.launches import launch_table
 from diagnostics.facts.linking import build_index
 from diagnostics.facts.memory import memory_curve, memory_peaks
 from diagnostics.facts.operators import half_dtype_ops, kernel_table, operator_table
-from diagnostics.facts.ranks import rank_summary
+from diagnostics.facts.ranks import rank_collectives, rank_summary
 from diagnostics.facts.steps import find_steps
 from diagnostics.facts.syncs import sync_per_step, sync_table
 from diagnostics.model import TraceFacts
@@ -69,6 +70,7 @@ def _one_rank(events: pl.DataFrame, metadata: Any, rank: int) -> TraceFacts:
         memory=memory,
         memory_peak=memory_peaks(memory, props),
         op_half_dtypes=half_dtype_ops(events),
+        comms=comm_facts(events, index, steps),
         device_properties=props,
         distributed=dist,
         pytorch_version=version,
@@ -93,4 +95,4 @@ def compute_facts(events: pl.DataFrame, metadata: Any = None) -> TraceFacts:
             rank = int(meta_rank)
         return _one_rank(events, metadata, rank)
     per_rank = [_one_rank(events.filter(pl.col("rank") == r), metadata, int(r)) for r in ranks]
-    return replace(per_rank[0], ranks=rank_summary(per_rank))
+    return replace(per_rank[0], ranks=rank_summary(per_rank, rank_collectives(per_rank)))

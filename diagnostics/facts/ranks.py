@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
+from diagnostics.facts.comm_ranks import CollectiveMatch, match_collectives
+
 if TYPE_CHECKING:
     from diagnostics.model import TraceFacts
 
@@ -22,10 +24,24 @@ RANKS_SCHEMA: dict[str, pl.DataType] = {
     "step_time_ms_mean": pl.Float64,
     "step_time_ms_p50": pl.Float64,
     "step_time_ms_max": pl.Float64,
-    "gpu_utilization_pct": pl.Float64,  # kernel time / steps span, mean over the rank's GPUs
+    "gpu_utilization_pct": pl.Float64,  # GPU busy (kernels, copies, memsets) / steps span
     "dataloader_pct": pl.Float64,  # DataLoader share of the rank's step time
     "step_time_vs_median": pl.Float64,  # mean step time / median of the ranks' means
+    # per-step means of the parts a straggler's cause is named from (rules/rank_stragglers)
+    "data_wait_ms_per_step": pl.Float64,  # DataLoader (breakdown dataloader_us)
+    "memcpy_ms_per_step": pl.Float64,  # copies with no kernel running (breakdown memcpy_us)
+    # GPU: union of non-communication kernels; CPU: the loop thread's other operators
+    "compute_ms_per_step": pl.Float64,
+    "collective_ms_per_step": pl.Float64,  # union of communication (facts.comms); null: none
+    "exposed_comm_ms_per_step": pl.Float64,  # communication with no compute beside it
+    "comm_overlap_pct": pl.Float64,  # share of communication overlapped by compute, %
+    # cross-rank matching (facts.comm_ranks), null when not matched: per-step mean time spent
+    # waiting in collectives for later ranks, and how often this rank arrived last, %
+    "comm_wait_ms_per_step": pl.Float64,
+    "late_share_pct": pl.Float64,
 }
+
+_DERIVED = ("step_time_vs_median", "comm_wait_ms_per_step", "late_share_pct")
 
 
 @dataclass(frozen=True)
@@ -40,15 +56,46 @@ class StepTimeSpread:
     spread_pct: float  # (slowest - fastest) / median, %
 
 
-def rank_summary(facts: Sequence[TraceFacts]) -> pl.DataFrame:
-    """One row per rank: rank, steps, step_time_ms_mean/p50/max, gpu_utilization_pct,
-    dataloader_pct, step_time_vs_median."""
+def _per_step_ms(breakdown: pl.DataFrame, column: str) -> float | None:
+    if breakdown.height == 0 or column not in breakdown.columns:
+        return None
+    return float(breakdown[column].mean()) / 1000.0
+
+
+def _compute_ms(fact: TraceFacts) -> float | None:
+    comms = fact.comms
+    if comms is not None and comms.per_step.height:
+        return float(comms.per_step["compute_us"].mean()) / 1000.0
+    return _per_step_ms(fact.breakdown, "kernel_us" if fact.device == "cuda" else "cpu_exec_us")
+
+
+def _comm_columns(fact: TraceFacts) -> dict[str, float | None]:
+    comms = fact.comms
+    if comms is None or comms.per_step.height == 0:
+        return {
+            "collective_ms_per_step": None,
+            "exposed_comm_ms_per_step": None,
+            "comm_overlap_pct": None,
+        }
+    return {
+        "collective_ms_per_step": float(comms.per_step["collective_us"].mean()) / 1000.0,
+        "exposed_comm_ms_per_step": (comms.exposed_us_per_step or 0.0) / 1000.0,
+        "comm_overlap_pct": comms.overlap_pct,
+    }
+
+
+def rank_summary(facts: Sequence[TraceFacts], match: CollectiveMatch | None = None) -> pl.DataFrame:
+    """One row per rank, RANKS_SCHEMA's columns; ``match`` (facts.comm_ranks) fills the
+    cross-rank columns (comm wait, late arrivals)."""
     rows = []
     for fact in facts:
         durations = (
             fact.steps["dur_us"] / 1000.0 if fact.steps.height else pl.Series([], dtype=pl.Float64)
         )
-        util = fact.gpu["utilization_pct"].mean() if fact.gpu.height else None
+        # the key metrics' utilisation (diagnostics/metrics.py): busy over span, so a rank's
+        # row says what its card would
+        span = float(fact.gpu["span_us"].sum()) if fact.gpu.height else 0.0
+        util = 100.0 * float(fact.gpu["busy_us"].sum()) / span if span > 0 else None
         total = float(fact.breakdown["total_us"].sum()) if fact.breakdown.height else 0.0
         rows.append(
             {
@@ -63,20 +110,38 @@ def rank_summary(facts: Sequence[TraceFacts]) -> pl.DataFrame:
                     if total > 0
                     else None
                 ),
+                "data_wait_ms_per_step": _per_step_ms(fact.breakdown, "dataloader_us"),
+                "memcpy_ms_per_step": _per_step_ms(fact.breakdown, "memcpy_us"),
+                "compute_ms_per_step": _compute_ms(fact),
+                **_comm_columns(fact),
             }
         )
     frame = pl.DataFrame(
-        rows, schema={k: v for k, v in RANKS_SCHEMA.items() if k != "step_time_vs_median"}
-    )
-    return (
-        frame.with_columns(
-            (pl.col("step_time_ms_mean") / pl.col("step_time_ms_mean").median()).alias(
-                "step_time_vs_median"
-            )
+        rows, schema={k: v for k, v in RANKS_SCHEMA.items() if k not in _DERIVED}
+    ).with_columns(
+        (pl.col("step_time_ms_mean") / pl.col("step_time_ms_mean").median()).alias(
+            "step_time_vs_median"
         )
-        .cast(RANKS_SCHEMA)
-        .sort("rank")
     )
+    if match is not None:
+        waits = match.per_rank.select("rank", "wait_us", "late_share_pct").cast({"rank": pl.Int64})
+        frame = frame.join(waits, on="rank", how="left").with_columns(
+            (pl.col("wait_us") / pl.col("steps") / 1000.0).alias("comm_wait_ms_per_step")
+        )
+    else:
+        frame = frame.with_columns(
+            pl.lit(None, pl.Float64).alias("comm_wait_ms_per_step"),
+            pl.lit(None, pl.Float64).alias("late_share_pct"),
+        )
+    return frame.select(list(RANKS_SCHEMA)).cast(RANKS_SCHEMA).sort("rank")
+
+
+def rank_collectives(facts: Sequence[TraceFacts]) -> CollectiveMatch | None:
+    """Cross-rank matching of the ranks' collective tables (facts.comm_ranks)."""
+    tables = {f.rank: f.comms.collectives for f in facts if f.comms is not None}
+    steps = [float(f.steps["dur_us"].mean()) for f in facts if f.steps.height]
+    mean_step = sum(steps) / len(steps) if steps else None
+    return match_collectives(tables, mean_step)
 
 
 def step_time_spread(ranks: pl.DataFrame) -> StepTimeSpread | None:

@@ -1,9 +1,9 @@
 """Reports: the report model, plotly figures and the HTML / Markdown / JSON renderers.
 
 ``render_html``, ``render_markdown``, ``render_json``, ``build_report`` and
-``build_comparison_report`` are importable from here; they load on first use so that
-``diagnostics.compare`` (which this package's model imports) can import ``report.metrics``
-without a cycle.
+``build_comparison_report`` are importable from here; they load on first use, so importing
+a submodule (``report.fmt``) does not load plotly. The headline numbers live below this
+package, in ``diagnostics.metrics``.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from diagnostics.report.figure_style import MAX_LABEL_CHARS, layout, safe_text
+from diagnostics.report.figure_style import MAX_LABEL_CHARS, integer_axis, layout, safe_text
 
 CHART_KINDS = frozenset({"line", "bar"})
 
@@ -99,4 +99,6 @@ def finding_figure(finding: Any) -> go.Figure | None:
     if horizontal:
         fig.update_yaxes(automargin=True, type="category")
         fig.update_layout(hovermode="closest")
+    else:
+        integer_axis(fig, list(x))  # steps and ranks are whole numbers
     return fig

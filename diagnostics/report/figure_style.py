@@ -85,3 +85,15 @@ def figure_titles(fig: go.Figure) -> tuple[str, str, str]:
 
 def series_names(fig: go.Figure) -> Sequence[str]:
     return [trace.name for trace in fig.data if trace.name]
+
+
+def integer_axis(fig: go.Figure, values: Sequence[object], axis: str = "x") -> None:
+    """Whole-number ticks for an axis of steps or ranks: plotly would otherwise put ticks at
+    -0.5, 0.5, 1.5 for two ranks. At most about ten ticks, each on an integer."""
+    numbers = [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+    if not numbers or len(numbers) != len(values):
+        return
+    low, high = min(numbers), max(numbers)
+    dtick = max(1, math.ceil((high - low) / 10))
+    update = fig.update_xaxes if axis == "x" else fig.update_yaxes
+    update(tickmode="linear", tick0=low, dtick=dtick, tickformat="d")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from typing import Any
 
 MISSING = "—"
@@ -45,6 +46,30 @@ def pct(value: float | None, digits: int = 1) -> str:
 
 def ratio(value: float | None) -> str:
     return MISSING if _missing(value) else f"{float(value):.2f}×"
+
+
+def rate(value: float | None, unit: str) -> str:
+    """A rate such as samples/s, the same on a card and in a report: '1,234 samples/s',
+    '12.5 steps/s' (three significant figures below 100)."""
+    if _missing(value):
+        return MISSING
+    value = float(value)
+    text = f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+    return f"{text} {unit}".strip()
+
+
+def speedup_headline(speedup: float | None, a_ms: float | None, b_ms: float | None) -> str | None:
+    """A comparison's one line, from the median step times: 'B is 1.34× faster: median step
+    133 ms → 99.1 ms'. Within 2 % either way it reads as the same speed (two runs of one
+    config differ that much)."""
+    if _missing(speedup) or _missing(a_ms) or _missing(b_ms):
+        return None
+    steps = f"median step {ms(a_ms)} → {ms(b_ms)}"
+    if abs(float(speedup) - 1.0) < 0.02:
+        return f"B runs at the speed of A: {steps}"
+    if speedup > 1.0:
+        return f"B is {ratio(speedup)} faster: {steps}"
+    return f"B is {ratio(1.0 / float(speedup))} slower: {steps}"
 
 
 def usd(value: float | None) -> str:
@@ -108,34 +133,92 @@ def _unit_of(key: str) -> tuple[str | None, list[str], list[str]]:
     return None, tokens, []
 
 
+def _scalar_value(key: str, value: Any) -> str:
+    unit, _, _ = _unit_of(key)
+    if unit == "ms":
+        return ms(value)
+    if unit == "us":
+        return ms(float(value) / 1000.0)
+    if unit == "s":
+        return seconds(value)
+    if unit == "pct":
+        return pct(value)
+    if unit == "bytes":
+        return bytes_(value)
+    if unit == "mib":
+        return bytes_(float(value) * 1024**2)
+    if unit == "gib":
+        return bytes_(float(value) * 1024**3)
+    if unit == "gb/s":
+        return f"{number(value)} GB/s"
+    if unit == "/s":
+        return rate(value, "")
+    return number(value)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _nested(key: str, value: Any) -> str:
+    """A dict or a list of dicts in evidence, each number in its unit: 'dataloader: idle
+    30.0 ms, gaps 2, share 85.7 %' (never raw µs or bytes)."""
+    if isinstance(value, dict):
+        parts = []
+        for inner, item in value.items():
+            text = (
+                f"({_nested(str(inner), item)})"
+                if isinstance(item, dict | list | tuple)
+                else evidence_value(str(inner), item)
+            )
+            parts.append(f"{label(str(inner)).removesuffix(' (%)')} {text}")
+        return ", ".join(parts)
+    items = list(value)
+    if all(_is_number(v) or v is None for v in items):
+        texts = [MISSING if v is None else _scalar_value(key, v) for v in items]
+        if "range" in key and len(items) == 2 and all(_is_number(v) for v in items):
+            # a range as relative times: its length, never absolute timestamps as durations
+            start, end = float(items[0]), float(items[1])
+            return f"{_scalar_value(key, end - start)} long" if start else " – ".join(texts)
+        return ", ".join(texts)
+    return "; ".join(
+        _nested(key, v) if isinstance(v, dict | list | tuple) else evidence_value(key, v)
+        for v in items
+    )
+
+
 def evidence_value(key: str, value: Any, max_chars: int = 240) -> str:
-    """An evidence value formatted by the unit in its key name, lists and dicts compact."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        unit, _, _ = _unit_of(key)
-        if unit == "ms":
-            return ms(value)
-        if unit == "us":
-            return ms(float(value) / 1000.0)
-        if unit == "s":
-            return seconds(value)
-        if unit == "pct":
-            return pct(value)
-        if unit == "bytes":
-            return bytes_(value)
-        if unit == "mib":
-            return bytes_(float(value) * 1024**2)
-        if unit == "gib":
-            return bytes_(float(value) * 1024**3)
-        if unit == "gb/s":
-            return f"{number(value)} GB/s"
-        return number(value)
+    """An evidence value formatted by the unit in its key name; lists and dicts compact,
+    their numbers in units too."""
+    if _is_number(value):
+        return _scalar_value(key, value)
     if isinstance(value, str):
         text = value
     elif value is None or isinstance(value, bool):
         text = number(value) if value is not None else MISSING
+    elif isinstance(value, dict | list | tuple):
+        text = _nested(key, value)
     else:
         text = json.dumps(value, default=str, ensure_ascii=False)
     return text if len(text) <= max_chars else text[: max_chars - 1] + "…"
+
+
+def evidence_rows(evidence: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(label, value) rows of a finding's evidence as people read them, the same on the page
+    and in the reports: chart data left out, each label once (a second key that reads the
+    same gets its unit named)."""
+    rows: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for key, value in evidence.items():
+        if key == "chart":
+            continue
+        text = label(str(key))
+        if text in seen:
+            unit, _, _ = _unit_of(str(key))
+            text = f"{text} ({_UNIT_WORDS.get(unit or '', unit or str(key))})"
+        seen.add(text)
+        rows.append((text, evidence_value(str(key), value)))
+    return rows
 
 
 def config_literal(value: Any) -> str:
@@ -145,14 +228,69 @@ def config_literal(value: Any) -> str:
     return json.dumps(value)
 
 
+# evidence keys whose label, derived from the key, would not read well
+EVIDENCE_LABELS: dict[str, str] = {
+    "io_ms_per_batch_from_config": "storage latency per batch (from the config)",
+    "load_ms_per_batch_estimate": "time to load one batch (estimate)",
+    "projected_steps_to_oom": "steps until memory runs out (projected)",
+    "pageable_htod_bytes": "pageable host-to-device copies, size",
+    "pageable_htod_bytes_per_step": "pageable host-to-device copies per step, size",
+    "pageable_htod_us_per_step": "pageable host-to-device copies per step, time",
+    "pageable_htod_copies": "pageable host-to-device copies",
+    "data_wait_share_pct": "data-wait share (%)",
+    "compute_ms_median": "rest of the step (median)",
+    "step_time_ms_median": "median step time",
+    "step_time_ms_mean": "mean step time",
+    "throughput_samples_per_s": "throughput (samples/s)",
+    "num_workers": "DataLoader workers now",
+    "recommended_num_workers": "DataLoader workers recommended",
+    "worker_cap": "most workers the cores allow",
+    "cpu_count": "CPU cores",
+    "gpu_utilization_pct": "GPU utilisation (%)",
+    "gpu_span_us": "profiled span",
+    "excess_pct_of_step_time": "time lost beyond the median step (% of step time)",
+    "slow_step_ms_median": "slow steps (median)",
+    "slow_step_count": "slow steps",
+    "slow_steps": "slow steps at",
+    "episodes": "separate episodes",
+    "growth_of_each_part": "growth of each part of the step",
+    "excluded_steps": "steps left out (known causes)",
+    "time_range_s": "time range (since the first sample)",
+    "related_rules": "related checks",
+    "explained_by_findings": "explained by findings",
+}
+_WORDS = {
+    "gpu": "GPU",
+    "cpu": "CPU",
+    "htod": "host-to-device",
+    "dtoh": "device-to-host",
+    "h2d": "host-to-device copy",
+    "util": "utilisation",
+    "utilization": "utilisation",
+    "oom": "out of memory",
+    "src": "source",
+    "dst": "destination",
+    "num": "number of",
+    "amp": "AMP",
+    "lr": "learning rate",
+    "rss": "RSS",
+    "nvml": "NVML",
+    "fp16": "fp16",
+}
+_UNIT_WORDS = {"ms": "time", "us": "time", "s": "time", "bytes": "size", "pct": "%"}
+
+
 def label(key: str) -> str:
-    """An evidence key as a label: the unit word goes (the formatted value carries it),
-    the words around it stay ('data_wait_ms_median' -> 'data wait median'); shares keep
-    theirs as '(%)' and rates as 'per s'."""
+    """An evidence key as a label for people: a written one for keys that need it, else the
+    key's words with the unit word gone (the formatted value carries it), acronyms in
+    capitals ('data_wait_ms_median' -> 'data wait median', 'gpu_idle_us' -> 'GPU idle');
+    shares keep theirs as '(%)' and rates as 'per s'."""
+    if key in EVIDENCE_LABELS:
+        return EVIDENCE_LABELS[key]
     unit, before, after = _unit_of(key)
+    words = " ".join(_WORDS.get(w.lower(), w) for w in before + after)
     if unit is None:
-        return key.replace("_", " ")
-    words = " ".join(before + after)
+        return words
     if unit == "pct":
         return f"{words} (%)"
     if unit == "/s":

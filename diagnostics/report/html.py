@@ -18,7 +18,7 @@ from typing import Any
 
 from diagnostics.report import fmt
 from diagnostics.report.model import Report, ReportFinding
-from diagnostics.report.pricing import GPU_PRICES, PRICES_DATED, CostEstimate
+from diagnostics.report.pricing import GPU_PRICES, PRICES_DATED, CostEstimate, saving_note
 
 PLOTLY_SCRIPT_ID = "plotly-js"
 FIGURES_SCRIPT_ID = "report-figures"
@@ -245,24 +245,25 @@ def _cost_html(cost: CostEstimate, before: CostEstimate | None) -> str:
             cells += f"<td class=num>{esc(fmt.seconds(before_s))}</td>"
         body.append(cells + "</tr>")
     price_rows = "".join(
-        f"<tr><td>{esc(p.name)}</td><td class=num>{esc(fmt.usd(p.on_demand_usd_per_hour))}</td>"
-        f"<td class=num>{esc(fmt.usd(p.spot_usd_per_hour))}</td></tr>"
+        f"<tr><td>{esc(p.name)}</td><td>per {esc(p.unit)}-hour</td>"
+        f"<td class=num>{esc(fmt.usd(p.on_demand_usd_per_hour))}</td>"
+        f"<td class=num>{esc(fmt.usd(p.spot_usd_per_hour))}</td><td>{esc(p.source)}</td></tr>"
         for p in GPU_PRICES
     )
     return (
         '<section id="cost"><h2>Cost</h2>'
-        f"<p>At <strong>{esc(fmt.usd(cost.usd_per_gpu_hour))} per GPU-hour</strong> ({esc(origin)}) "
-        f"× {cost.gpus} GPU(s), mean step time {esc(fmt.ms(cost.step_time_ms))}.</p>"
-        f'<label class="price">Your price per GPU-hour (USD)<input id="price-input" type="number" '
-        f'min="0" step="0.01" value="{cost.usd_per_gpu_hour:.2f}"></label>'
+        f"<p>At <strong>{esc(fmt.usd(cost.usd_per_gpu_hour))} per {esc(cost.unit)}-hour</strong> "
+        f"({esc(origin)}) × {cost.gpus} {esc(cost.unit)}(s), mean step time "
+        f"{esc(fmt.ms(cost.step_time_ms))}.</p>"
+        f'<label class="price">Your price per {esc(cost.unit)}-hour (USD)<input id="price-input" '
+        f'type="number" min="0" step="0.0001" value="{cost.usd_per_gpu_hour:.4g}"></label>'
         f"<table>{head}{''.join(body)}</table>"
-        f'<p class="note">Steps per epoch: {esc(cost.steps_per_epoch_note)}. After fixes applies '
-        f"the findings' estimated savings combined ({esc(fmt.pct(cost.saving_pct))} of step time, "
-        "each applied to what the others leave). Estimates, not quotes.</p>"
-        "<details open><summary>Default prices per GPU-hour (estimates, "
+        f'<p class="note">Steps per epoch: {esc(cost.steps_per_epoch_note)}. '
+        f"{esc(saving_note(cost))} Estimates, not quotes.</p>"
+        "<details open><summary>Default prices (estimates, "
         f"gathered {esc(PRICES_DATED)}; they vary by provider and region)</summary>"
-        "<table><tr><th>GPU</th><th>on-demand</th><th>spot / preemptible</th></tr>"
-        f"{price_rows}</table></details></section>"
+        "<table><tr><th>device</th><th>unit</th><th>on-demand</th><th>spot / preemptible</th>"
+        f"<th>source</th></tr>{price_rows}</table></details></section>"
     )
 
 

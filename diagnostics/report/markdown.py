@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from diagnostics.report import fmt
 from diagnostics.report.model import Report, ReportFinding
-from diagnostics.report.pricing import GPU_PRICES, PRICES_DATED, CostEstimate
+from diagnostics.report.pricing import GPU_PRICES, PRICES_DATED, CostEstimate, saving_note
 
 _MD_PUNCT = re.compile(r"([\\`*_\[\]~])")
 
@@ -111,16 +111,22 @@ def _cost(cost: CostEstimate) -> str:
     return "\n\n".join(
         [
             "## Cost",
-            f"At {fmt.usd(cost.usd_per_gpu_hour)} per GPU-hour ({text(origin)}) × {cost.gpus} GPU(s), "
-            f"mean step time {fmt.ms(cost.step_time_ms)}.",
+            f"At {fmt.usd(cost.usd_per_gpu_hour)} per {cost.unit}-hour ({text(origin)}) "
+            f"× {cost.gpus} {cost.unit}(s), mean step time {fmt.ms(cost.step_time_ms)}.",
             table(("", "time now", "cost now", "time after fixes", "cost after fixes"), rows),
-            f"Steps per epoch: {text(cost.steps_per_epoch_note)}. After fixes applies the findings' "
-            f"estimated savings combined ({fmt.pct(cost.saving_pct)} of step time). Estimates, not quotes.",
-            f"Default prices per GPU-hour (estimates gathered {PRICES_DATED}):",
+            f"Steps per epoch: {text(cost.steps_per_epoch_note)}. {saving_note(cost)} "
+            "Estimates, not quotes.",
+            f"Default prices (estimates gathered {PRICES_DATED}; where each comes from):",
             table(
-                ("GPU", "on-demand", "spot / preemptible"),
+                ("device", "unit", "on-demand", "spot / preemptible", "source"),
                 (
-                    (p.name, fmt.usd(p.on_demand_usd_per_hour), fmt.usd(p.spot_usd_per_hour))
+                    (
+                        p.name,
+                        f"per {p.unit}-hour",
+                        fmt.usd(p.on_demand_usd_per_hour),
+                        fmt.usd(p.spot_usd_per_hour),
+                        p.source,
+                    )
                     for p in GPU_PRICES
                 ),
             ),

@@ -17,8 +17,8 @@ import plotly.graph_objects as go
 import polars as pl
 
 from diagnostics.compare import Comparison, result_label
+from diagnostics.metrics import KeyMetrics, key_metrics
 from diagnostics.report import fmt, plots
-from diagnostics.report.metrics import KeyMetrics, key_metrics
 from diagnostics.report.pricing import CostEstimate, Pricing, estimate_cost
 from diagnostics.report.sections import (
     environment_rows,
@@ -129,19 +129,16 @@ def sort_findings(findings: Iterable[Any]) -> list[Any]:
 
 
 def _evidence_rows(evidence: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
-    rows: list[tuple[str, str]] = []
-    seen: set[str] = set()
-    for key, value in evidence.items():
-        text = fmt.label(str(key))
-        if text in seen:  # two keys that differ only by unit: show the raw key
-            text = str(key)
-        seen.add(text)
-        rows.append((text, fmt.evidence_value(str(key), value)))
-    return tuple(rows)
+    return tuple(fmt.evidence_rows(evidence))
 
 
-def report_finding(finding: Any, status: str | None = None) -> ReportFinding:
+def report_finding(
+    finding: Any, status: str | None = None, *, trainer_run: bool = True
+) -> ReportFinding:
+    """``trainer_run`` False (an uploaded trace): no trainer config patch or --set command,
+    only the fix code for the user's own script."""
     evidence = dict(finding.evidence or {})
+    patch = finding.fix.config_patch if trainer_run else None
     figure = plots.finding_figure(finding)
     shown = {key: value for key, value in evidence.items() if key != "chart"}
     return ReportFinding(
@@ -152,8 +149,8 @@ def report_finding(finding: Any, status: str | None = None) -> ReportFinding:
         evidence=shown,
         evidence_rows=_evidence_rows(shown),
         fix_code=str(finding.fix.code or ""),
-        config_patch=dict(finding.fix.config_patch) if finding.fix.config_patch else None,
-        set_args=set_args(finding.fix.config_patch),
+        config_patch=dict(patch) if patch else None,
+        set_args=set_args(patch),
         estimated_saving_pct=finding.estimated_saving_pct,
         figure=figure,
         status=status,
@@ -217,9 +214,20 @@ def _charts(result: Any) -> list[Chart]:
     return charts
 
 
+def saving_bound_pct(metrics: KeyMetrics) -> float | None:
+    """The largest measured wait or idle share the findings can explain: the data-wait
+    share, and the GPU's idle share (100 - utilisation) on a GPU."""
+    shares = [metrics.data_wait_pct]
+    if metrics.gpu_utilization_pct is not None:
+        shares.append(max(0.0, 100.0 - metrics.gpu_utilization_pct))
+    known = [s for s in shares if s is not None and math.isfinite(s)]
+    return max(known) if known else None
+
+
 def _cost(result: Any, metrics: KeyMetrics, pricing: Pricing | None) -> CostEstimate:
     run = getattr(result, "run", None)
     return estimate_cost(
+        saving_bound_pct=saving_bound_pct(metrics),
         step_time_ms=metrics.mean_step_time_ms,
         config=run.config if run is not None else None,
         savings_pct=[f.estimated_saving_pct for f in getattr(result, "findings", ()) or ()],
@@ -261,7 +269,9 @@ def build_report(result: Any, *, pricing: Pricing | None = None) -> Report:
         source_rows=tuple(source_rows(result)),
         environment_rows=tuple(environment_rows(result)),
         summary_rows=tuple(summary_rows(metrics, getattr(result, "summary", None) or {})),
-        findings=tuple(report_finding(f) for f in sort_findings(result.findings)),
+        findings=tuple(
+            report_finding(f, trainer_run=run is not None) for f in sort_findings(result.findings)
+        ),
         charts=tuple(_charts(result)),
         cost=_cost(result, metrics, pricing),
         skipped=tuple((str(s.rule), str(s.reason)) for s in getattr(result, "skipped", ()) or ()),
@@ -298,15 +308,19 @@ def build_comparison_report(comparison: Comparison, *, pricing: Pricing | None =
         for row in comparison.rows
     )
     kept_rules = {fb.rule for _, fb in comparison.findings_kept}
+    b_trainer = getattr(b, "run", None) is not None
     current = [
-        report_finding(f, "kept" if f.rule in kept_rules else "new")
+        report_finding(f, "kept" if f.rule in kept_rules else "new", trainer_run=b_trainer)
         for f in sort_findings(b.findings)
     ]
     section = ComparisonSection(
         label_a=comparison.label_a,
         label_b=comparison.label_b,
         rows=rows,
-        gone=tuple(report_finding(f, "gone") for f in sort_findings(comparison.findings_gone)),
+        gone=tuple(
+            report_finding(f, "gone", trainer_run=getattr(a, "run", None) is not None)
+            for f in sort_findings(comparison.findings_gone)
+        ),
         new=tuple(f for f in current if f.status == "new"),
         kept=tuple(f for f in current if f.status == "kept"),
         config_changes=tuple(
@@ -357,8 +371,19 @@ def build_comparison_report(comparison: Comparison, *, pricing: Pricing | None =
         generated_at=_now(),
         source_rows=sources,
         environment_rows=env_rows,
-        summary_rows=tuple(
-            (label, f"{va} → {vb} ({ratio_text})") for label, va, vb, ratio_text, _ in rows
+        summary_rows=(
+            *(
+                (("headline", line),)
+                if (
+                    line := fmt.speedup_headline(
+                        comparison.speedup,
+                        comparison.metrics_a.median_step_time_ms,
+                        comparison.metrics_b.median_step_time_ms,
+                    )
+                )
+                else ()
+            ),
+            *((label, f"{va} → {vb} ({ratio_text})") for label, va, vb, ratio_text, _ in rows),
         ),
         findings=tuple(current),
         charts=tuple(charts),

@@ -58,6 +58,7 @@ from diagnostics.report.figure_style import (
     empty_figure,
     figure_titles,
     has_values,
+    integer_axis,
     layout,
     safe_text,
     series_names,
@@ -149,6 +150,7 @@ def step_time_figure(steps: pl.DataFrame) -> go.Figure:
         return empty_figure(title, "No step timings recorded", "step", "time (ms)")
     layout(fig, title, "step", "time per step (ms)")
     fig.update_layout(barmode="stack", bargap=0.05)
+    integer_axis(fig, x)
     return fig
 
 

@@ -1,8 +1,15 @@
-"""What a training job costs at a GPU-hour price, before and after the findings' savings.
+"""What a training job costs, before and after the findings' savings.
 
-The default prices are rough per-GPU-hour list prices of the large public clouds, gathered
-by hand on ``PRICES_DATED``; they drift and differ by region and provider, so reports label
-them as estimates and every caller can set its own price (``Pricing.usd_per_gpu_hour``).
+A GPU job is priced per GPU-hour, a CPU job per vCPU-hour (times the cores the run could
+use), so a CPU run is never priced "per GPU-hour". The default prices are rough list prices
+of the large public clouds, gathered by hand on ``PRICES_DATED``; they drift and differ by
+region and provider, so reports label them as estimates and every caller can set its own
+price (``Pricing.usd_per_gpu_hour``: the price of one priced unit, a GPU or a vCPU).
+
+The savings of several findings are not compounded: each is a share of the same baseline
+step time, and findings that explain the same waiting time overlap, so the combined figure
+is their sum capped at the largest measured wait or idle share they explain
+(:func:`combined_saving_pct`).
 """
 
 from __future__ import annotations
@@ -11,6 +18,8 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from diagnostics.report import fmt
 
 Tier = Literal["on_demand", "spot"]
 
@@ -23,6 +32,8 @@ class GpuPrice:
     on_demand_usd_per_hour: float
     spot_usd_per_hour: float
     match: tuple[str, ...]  # substrings of torch.cuda.get_device_name() that mean this GPU
+    unit: str = "GPU"  # what one price buys for an hour: a GPU, or one vCPU
+    source: str = "8-GPU instance price / 8, on-demand and typical spot"
 
 
 # Per GPU (an 8-GPU instance's price divided by 8), rounded; spot is a typical recent
@@ -36,10 +47,19 @@ GPU_PRICES: tuple[GpuPrice, ...] = (
     GpuPrice("NVIDIA A10G", 1.00, 0.40, ("A10G", "A10")),
     GpuPrice("NVIDIA V100 16GB", 3.06, 0.92, ("V100",)),
     GpuPrice("NVIDIA T4", 0.53, 0.18, ("T4",)),
-    GpuPrice("CPU only (8 vCPU)", 0.34, 0.10, ()),
+    GpuPrice(
+        "CPU (per vCPU)",
+        0.0425,
+        0.0125,
+        (),
+        unit="vCPU",
+        source="a general-purpose 8-vCPU instance at about $0.34/h on demand, $0.10 spot, / 8",
+    ),
 )
 DEFAULT_GPU = "NVIDIA A100 80GB"
-CPU_ENTRY = "CPU only (8 vCPU)"
+CPU_ENTRY = "CPU (per vCPU)"
+# vCPUs priced for a CPU run whose core count is unknown: the instance the price is from
+DEFAULT_VCPUS = 8
 
 
 def price_named(name: str) -> GpuPrice:
@@ -120,18 +140,24 @@ def steps_per_epoch(
     return math.ceil(rows / batch), f"data.rows {rows:,} / train.batch_size {batch}, rounded up"
 
 
-def combined_saving_pct(savings: Iterable[float | None]) -> float:
-    """Savings applied one after another: each removes its share of what is left.
+def combined_saving_pct(savings: Iterable[float | None], bound_pct: float | None = None) -> float:
+    """The findings' savings together, never compounded.
 
-    Two findings that each save 50% leave 0.5 x 0.5 = 25% of the time, a 75% saving, not
-    100%. Each is capped at 95% so an over-eager estimate cannot promise a free job.
+    Each saving is a share of the same baseline (the step time now). Findings often explain
+    the same waiting time (a slow loader is also GPU idle time and slow outlier steps), so
+    adding them would count it twice and compounding them (each applied to what the others
+    leave) still promises more than was measured. The sum is therefore capped at
+    ``bound_pct``, the largest measured wait or idle share the findings explain (the
+    data-wait share, the GPU's idle share), and never below the largest single saving; 95%
+    at most, so no estimate promises a free job.
     """
-    remaining = 1.0
-    for saving in savings:
-        if saving is None or not math.isfinite(saving) or saving <= 0:
-            continue
-        remaining *= 1.0 - min(saving, 95.0) / 100.0
-    return 100.0 * (1.0 - remaining)
+    valid = [min(float(s), 95.0) for s in savings if s is not None and math.isfinite(s) and s > 0]
+    if not valid:
+        return 0.0
+    limit = max(valid)
+    if bound_pct is not None and math.isfinite(bound_pct):
+        limit = max(limit, float(bound_pct))
+    return min(sum(valid), limit, 95.0)
 
 
 @dataclass(frozen=True)
@@ -149,11 +175,14 @@ class CostEstimate:
     time_per_epoch_s: float | None
     cost_per_1000_steps_usd: float | None
     cost_per_epoch_usd: float | None
-    saving_pct: float  # combined estimated saving of the findings
+    saving_pct: float  # combined estimated saving of the findings (not compounded)
     after_time_per_1000_steps_s: float | None
     after_time_per_epoch_s: float | None
     after_cost_per_1000_steps_usd: float | None
     after_cost_per_epoch_usd: float | None
+    unit: str = "GPU"  # the priced unit: "GPU" (per GPU-hour) or "vCPU" (per vCPU-hour)
+    price_source: str = ""  # where the default price comes from
+    saving_bound_pct: float | None = None  # the largest measured wait/idle share
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -169,6 +198,7 @@ def estimate_cost(
     world_size: int | None = None,
     pricing: Pricing | None = None,
     environment: Mapping[str, Any] | None = None,
+    saving_bound_pct: float | None = None,
 ) -> CostEstimate:
     pricing = pricing or Pricing()
     entry = price_named(pricing.gpu) if pricing.gpu else guess_price(gpu_name, device)
@@ -176,9 +206,14 @@ def estimate_cost(
         entry.on_demand_usd_per_hour if pricing.tier == "on_demand" else entry.spot_usd_per_hour
     )
     rate = pricing.usd_per_gpu_hour if pricing.usd_per_gpu_hour is not None else default_rate
-    gpus = pricing.gpus or (world_size if world_size and world_size > 0 else 1)
+    if entry.unit == "vCPU":
+        cores = (environment or {}).get("cpu_count")
+        known = isinstance(cores, int) and not isinstance(cores, bool) and cores > 0
+        gpus = pricing.gpus or (cores if known else DEFAULT_VCPUS)
+    else:
+        gpus = pricing.gpus or (world_size if world_size and world_size > 0 else 1)
     per_epoch, note = steps_per_epoch(config, environment)
-    saving = combined_saving_pct(savings_pct)
+    saving = combined_saving_pct(savings_pct, saving_bound_pct)
     keep = 1.0 - saving / 100.0
 
     def scaled(value: float | None, factor: float) -> float | None:
@@ -207,4 +242,22 @@ def estimate_cost(
         after_time_per_epoch_s=scaled(per_epoch_s, keep),
         after_cost_per_1000_steps_usd=scaled(per_1000_s, usd_per_s * keep),
         after_cost_per_epoch_usd=scaled(per_epoch_s, usd_per_s * keep),
+        unit=entry.unit,
+        price_source=entry.source,
+        saving_bound_pct=saving_bound_pct,
+    )
+
+
+def saving_note(cost: CostEstimate) -> str:
+    """How "after fixes" was reached, in words (shared with the HTML report)."""
+    bound = (
+        f", capped at the largest measured wait or idle share they explain "
+        f"({fmt.pct(cost.saving_bound_pct)})"
+        if cost.saving_bound_pct is not None
+        else ""
+    )
+    return (
+        f"After fixes applies the findings' estimated savings together: "
+        f"{fmt.pct(cost.saving_pct)} of step time, each against the same step time and added{bound}; "
+        "overlapping findings are not counted twice."
     )

@@ -8,8 +8,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from diagnostics.metrics import KeyMetrics
 from diagnostics.report import fmt
-from diagnostics.report.metrics import KeyMetrics
 
 
 def set_args(patch: Mapping[str, Any] | None) -> tuple[str, ...]:
@@ -94,14 +94,15 @@ def source_rows(result: Any) -> list[tuple[str, str]]:
 def summary_rows(metrics: KeyMetrics, summary: Mapping[str, Any]) -> list[tuple[str, str]]:
     rows = [
         ("steps analysed", fmt.number(metrics.steps)),
+        ("steady-state steps (the medians' steps)", fmt.number(metrics.steady_steps)),
         ("median step time", fmt.ms(metrics.median_step_time_ms)),
         ("mean step time", fmt.ms(metrics.mean_step_time_ms)),
         ("p95 step time", fmt.ms(metrics.p95_step_time_ms)),
         (
             "throughput",
-            f"{fmt.number(metrics.samples_per_s)} samples/s"
+            fmt.rate(metrics.samples_per_s, "samples/s")
             if metrics.samples_per_s is not None
-            else f"{fmt.number(metrics.steps_per_s)} steps/s",
+            else fmt.rate(metrics.steps_per_s, "steps/s"),
         ),
         ("data-wait share of step time", fmt.pct(metrics.data_wait_pct)),
         ("GPU utilisation", fmt.pct(metrics.gpu_utilization_pct)),
@@ -117,7 +118,9 @@ def summary_rows(metrics: KeyMetrics, summary: Mapping[str, Any]) -> list[tuple[
             for name, value in breakdown.items()
             if value is not None
         )
-        rows.append(("trace time breakdown", parts))
+        # a mean over the profiled steps (each part's sum over the steps' summed time, as
+        # torch-tb-profiler shows it): not the data-wait share above, which is a median
+        rows.append(("trace time breakdown (mean over the profiled steps)", parts))
     idle = summary.get("gpu_idle_breakdown_pct") or {}
     if isinstance(idle, Mapping) and idle:
         parts = ", ".join(

@@ -32,7 +32,9 @@ class Severity(StrEnum):
 @dataclass(frozen=True)
 class Fix:
     code: str  # before/after snippet for the user's own training code
-    config_patch: dict[str, Any] | None = None  # reference trainer keys, usable as --set
+    # reference-trainer keys, usable as --set; only for runs of the trainer (the engine drops
+    # it on uploaded traces, whose fix is ``code`` for the user's own script)
+    config_patch: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

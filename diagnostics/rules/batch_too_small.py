@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 import polars as pl
 
+from diagnostics.metrics import median_share_pct, trace_gpu_utilization_pct
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
@@ -112,11 +113,11 @@ class BatchTooSmall(Rule):
             Finding(
                 rule=self.id,
                 severity=self.severity,
-                title=f"GPU {util:.0f}% busy with {mem_pct:.0f}% of its memory used: "
+                title=f"GPU {util:.1f} % busy with {mem_pct:.0f}% of its memory used: "
                 "the batch is too small",
                 evidence=evidence,
                 recommendation=(
-                    f"The GPU is busy {util:.0f}% of the time and holds {mem_pct:.0f}% of its "
+                    f"The GPU is busy {util:.1f} % of the time and holds {mem_pct:.0f}% of its "
                     f"memory at peak, and the DataLoader is not the bottleneck. Raise the batch "
                     f"{batch_text} (scale the learning rate with it)."
                 ),
@@ -129,15 +130,17 @@ class BatchTooSmall(Rule):
     def _measure(inputs: AnalysisInputs, t: Thresholds) -> tuple | None:
         trace = cuda_trace(inputs)
         if trace is not None and trace.gpu.height and trace.device_memory_bytes:
-            span = float(trace.gpu["span_us"].sum())
-            util = 100.0 * float(trace.gpu["busy_us"].sum()) / span if span else 100.0
+            util = trace_gpu_utilization_pct(trace)
+            util = 100.0 if util is None else util
             mem = trace.memory.filter(pl.col("device") >= 0)
             if mem.height == 0:
                 return None
             peak = float(mem["allocated_bytes"].max())
             bd = trace.breakdown
-            total = float(bd["total_us"].sum()) if bd.height else 0.0
-            loader = 100.0 * float(bd["dataloader_us"].sum()) / total if total else 0.0
+            # the key metrics' data-wait share: median over steps of DataLoader / step
+            loader = (
+                median_share_pct(bd["dataloader_us"], bd["total_us"]) if bd.height else 0.0
+            ) or 0.0
             steps = trace.steps
             where = {
                 "source": "trace: GPU busy share, [memory] peak, DataLoader share",
@@ -162,14 +165,8 @@ class BatchTooSmall(Rule):
 
         util = float(np.percentile(samples["gpu_util_pct"].to_numpy(), 95))
         peak = float(run.steps["cuda_peak_bytes"].max())
-        loader = 0.0
-        if has_steps(run, "data_wait_ms", "step_time_ms"):
-            steady = run.steps.slice(1)
-            loader = (
-                100.0
-                * float(steady["data_wait_ms"].sum())
-                / max(float(steady["step_time_ms"].sum()), 1e-9)
-            )
+        # the key metrics' data-wait share (median over steady-state steps)
+        loader = inputs.metrics.data_wait_pct or 0.0
         steps = run.steps["step"].to_list()
         where = {
             "source": "run: NVML utilisation p95, per-step CUDA peak, data wait share",

@@ -31,8 +31,19 @@ def run_rules(inputs: AnalysisInputs, thresholds: Any = None) -> RulesOutcome:
         except Exception as exc:  # a broken rule is reported, the others still run
             errors.append(Skipped(rule.id, f"{type(exc).__name__}: {exc}"))
     findings = _link_related(findings)
+    if inputs.run is None:
+        findings = [_without_trainer_patch(f) for f in findings]
     findings.sort(key=lambda f: (f.severity.rank, -(f.estimated_saving_pct or 0.0)))
     return RulesOutcome(tuple(findings), tuple(skipped), tuple(errors))
+
+
+def _without_trainer_patch(finding: Finding) -> Finding:
+    """An uploaded trace is someone else's job: its fix is the code for their own training
+    script (``fix.code``); a config patch names reference-trainer keys, so it is offered only
+    for runs of the trainer (inputs with a run folder)."""
+    if finding.fix.config_patch is None:
+        return finding
+    return replace(finding, fix=replace(finding.fix, config_patch=None))
 
 
 def _link_related(findings: list[Finding]) -> list[Finding]:

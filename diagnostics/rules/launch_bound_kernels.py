@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from diagnostics.metrics import trace_gpu_utilization_pct
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
@@ -62,7 +63,7 @@ class LaunchBoundKernels(Rule):
         share = 100.0 * short / total if total else 0.0
         util = None
         if trace.gpu.height and float(trace.gpu["span_us"].sum()) > 0:
-            util = 100.0 * float(trace.gpu["busy_us"].sum()) / float(trace.gpu["span_us"].sum())
+            util = trace_gpu_utilization_pct(trace)
         # with a busy GPU the launches overlap kernels and their cost is hidden
         if share < thresholds.short_kernel_share_min_pct or (
             util is not None and util >= thresholds.gpu_util_low_pct
@@ -116,7 +117,7 @@ class LaunchBoundKernels(Rule):
                 evidence=evidence,
                 recommendation=(
                     f"{short} of {total} kernels ran for less time than their launch call while "
-                    f"the GPU was busy only {util:.0f}% of the steps. "
+                    f"the GPU was busy only {util:.1f} % of the steps. "
                     if util is not None
                     else f"{short} of {total} kernels ran for less time than their launch call. "
                 )

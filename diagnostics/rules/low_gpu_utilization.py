@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 import polars as pl
 
+from diagnostics.metrics import trace_gpu_utilization_pct
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
@@ -94,8 +95,9 @@ class LowGpuUtilization(Rule):
         assert trace is not None
         busy = float(trace.gpu["busy_us"].sum())
         span = float(trace.gpu["span_us"].sum())
-        util = 100.0 * busy / span if span > 0 else float(trace.gpu["utilization_pct"].mean())
-        if util >= thresholds.gpu_util_low_pct:
+        # the key metrics' utilisation: the number on the card and in the reports
+        util = trace_gpu_utilization_pct(trace)
+        if util is None or util >= thresholds.gpu_util_low_pct:
             return []
         idle_us = max(span - busy, 0.0)
         causes = self._idle_causes(trace.idle_gaps)
@@ -114,10 +116,9 @@ class LowGpuUtilization(Rule):
             "idle_by_host_activity": causes,
             "idle_by_kind": self._idle_kinds(trace.idle_gaps),
             "related_rules": related,
-            "time_range_us": [
-                r(float(trace.steps["start_us"].min()), 0),
-                r(float(trace.steps["end_us"].max()), 0),
-            ]
+            # which steps, not absolute timestamps (a range of those read as a duration
+            # printed "1451 h 20 min")
+            "steps": [int(trace.steps["step"].min()), int(trace.steps["step"].max())]
             if trace.steps.height
             else None,
             "chart": chart(
@@ -136,7 +137,7 @@ class LowGpuUtilization(Rule):
                 severity=Severity.HIGH
                 if util < thresholds.gpu_util_low_pct / 2
                 else Severity.MEDIUM,
-                title=f"GPU busy only {util:.0f}% of the profiled steps",
+                title=f"GPU busy only {util:.1f} % of the profiled steps",
                 evidence=evidence,
                 recommendation=(
                     f"The GPU was idle {idle_us / 1000:.1f} ms of {span / 1000:.1f} ms. "
@@ -218,7 +219,7 @@ class LowGpuUtilization(Rule):
                 severity=Severity.HIGH
                 if p95 < thresholds.gpu_util_p95_low_pct / 2
                 else Severity.MEDIUM,
-                title=f"GPU utilisation p95 is {p95:.0f}% over the run",
+                title=f"GPU utilisation p95 is {p95:.1f} % over the run (NVML samples)",
                 evidence=evidence,
                 recommendation=(
                     f"NVML shows the GPU busy {mean:.0f}% of the time on average (p95 {p95:.0f}%). "

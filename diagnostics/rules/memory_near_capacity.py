@@ -111,15 +111,18 @@ class MemoryNearCapacity(Rule):
         if trace is not None and trace.memory.height and trace.device_memory_bytes:
             mem = trace.memory.filter(pl.col("device") >= 0)
             if mem.height:
-                ts = mem["ts_us"].to_list()
+                # relative to the first event: absolute trace timestamps read as durations
+                # would print as "1451 h 20 min"
+                first = min(mem["ts_us"].to_list())
+                ts = [(t - first) / 1000.0 for t in mem["ts_us"].to_list()]
                 return (
                     float(mem["allocated_bytes"].max()),
                     float(trace.device_memory_bytes),
                     "trace: [memory] allocation events vs deviceProperties.totalGlobalMem",
                     ts,
                     mem["allocated_bytes"].to_list(),
-                    "time (µs)",
-                    {"time_range_us": [r(min(ts), 0), r(max(ts), 0)]},
+                    "time since the first [memory] event (ms)",
+                    {"time_range_us": [0, r((max(ts) - min(ts)) * 1000.0, 0)]},
                 )
         run = inputs.run
         if run is None or run_device(run) != "cuda":

@@ -137,7 +137,7 @@ class MissingPinMemory(Rule):
             evidence=evidence,
             recommendation=(
                 f"Each step copies {total_bytes / steps / 2**20:.1f} MiB from pageable memory in "
-                f"{per_step_us:.0f} µs, blocking the host. Pin the DataLoader's batches "
+                f"{per_step_us / 1000:.2f} ms, blocking the host. Pin the DataLoader's batches "
                 "(pin_memory=True) and copy with non_blocking=True so copies overlap compute."
             ),
             fix=Fix(code=FIX_CODE, config_patch=dict(PATCH)),

@@ -2,7 +2,11 @@
 
 What it finds
     With traces from several ranks of one job, a rank whose mean step time exceeds the
-    ranks' median by more than a threshold, with every rank's step time and GPU busy share.
+    ranks' median by more than a threshold, or (with collectives matched across ranks) the
+    rank that starts collectives last while the others wait for it: HTA's late-start
+    signal. It names the cause (data wait, host-to-device copies or compute) from that
+    rank's own step parts against the median rank, only when that one part explains most
+    of the excess (TraceML's bar), and says so when none does.
 
 Why it matters
     In synchronous data-parallel training every all-reduce waits for the slowest rank, so
@@ -17,8 +21,12 @@ How to fix
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar
 
+import polars as pl
+
+from diagnostics.facts.ranks import RANKS_SCHEMA
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
@@ -38,18 +46,92 @@ sampler = DistributedSampler(dataset, drop_last=True)
 """
 
 
+# step part (diagnostics.facts.ranks column) -> the cause it names, and what to do about it
+CAUSES: dict[str, tuple[str, str]] = {
+    "data_wait_ms_per_step": (
+        "data wait",
+        "its DataLoader is slower: give it more workers or a faster shard, check its disk",
+    ),
+    "memcpy_ms_per_step": (
+        "host-to-device",
+        "its host-to-device copies take longer: pin memory, check its PCIe/NUMA placement",
+    ),
+    "compute_ms_per_step": (
+        "compute",
+        "its GPU computes longer: check clocks/throttling (nvidia-smi -q -d PERFORMANCE), "
+        "uneven batch shapes or extra work on that rank",
+    ),
+}
+
+
+def _median_of_others(ranks: pl.DataFrame, column: str, rank: int) -> float | None:
+    if column not in ranks.columns:
+        return None
+    values = ranks.filter(pl.col("rank") != rank)[column].drop_nulls()
+    return float(values.median()) if values.len() else None
+
+
+def _value(ranks: pl.DataFrame, column: str, rank: int) -> float | None:
+    if column not in ranks.columns:
+        return None
+    value = ranks.filter(pl.col("rank") == rank)[column][0]
+    return float(value) if value is not None else None
+
+
+def name_cause(
+    ranks: pl.DataFrame, rank: int, excess_ms: float, min_share_pct: float
+) -> tuple[str | None, dict[str, float | None]]:
+    """(cause or None, each part's excess over the median of the other ranks, ms).
+
+    A part names the cause only when its excess is at least ``min_share_pct`` of the
+    rank's excess time ``excess_ms``."""
+    excess: dict[str, float | None] = {}
+    for column in CAUSES:
+        mine, others = _value(ranks, column, rank), _median_of_others(ranks, column, rank)
+        excess[column] = mine - others if mine is not None and others is not None else None
+    if excess_ms <= 0:
+        return None, excess
+    known = {k: v for k, v in excess.items() if v is not None}
+    if not known:
+        return None, excess
+    top = max(known, key=lambda k: known[k])
+    return (top if known[top] >= min_share_pct / 100.0 * excess_ms else None), excess
+
+
 class RankStragglers(Rule):
     id = "rank-stragglers"
     title = "A rank is slower than the others"
     severity = Severity.MEDIUM
     needs = frozenset({"trace"})
-    threshold_names = ("straggler_slowdown_pct",)
+    threshold_names = (
+        "straggler_slowdown_pct",
+        "straggler_late_share_pct",
+        "straggler_cause_min_share_pct",
+    )
 
     def skip_reason(self, inputs: AnalysisInputs) -> str | None:
         ranks = inputs.trace.ranks if inputs.trace is not None else None
         if ranks is None or ranks.height < 2:
             return "needs traces of two or more ranks of one job"
         return None
+
+    @staticmethod
+    def _late_rank(
+        ranks: pl.DataFrame, median_ms: float, t: Thresholds
+    ) -> tuple[int, float] | None:
+        """(rank, others' median wait per step, ms) of the rank the others wait for."""
+        if "late_share_pct" not in ranks.columns or ranks["late_share_pct"].is_null().all():
+            return None
+        # an even job makes each of N ranks last 1/N of the time: ask for twice that
+        bar = max(t.straggler_late_share_pct, min(100.0, 200.0 / ranks.height))
+        late = ranks.filter(pl.col("late_share_pct") >= bar).sort("late_share_pct", descending=True)
+        if late.height == 0:
+            return None
+        rank = int(late["rank"][0])
+        waited = _median_of_others(ranks, "comm_wait_ms_per_step", rank)
+        if waited is None or waited < t.straggler_slowdown_pct / 100.0 * median_ms:
+            return None
+        return rank, waited
 
     def check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:
         import numpy as np
@@ -62,25 +144,68 @@ class RankStragglers(Rule):
             return []
         slowdown = 100.0 * (means - median) / median
         slow = np.flatnonzero(slowdown > thresholds.straggler_slowdown_pct)
-        if slow.size == 0:
-            return []
-        worst = int(np.nanargmax(means))
         rank_ids = ranks["rank"].to_list()
-        # the others wait for the slowest: bringing it to the median saves that difference
-        saving = 100.0 * (means[worst] - median) / means[worst]
+        late = self._late_rank(ranks, median, thresholds)
+        if slow.size:
+            worst = int(rank_ids[int(np.nanargmax(means))])
+            worst_ms = float(np.nanmax(means))
+            excess_ms = worst_ms - median
+            # the others wait for the slowest: bringing it to the median saves that difference
+            saving = 100.0 * excess_ms / worst_ms
+            signal = f"steps {100.0 * excess_ms / median:.0f}% slower than the median rank"
+            lead = (
+                f"Rank {worst} takes {worst_ms:.1f} ms per step against a median of "
+                f"{median:.1f} ms; every other rank waits for it at each all-reduce."
+            )
+        elif late is not None:
+            worst, excess_ms = late
+            worst_ms = float(means[rank_ids.index(worst)])
+            # in lockstep every step time includes the wait for it; without it they'd be
+            # shorter by the others' wait
+            saving = 100.0 * excess_ms / median
+            signal = (
+                f"starts collectives last; the other ranks wait {excess_ms:.1f} ms a step for it"
+            )
+            lead = (
+                f"Rank {worst} starts {_value(ranks, 'late_share_pct', worst):.0f}% of the "
+                f"significant collectives last; the other ranks spend {excess_ms:.1f} ms a "
+                "step waiting for it inside them, so every rank's step is that much longer."
+            )
+        else:
+            return []
+        cause, parts = name_cause(ranks, worst, excess_ms, thresholds.straggler_cause_min_share_pct)
+        cause_name, advice = CAUSES[cause] if cause else (None, None)
+        explained = (
+            f" Cause: {cause_name} ({parts[cause]:.1f} ms a step of the {excess_ms:.1f} ms "
+            f"excess): {advice}."
+            if cause
+            else " No single part (data wait, host-to-device, compute) explains "
+            f"{thresholds.straggler_cause_min_share_pct:.0f}% of its excess."
+        )
+        straggler_ranks = sorted(
+            {int(rank_ids[i]) for i in slow} | ({late[0]} if late is not None else set())
+        )
         evidence: dict[str, Any] = {
-            "source": "traces of several ranks: mean profiler step time per rank",
+            "source": "traces of several ranks: step parts per rank"
+            + (" and collectives matched across ranks" if late is not None else ""),
             "median_step_ms": r(median),
-            "straggler_ranks": [int(rank_ids[i]) for i in slow],
-            "slowest_rank": int(rank_ids[worst]),
-            "slowest_step_ms": r(float(means[worst])),
-            "slowdown_pct": r(float(slowdown[worst]), 1),
+            "straggler_ranks": straggler_ranks,
+            "slowest_rank": worst,
+            "slowest_step_ms": r(worst_ms),
+            "slowdown_pct": r(100.0 * (worst_ms - median) / median, 1),
+            "excess_ms_per_step": r(excess_ms),
+            "late_share_pct": r(_value(ranks, "late_share_pct", worst), 1),
+            "cause": cause_name,
+            "cause_excess_ms_per_step": {CAUSES[k][0]: r(v) for k, v in parts.items()},
             "ranks": [
                 {
                     "rank": row["rank"],
                     "steps": row["steps"],
                     "step_time_ms_mean": r(row["step_time_ms_mean"]),
-                    "gpu_utilization_pct": r(row["gpu_utilization_pct"], 1),
+                    "gpu_utilization_pct": r(row.get("gpu_utilization_pct"), 1),
+                    "data_wait_ms_per_step": r(row.get("data_wait_ms_per_step")),
+                    "compute_ms_per_step": r(row.get("compute_ms_per_step")),
+                    "comm_wait_ms_per_step": r(row.get("comm_wait_ms_per_step")),
                 }
                 for row in ranks.iter_rows(named=True)
             ],
@@ -92,23 +217,18 @@ class RankStragglers(Rule):
                 "step time (ms)",
                 rank_ids,
                 {"step time (ms)": means.tolist()},
-                highlight_x=[int(rank_ids[i]) for i in slow],
+                highlight_x=straggler_ranks,
             ),
         }
         return [
             Finding(
                 rule=self.id,
                 severity=self.severity,
-                title=f"Rank {rank_ids[worst]} steps {slowdown[worst]:.0f}% slower than the "
-                "median rank",
+                title=f"Rank {worst} {signal}" + (f" ({cause_name})" if cause_name else ""),
                 evidence=evidence,
-                recommendation=(
-                    f"Rank {rank_ids[worst]} takes {means[worst]:.1f} ms per step against a "
-                    f"median of {median:.1f} ms; every other rank waits for it at each "
-                    "all-reduce. Check its data shard, its GPU and host, and any rank-only work."
-                ),
+                recommendation=lead + explained,
                 fix=Fix(code=FIX_CODE, config_patch=None),
-                estimated_saving_pct=r(saving, 1),
+                estimated_saving_pct=r(min(saving, 100.0), 1),
             )
         ]
 
@@ -116,31 +236,54 @@ class RankStragglers(Rule):
         Example(
             "4 ranks, rank 2 takes 130 ms against 100 ms",
             True,
-            lambda: ex.inputs(
-                trace=ex.trace(
-                    ranks={
-                        "rank": [0, 1, 2, 3],
-                        "steps": [5] * 4,
-                        "step_time_ms_mean": [100.0, 101.0, 130.0, 99.0],
-                        "step_time_ms_p50": [100.0, 101.0, 130.0, 99.0],
-                        "gpu_utilization_pct": [80.0, 79.0, 61.0, 81.0],
-                    }
-                )
+            lambda: _ranks(
+                step_time_ms_mean=[100.0, 101.0, 130.0, 99.0],
+                gpu_utilization_pct=[80.0, 79.0, 61.0, 81.0],
+            ),
+        ),
+        Example(
+            "4 ranks, rank 1 waits 28 ms more for data than the others (a data straggler)",
+            True,
+            lambda: _ranks(
+                step_time_ms_mean=[100.0, 130.0, 100.0, 101.0],
+                data_wait_ms_per_step=[1.0, 29.0, 1.0, 1.5],
+                compute_ms_per_step=[60.0, 61.0, 60.0, 60.0],
+                memcpy_ms_per_step=[2.0, 2.0, 2.0, 2.0],
+            ),
+        ),
+        Example(
+            "equal step times, but rank 3 starts 90% of collectives last and the others "
+            "wait 20 ms a step for it",
+            True,
+            lambda: _ranks(
+                step_time_ms_mean=[100.0, 100.0, 100.0, 100.0],
+                late_share_pct=[5.0, 3.0, 2.0, 90.0],
+                comm_wait_ms_per_step=[20.0, 21.0, 19.0, 0.5],
             ),
         ),
         Example(
             "4 ranks within 3% of each other",
             False,
-            lambda: ex.inputs(
-                trace=ex.trace(
-                    ranks={
-                        "rank": [0, 1, 2, 3],
-                        "steps": [5] * 4,
-                        "step_time_ms_mean": [100.0, 101.0, 103.0, 99.0],
-                        "step_time_ms_p50": [100.0, 101.0, 103.0, 99.0],
-                        "gpu_utilization_pct": [80.0] * 4,
-                    }
-                )
+            lambda: _ranks(step_time_ms_mean=[100.0, 101.0, 103.0, 99.0]),
+        ),
+        Example(
+            "2 ranks each last half the time, waits of a few ms",
+            False,
+            lambda: _ranks(
+                step_time_ms_mean=[100.0, 100.0],
+                late_share_pct=[50.0, 50.0],
+                comm_wait_ms_per_step=[2.0, 2.0],
             ),
         ),
     )
+
+
+def _ranks(**columns: list[Any]) -> AnalysisInputs:
+    """Inputs whose trace has a per-rank table with these columns (others null)."""
+    n = len(columns["step_time_ms_mean"])
+    data = {name: columns.get(name, [None] * n) for name in RANKS_SCHEMA}
+    data["rank"] = list(range(n))
+    data["steps"] = [5] * n
+    data["step_time_ms_p50"] = columns["step_time_ms_mean"]
+    table = pl.DataFrame(data, schema=RANKS_SCHEMA, strict=False)
+    return ex.inputs(trace=replace(ex.trace(), ranks=table))

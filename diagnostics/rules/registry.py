@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from diagnostics.rules.base import Rule
 from diagnostics.rules.batch_too_small import BatchTooSmall
+from diagnostics.rules.exposed_communication import ExposedCommunication
 from diagnostics.rules.host_device_sync import HostDeviceSync
 from diagnostics.rules.launch_bound_kernels import LaunchBoundKernels
 from diagnostics.rules.low_gpu_utilization import LowGpuUtilization
@@ -42,6 +43,7 @@ RULES: tuple[Rule, ...] = (
     BatchTooSmall(),
     UnusedEmbeddingRows(),
     RankStragglers(),
+    ExposedCommunication(),
 )
 
 

@@ -2,9 +2,11 @@
 
 What it finds
     Steps that spend more than a threshold share of their time blocked in
-    ``next(dataloader_iter)``: from the per-step ``data_wait_ms`` records of a run (all steps
-    after the first, whose wait includes starting the workers), or from the DataLoader
-    ranges (``enumerate(DataLoader)#...__next__``) inside a trace's profiler steps.
+    ``next(dataloader_iter)``. The share is the data-wait share of the key metrics (the
+    median over steady-state steps of each step's wait / step time, the figure on the cards
+    and in the reports): from the per-step ``data_wait_ms`` records of a run (the first step
+    of each phase, whose wait includes starting the workers, left out), or from the
+    DataLoader ranges (``enumerate(DataLoader)#...__next__``) inside a trace's profiler steps.
 
 Why it matters
     While the training process waits for a batch, the accelerator and the optimiser do
@@ -28,6 +30,7 @@ from typing import Any, ClassVar
 
 import polars as pl
 
+from diagnostics.metrics import median_share_pct, steady_steps
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
@@ -92,13 +95,6 @@ def _current_workers_from_events(inputs: AnalysisInputs) -> int | None:
     return None
 
 
-def _median_share(wait_ms: list[float], step_ms: list[float]) -> float:
-    """Median over steps of the waiting share, %: one stalled step (an epoch boundary that
-    restarts the workers, a busy neighbour) does not make a loader slow."""
-    shares = [100.0 * w / s for w, s in zip(wait_ms, step_ms, strict=True) if s > 0]
-    return median(shares) if shares else 0.0
-
-
 class TooFewWorkers(Rule):
     id = "too-few-workers"
     title = "The training step waits for the DataLoader"
@@ -131,7 +127,7 @@ class TooFewWorkers(Rule):
         if measured is None:
             return []
         share_pct = measured["wait_share_pct"]
-        if share_pct < thresholds.dataloader_share_min_pct:
+        if share_pct is None or share_pct < thresholds.dataloader_share_min_pct:
             return []
         if measured["wait_ms_median"] < thresholds.dataloader_wait_min_ms:
             return []
@@ -139,21 +135,19 @@ class TooFewWorkers(Rule):
 
     def _from_run(self, inputs: AnalysisInputs) -> dict[str, Any] | None:
         assert inputs.run is not None
-        steps = inputs.run.steps.filter(
-            pl.col("data_wait_ms").is_not_null() & pl.col("step_time_ms").is_not_null()
-        )
-        # the first step's wait includes forking the workers and their first batch
-        steady = steps.slice(1) if steps.height > 2 else steps
+        # the steady steps the key metrics are over: the share and the median step quoted
+        # here are the ones on the cards and in the reports
+        steady = steady_steps(inputs.run.steps).filter(pl.col("data_wait_ms").is_not_null())
         if steady.height == 0:
             return None
         wait = numeric(steady, "data_wait_ms")
         total = numeric(steady, "step_time_ms")
         compute = [t - w for t, w in zip(total, wait, strict=True)]
         return {
-            "source": "run step records (data_wait_ms / step_time_ms)",
-            "wait_share_pct": _median_share(wait, total),
+            "source": "run step records (data wait / step time, steady-state steps)",
+            "wait_share_pct": inputs.metrics.data_wait_pct,
             "wait_ms_median": median(wait),
-            "step_ms_median": median(total),
+            "step_ms_median": inputs.metrics.median_step_time_ms,
             "compute_ms_median": median(compute),
             "steps": steady["step"].to_list(),
             "wait_ms": wait,
@@ -175,9 +169,9 @@ class TooFewWorkers(Rule):
             workers = _current_workers_from_events(inputs)
         return {
             "source": "trace DataLoader ranges inside profiler steps",
-            "wait_share_pct": _median_share(wait_ms, total_ms),
+            "wait_share_pct": median_share_pct(frame["dataloader_us"], frame["total_us"]),
             "wait_ms_median": median(wait_ms),
-            "step_ms_median": median(total_ms),
+            "step_ms_median": inputs.metrics.median_step_time_ms or median(total_ms),
             "compute_ms_median": median(compute),
             "steps": frame["step"].to_list(),
             "wait_ms": wait_ms,
@@ -235,7 +229,10 @@ class TooFewWorkers(Rule):
             "data_wait_share_pct": r(share, 1),
             "data_wait_ms_median": r(wait),
             "compute_ms_median": r(compute),
-            "step_time_ms_median": r(m["step_ms_median"]),
+            # the key metrics' own values, unrounded: rounded twice they could read one
+            # digit apart from the cards
+            "step_time_ms_median": m["step_ms_median"],
+            "throughput_samples_per_s": inputs.metrics.samples_per_s,
             "load_ms_per_batch_estimate": r(load),
             "io_ms_per_batch_from_config": r(io_ms) if io_ms else None,
             "num_workers": workers,
@@ -256,7 +253,7 @@ class TooFewWorkers(Rule):
         return Finding(
             rule=self.id,
             severity=severity,
-            title=f"{share:.0f}% of step time is spent waiting for the DataLoader",
+            title=f"{share:.1f} % of step time is spent waiting for the DataLoader",
             evidence=evidence,
             recommendation=(
                 f"The step waits {wait:.1f} ms (median) for each batch while compute takes "

@@ -9,8 +9,8 @@ from typing import Any
 
 import polars as pl
 
+from diagnostics.metrics import KeyMetrics
 from diagnostics.report import fmt as report_fmt
-from diagnostics.report.metrics import KeyMetrics
 from diagnostics.views.fmt import fmt_bytes, fmt_ms, fmt_pct, fmt_rate
 
 
@@ -18,26 +18,20 @@ def _is_scalar(value: Any) -> bool:
     return value is None or isinstance(value, bool | int | float | str)
 
 
-_ACRONYMS = {"gpu": "GPU", "cpu": "CPU", "h2d": "H2D", "amp": "AMP", "lr": "LR", "rss": "RSS"}
-
-
 def evidence_rows(evidence: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """The evidence a person reads: (label, formatted value), worded as in the reports.
-
-    Scalars are formatted by the unit in their key (``report.fmt``); short lists of
-    scalars are joined; series and nested data meant for charts are left to the chart.
-    """
-    rows: list[tuple[str, str]] = []
-    for key, value in evidence.items():
-        label = " ".join(_ACRONYMS.get(w, w) for w in report_fmt.label(key).split(" "))
-        label = label[:1].upper() + label[1:]
-        if _is_scalar(value):
-            rows.append((label, report_fmt.evidence_value(key, value)))
-        elif isinstance(value, list | tuple):
-            items = list(value)
-            if 0 < len(items) <= 8 and all(_is_scalar(v) for v in items):
-                rows.append((label, ", ".join(report_fmt.evidence_value(key, v) for v in items)))
-    return rows
+    """The evidence a person reads: (label, formatted value), worded as in the reports
+    (``report.fmt.evidence_rows``: one formatter, labels written for people, numbers in
+    their units); series longer than a few values are left to the chart."""
+    shown = {
+        key: value
+        for key, value in evidence.items()
+        if not (
+            isinstance(value, list | tuple) and len(value) > 8 and all(_is_scalar(v) for v in value)
+        )
+    }
+    return [
+        (label[:1].upper() + label[1:], value) for label, value in report_fmt.evidence_rows(shown)
+    ]
 
 
 SEVERITY_BADGES: dict[str, str] = {
@@ -64,27 +58,29 @@ def summary_cards(metrics: KeyMetrics) -> list[Card]:
     # the unit goes in the label: a value like "1,234 samples/s" does not fit a card
     if metrics.samples_per_s is not None:
         throughput_label, throughput = "Samples/s", fmt_rate(metrics.samples_per_s, "").strip()
-        throughput_help = "Throughput: samples per second of step time (first step left out)."
+        throughput_help = "Batch size ÷ median step time: the throughput of the median step."
     else:
         throughput_label, throughput = "Steps/s", fmt_rate(metrics.steps_per_s, "").strip()
-        throughput_help = "Throughput: steps per second of step time (a trace has no batch size)."
+        throughput_help = "1 ÷ median step time (a trace has no batch size)."
     memory_kind = metrics.peak_memory_kind or "memory"
     return [
         Card(
             "Median step time",
             fmt_ms(metrics.median_step_time_ms),
-            "Half the steps were faster than this (data wait + copy + compute + optimiser).",
+            "Half the steady-state steps (each phase's first step left out) were faster "
+            "than this (data wait + copy + compute + optimiser).",
         ),
         Card(throughput_label, throughput, throughput_help),
         Card(
             "GPU utilisation",
             fmt_pct(metrics.gpu_utilization_pct),
-            "Share of time the GPU ran kernels, copies or memsets ('—' without a GPU).",
+            "GPU busy time (kernels, copies, memsets, all streams) over the profiled steps' "
+            "span; without a trace, NVML's mean ('—' without a GPU).",
         ),
         Card(
             "Data-wait share",
             fmt_pct(metrics.data_wait_pct),
-            "Share of step time spent blocked waiting for the next batch.",
+            "Median over steady-state steps of each step's wait for its batch ÷ its step time.",
         ),
         Card(
             "Peak memory",

@@ -11,6 +11,7 @@ _missing = report_fmt._missing
 fmt_ms = report_fmt.ms  # '840 µs', '12.3 ms', '1.25 s', '3 min 20 s'
 fmt_pct = report_fmt.pct  # '42.3 %'
 fmt_ratio = report_fmt.ratio  # '2.41×'
+fmt_rate = report_fmt.rate  # '1,234 samples/s', '12.5 steps/s'
 
 
 def fmt_seconds(value_s: float | None) -> str:
@@ -56,15 +57,6 @@ def fmt_number(value: float | None) -> str:
     if abs(value) >= 1:
         return f"{value:.2f}".rstrip("0").rstrip(".")
     return f"{value:.3g}"
-
-
-def fmt_rate(value: float | None, unit: str) -> str:
-    """A rate such as samples/s: '1,234 samples/s', '12.5 steps/s'."""
-    if _missing(value):
-        return "—"
-    value = float(value)
-    text = f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
-    return f"{text} {unit}"
 
 
 def fmt_when(timestamp: float | None, now: float | None = None) -> str:

@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 import polars as pl
 
@@ -77,7 +78,7 @@ def runs_table(listings: Iterable[RunListing], now: float | None = None) -> pl.D
                 "duration": fmt_seconds(run_duration_s(status, now)),
                 "re-run of": run.parent_run_id or "",
                 "note": run.error or (status.reason or ""),
-                "open": f"Run_detail?run={run.run_id}",
+                "open": f"Run_detail?run={quote(run.run_id, safe='')}",
             }
         )
     schema = {

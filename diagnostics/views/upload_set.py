@@ -23,6 +23,7 @@ from diagnostics.errors import InputError
 from diagnostics.trace.budget import Budget, Limits
 from diagnostics.trace.loader import load_trace_file
 from diagnostics.trace.schema import LoadedTrace
+from diagnostics.views.archives import ARCHIVE_SUFFIXES, extract_traces, is_archive_name
 from diagnostics.views.uploads import MAX_UPLOAD_FILES, write_uploads
 
 ACCEPTED_EXTENSIONS = (".json", ".json.gz")
@@ -68,20 +69,22 @@ class UploadSet:
 
 
 def check_names(names: Sequence[str]) -> None:
-    """InputError naming the first file that is not a .json/.json.gz trace, and why."""
+    """InputError naming the first file that is not a .json/.json.gz trace or an archive of
+    them, and why."""
     if len(names) > MAX_UPLOAD_FILES:
         raise InputError(
             f"{len(names)} files", f"too many at once; upload at most {MAX_UPLOAD_FILES}"
         )
     for name in names:
         lower = name.lower()
-        if lower.endswith(ACCEPTED_EXTENSIONS):
+        if lower.endswith(ACCEPTED_EXTENSIONS) or is_archive_name(name):
             continue
         suffixes = "".join(Path(lower).suffixes[-2:]) or "no extension"
         raise InputError(
             name,
             f"unsupported file type ({suffixes}): upload Chrome traces written by "
-            f"torch.profiler, as {' or '.join(ACCEPTED_EXTENSIONS)}",
+            f"torch.profiler, as {' or '.join(ACCEPTED_EXTENSIONS)}, or a "
+            f"{'/'.join(ARCHIVE_SUFFIXES)} of them",
         )
 
 
@@ -176,7 +179,15 @@ def analyse_upload_set(
     check_names(names)
     folder = Path(tempfile.mkdtemp(prefix="pipeline-doctor-upload-", dir=temp_root))
     try:
-        paths = write_uploads(files, folder)
+        plain = [(n, h) for n, h in files if not is_archive_name(n)]
+        paths = write_uploads(plain, folder)
+        names = [name for name, _ in plain]
+        archives = [(n, h) for n, h in files if is_archive_name(n)]
+        for i, (name, handle) in enumerate(archives):
+            for shown, path in extract_traces(name, handle, folder / f"archive-{i}"):
+                names.append(shown)
+                paths.append(path)
+        check_names(names)  # the count again, now with the archives' members
         # First the bounded analysis (a child process with a memory and time limit when
         # ``analyse`` is diagnostics.isolated's): only a set that it accepted is loaded in
         # this process, for the comparison and the drill-down, under the same budgets.

@@ -64,8 +64,10 @@ def write_uploads(files: Sequence[tuple[str, BinaryIO]], folder: Path) -> list[P
     return paths
 
 
-# One trace per rank: enough for a node or two; more would hold too much in memory at once.
-MAX_UPLOAD_FILES = 16
+# One trace per rank, for up to 128 ranks: many rank files are analysed in a process pool
+# that keeps only per-rank summaries (diagnostics.rank_pool), so memory does not grow with
+# the count.
+MAX_UPLOAD_FILES = 128
 
 
 def upload_limits_text(environ: dict[str, str] | None = None) -> str:
@@ -94,22 +96,38 @@ def analyse_uploads(
 
     ``analyse`` is ``diagnostics.analyze.analyze_files``; it receives the temporary paths
     and the names the user uploaded, so messages name the user's file, not the temp copy.
+    An archive (.zip, .tar.gz) of rank traces is unpacked, bounded, beside them
+    (diagnostics.views.archives).
     Raises InputError (from the analyser, or here for a file that is not a trace).
     """
     from diagnostics.errors import InputError
+    from diagnostics.views.archives import extract_traces, is_archive_name
 
-    if len(files) > MAX_UPLOAD_FILES:
-        raise InputError(
-            f"{len(files)} files",
+    def too_many(count: int) -> InputError:
+        return InputError(
+            f"{count} files",
             f"too many at once; upload at most {MAX_UPLOAD_FILES} (one per rank)",
         )
+
+    if len(files) > MAX_UPLOAD_FILES:
+        raise too_many(len(files))
     for name, _ in files:
-        if not is_trace_name(name):
-            raise InputError(name, "not a trace file; upload .json or .json.gz files")
+        if not is_trace_name(name) and not is_archive_name(name):
+            raise InputError(
+                name, "not a trace file; upload .json or .json.gz files, or a .zip/.tar.gz of them"
+            )
     folder = Path(tempfile.mkdtemp(prefix="pipeline-doctor-upload-", dir=temp_root))
     try:
-        paths = write_uploads(files, folder)
-        return analyse(paths, display_names=[name for name, _ in files])
+        plain = [(n, h) for n, h in files if not is_archive_name(n)]
+        paths = write_uploads(plain, folder)
+        names = [name for name, _ in plain]
+        for i, (name, handle) in enumerate(f for f in files if is_archive_name(f[0])):
+            for shown, path in extract_traces(name, handle, folder / f"archive-{i}"):
+                names.append(shown)
+                paths.append(path)
+        if len(paths) > MAX_UPLOAD_FILES:
+            raise too_many(len(paths))
+        return analyse(paths, display_names=names)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

@@ -125,10 +125,10 @@ def test_launch_watch_diagnose_rerun_compare_download(app_server, page, tmp_path
 
     # --- compare: the fix removed the finding and raised throughput ------------------------
     goto(page, app_server, f"Compare?a={first_id}&b={second_id}")
-    headline = page.get_by_text(re.compile(r"B has [0-9.]+× the throughput of A"))
+    # the headline is the median step-time ratio: "B is 1.34× faster: median step ..."
+    headline = page.get_by_text(re.compile(r"B is [0-9.]+× (faster|slower): median step"))
     headline.wait_for(timeout=60_000)
-    ratio = float(re.search(r"B has ([0-9.]+)×", headline.inner_text()).group(1))
-    assert ratio > 1.0, f"the fix should raise throughput, got {ratio}×"
+    assert "faster" in headline.inner_text(), f"the fix should speed steps up: {headline}"
     # (the data-wait share is shown too; its direction is not asserted: on a machine shared
     # with other jobs, compute time swings more between two 8-step runs than loading does)
     page.locator('[data-testid="stMetric"]').filter(has_text="Data-wait share").first.wait_for()

@@ -16,7 +16,7 @@ import pytest
 from diagnostics import views
 from diagnostics.compare import MetricRow
 from diagnostics.errors import InputError
-from diagnostics.report.metrics import KeyMetrics
+from diagnostics.metrics import KeyMetrics
 from diagnostics.runs import STEP_SCHEMA, RunFolder, RunStatus, RunWriter, list_runs
 from tests.app.conftest import REPO_ROOT
 from trainer.config import build_config
@@ -87,10 +87,10 @@ def test_evidence_rows_use_the_unit_in_the_key_and_skip_chart_series():
     }
     rows = dict(views.evidence_rows(evidence))
     assert rows == {
-        "Data wait share (%)": "61.2 %",  # 61.25 to one decimal (round half to even)
+        "Data-wait share (%)": "61.2 %",  # 61.25 to one decimal (round half to even)
         "Median data wait": "41.0 ms",
         "GPU idle": "2.5 ms",  # 2500 µs / 1000
-        "Num workers": "0",
+        "DataLoader workers now": "0",
         "Slope per step": "3.00 MiB",  # 3 * 1024**2 bytes
         "Pin memory": "false",
         "Spike steps": "3, 4",
@@ -226,7 +226,20 @@ def test_comparison_card_colours_and_ratios():
     table = views.comparison_table([faster, wait], "A", "B")
     assert table.get_column("B ÷ A").to_list() == ["2.41×", "0.08×"]  # 5 / 60 = 0.083
     assert table.get_column("change").to_list() == ["better", "better"]
-    assert views.headline([faster, wait]) == "B has 2.41× the throughput of A (samples/s)."
+
+
+def test_an_unchanged_value_has_no_arrow_or_colour():
+    # 0 % -> 0 % data wait, and 100 -> 101 ms (1 %, within compare.SAME_WITHIN)
+    for row in (
+        MetricRow("data_wait_pct", "data-wait share", "%", 0.0, 0.0, "lower"),
+        MetricRow("median_step_time_ms", "median step time", "ms", 100.0, 101.0, "lower"),
+    ):
+        card = views.comparison_card(row)
+        assert (card.delta, card.delta_color, card.delta_arrow) == ("unchanged", "off", "off")
+        assert views.comparison_table([row], "A", "B")["change"].to_list() == ["same"]
+    # a real change keeps its arrow
+    worse = MetricRow("median_step_time_ms", "median step time", "ms", 100.0, 120.0, "lower")
+    assert views.comparison_card(worse).delta_arrow == "auto"
 
 
 # --- configs and re-runs -----------------------------------------------------------------
@@ -335,8 +348,11 @@ def test_form_error_summary_splits_field_and_other_messages():
 
 
 def test_analyse_uploads_caps_the_number_of_files(tmp_path):
-    files = [(f"rank{i}.json", io.BytesIO(b"{}")) for i in range(views.MAX_UPLOAD_FILES + 1)]
-    with pytest.raises(InputError, match=r"^17 files: too many at once; upload at most 16"):
+    # one file per rank for at least 64 ranks (issue 10), then refused
+    assert views.MAX_UPLOAD_FILES >= 64
+    n = views.MAX_UPLOAD_FILES
+    files = [(f"rank{i}.json", io.BytesIO(b"{}")) for i in range(n + 1)]
+    with pytest.raises(InputError, match=rf"^{n + 1} files: too many at once; upload at most {n}"):
         views.analyse_uploads(files, lambda *a, **k: None, tmp_path)
     assert list(tmp_path.iterdir()) == []  # refused before anything was written
 

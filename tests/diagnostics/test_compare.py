@@ -108,3 +108,16 @@ def test_changes_within_two_percent_read_as_same(tmp_path):
     assert compare(a, b).row("median_step_time_ms").improved is None
     # 103 ms is 3 % slower: worse.
     assert compare(a, c).row("median_step_time_ms").improved is False
+
+
+def test_headline_is_the_median_step_ratio_and_throughput_follows_it(before_after):
+    from diagnostics import views
+
+    comparison = compare(*before_after)
+    # median step 150 ms before, 60 ms after: B is 150 / 60 = 2.5x faster
+    assert comparison.speedup == pytest.approx(2.5)
+    assert views.headline(comparison) == "B is 2.50× faster: median step 150 ms → 60.0 ms"
+    # throughput is derived from the same medians, so its ratio is the speedup
+    assert comparison.row("throughput").ratio == pytest.approx(comparison.speedup)
+    slower = compare(before_after[1], before_after[0])
+    assert views.headline(slower) == "B is 2.50× slower: median step 60.0 ms → 150 ms"

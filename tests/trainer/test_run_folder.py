@@ -40,7 +40,8 @@ def test_a_record_for_every_step_with_every_cpu_field(run):
     cpu_fields = [
         name
         for name in STEP_SCHEMA
-        if not name.startswith("cuda_") and name != "amp_scale"  # CUDA / fp16 only
+        # CUDA / fp16 only; marks are null on steps with no known cause
+        if not name.startswith("cuda_") and name not in ("amp_scale", "marks")
     ]
     assert steps.select(cpu_fields).null_count().sum_horizontal().item() == 0
     assert steps["amp_scale"].null_count() == TOTAL
@@ -60,6 +61,25 @@ def test_profiled_steps_are_the_schedules_active_window(run):
     # fine-tuning starts at global step 3: step 3 waits, step 4 warms up, 5-7 are recorded
     profiled = run.steps().filter(pl.col("profiled"))["step"].to_list()
     assert profiled == [PRETRAIN + 3, PRETRAIN + 4, PRETRAIN + 5]
+
+
+def test_step_marks_name_the_known_causes_of_extra_time(run):
+    marks = dict(zip(*run.steps().select("step", "marks"), strict=True))
+    # each phase's first batch starts an epoch; checkpoint_every=4 writes one after step 4;
+    # the profiler warms up at step 4, records 5-7 and writes its trace before step 8;
+    # the second checkpoint comes after step 8
+    assert marks == {
+        1: "epoch_start",
+        2: None,
+        3: "epoch_start",
+        4: "profiler_warmup",
+        5: "after_checkpoint,profiler_active",
+        6: "profiler_active",
+        7: "profiler_active",
+        8: "after_trace_export",
+        9: "after_checkpoint",
+        10: None,
+    }
 
 
 def test_trace_parses_with_torch_tb_profilers_own_loader(run, tmp_path):

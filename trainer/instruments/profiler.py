@@ -58,6 +58,13 @@ class NullProfiler:
     def recording(self) -> bool:
         return False
 
+    @property
+    def state(self) -> str | None:
+        """The schedule's state for the current step: "wait", "warmup", "active" or None
+        (not profiling). The step records carry it, so an analysis can leave out the steps
+        the profiler slowed."""
+        return None
+
 
 class TrainingProfiler(NullProfiler):
     """``schedule(wait, warmup, active, repeat)`` around the training steps.
@@ -112,6 +119,15 @@ class TrainingProfiler(NullProfiler):
         # re-initialise CUPTI, which some Kineto releases race on (pytorch/kineto#1169)
         if self.cuda:
             os.environ.setdefault(TEARDOWN_ENV, "1")
+
+    @property
+    def state(self) -> str | None:
+        if not self._running or self._finished():
+            return None
+        position = self._index % self._cycle
+        if position < self.config.wait:
+            return "wait"
+        return "warmup" if position < self.config.wait + self.config.warmup else "active"
 
     def step(self) -> None:
         if not self._running:

@@ -11,21 +11,54 @@ from diagnostics.report import fmt
         ("data_wait_ms", 40.0, "data wait", "40.0 ms"),
         ("data_wait_ms_median", 59.46, "data wait median", "59.5 ms"),
         ("step_us_mean", 177_592.2, "step mean", "178 ms"),  # 177,592 µs = 177.6 ms
-        ("gpu_busy_us", 840.0, "gpu busy", "840 µs"),  # under a millisecond stays in µs
+        ("gpu_busy_us", 840.0, "GPU busy", "840 µs"),  # under a millisecond stays in µs
         ("data_wait_pct", 33.4, "data wait (%)", "33.4 %"),
         ("pageable_bandwidth_gb_s", 10.1, "pageable bandwidth", "10.10 GB/s"),
-        ("pageable_htod_bytes_per_step", 18.5 * 2**20, "pageable htod per step", "18.50 MiB"),
+        (
+            "pageable_htod_bytes_per_step",
+            18.5 * 2**20,
+            "pageable host-to-device copies per step, size",
+            "18.50 MiB",
+        ),
         ("slope_mib_per_100_steps", 1.5, "slope per 100 steps", "1.50 MiB"),
         ("samples_per_s", 80.0, "samples per s", "80"),
         ("runtime_s", 200.0, "runtime", "3 min 20 s"),
-        ("num_workers", 0, "num workers", "0"),
-        ("steps", [5, 10], "steps", "[5, 10]"),
-        ("cpu_count", None, "cpu count", "—"),
+        ("num_workers", 0, "DataLoader workers now", "0"),
+        ("steps", [5, 10], "steps", "5, 10"),
+        ("cpu_count", None, "CPU cores", "—"),
+        (
+            "io_ms_per_batch_from_config",
+            64.0,
+            "storage latency per batch (from the config)",
+            "64.0 ms",
+        ),
+        ("projected_steps_to_oom", 120, "steps until memory runs out (projected)", "120"),
     ],
 )
 def test_evidence_keys_carry_their_units(key, value, label, text):
     assert fmt.label(key) == label
     assert fmt.evidence_value(key, value) == text
+
+
+def test_labels_are_written_once_and_ranges_are_relative():
+    rows = dict(
+        fmt.evidence_rows(
+            {
+                "pageable_htod_bytes_per_step": 2**20,
+                "pageable_htod_us_per_step": 1500.0,
+                # absolute trace timestamps (µs since the epoch): a length, not "1451 h"
+                "time_range_us": [5_224_800_000_000.0, 5_224_801_250_000.0],
+                "idle_by_host_activity": {"dataloader": {"idle_us": 30_000.0, "share_pct": 85.7}},
+                "chart": {"kind": "line"},
+            }
+        )
+    )
+    assert rows == {
+        "pageable host-to-device copies per step, size": "1.00 MiB",
+        "pageable host-to-device copies per step, time": "1.5 ms",
+        "time range": "1.25 s long",
+        "idle by host activity": "dataloader (idle 30.0 ms, share 85.7 %)",
+    }
 
 
 def test_long_values_are_shortened():

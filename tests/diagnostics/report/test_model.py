@@ -41,8 +41,10 @@ def test_run_report_summary_cost_and_charts(run_result):
     cost = report.cost
     # 1,000 rows / batch 8 = 125 steps; 125 x 100 ms = 12.5 s an epoch.
     assert cost.steps_per_epoch == 125 and cost.time_per_epoch_s == pytest.approx(12.5)
-    # Savings 35, 10, 8 and 5 % applied in turn keep 0.65 x 0.9 x 0.92 x 0.95 of the time.
-    kept = 0.65 * 0.9 * 0.92 * 0.95
+    # Savings 35, 10, 8 and 5 % of the same step time add up to 58 %, under the largest
+    # measured share they can explain (the GPU idles 100 - 40 = 60 %): not compounded.
+    assert cost.saving_bound_pct == pytest.approx(60.0)
+    kept = 1 - 0.58
     assert cost.saving_pct == pytest.approx(100 * (1 - kept))
     assert cost.after_time_per_1000_steps_s == pytest.approx(100.0 * kept)
     assert cost.gpu == "NVIDIA H100 80GB"

@@ -1,0 +1,206 @@
+"""Benchmark: many-rank analysis (ours, process pool) against HTA 0.5.0 on the same sets.
+
+Rank sets of 8, 32 and 64 files are made from one real NCCL trace
+(../shared/traces/hta_a100_rank3_of_8.json.gz, 35 MB of JSON) by shifting, per rank, every
+timestamp (rank r starts r x 40 µs later; the last rank a further 3 ms, a straggler) and
+every id (correlation, External id, flow ids + r x 10^8), with ``distributedInfo.rank`` and
+``world_size`` set. They are written as plain JSON into bench/out/ranks-N/ (gitignored) and
+reused when present.
+
+Each tool runs in a fresh process on the whole folder:
+
+* ours   ``python -m diagnostics analyze bench/out/ranks-N`` (every rank's facts in a
+         process pool sized to the cores, cross-rank collective matching, rules, JSON)
+* HTA    ``TraceAnalysis(trace_dir=...)`` + ``get_comm_comp_overlap`` (bench/.venv-peers)
+
+Wall time and the peak RSS of the whole process tree (the sum over the process and its
+workers, sampled every 50 ms from /proc) are reported, with ratios: ours/HTA, and the
+growth of wall time against ranks ÷ cores.
+
+    nice -n 10 .venv/bin/python bench/bench_ranks.py --ranks 8 32        # then, late:
+    nice -n 10 .venv/bin/python bench/bench_ranks.py --ranks 64 --hta-max-gb 12
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gzip
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCE = REPO.parent / "shared" / "traces" / "hta_a100_rank3_of_8.json.gz"
+OUT = REPO / "bench" / "out"
+sys.path.insert(0, str(REPO / "bench"))
+
+RANK_SHIFT_US = 40.0
+STRAGGLER_DELAY_US = 3000.0
+ID_STRIDE = 10**8
+
+HTA = r"""
+import logging, sys
+logging.disable(logging.WARNING)
+from hta.trace_analysis import TraceAnalysis
+analysis = TraceAnalysis(trace_dir=sys.argv[1])
+print(analysis.get_comm_comp_overlap(visualize=False).to_json(orient="records"))
+"""
+
+
+def make_rank_set(ranks: int) -> Path:
+    folder = OUT / f"ranks-{ranks}"
+    done = folder / ".complete"
+    if done.exists():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    with gzip.open(SOURCE, "rb") as handle:
+        doc = msgspec.json.decode(handle.read())
+    events = doc["traceEvents"]
+    base_ts = [e.get("ts") for e in events]
+    for rank in range(ranks):
+        shift = rank * RANK_SHIFT_US + (STRAGGLER_DELAY_US if rank == ranks - 1 else 0.0)
+        offset = rank * ID_STRIDE
+        for event, ts in zip(events, base_ts, strict=True):
+            if isinstance(ts, int | float):
+                event["ts"] = ts + shift
+            if event.get("ph") in ("s", "f", "t") and isinstance(event.get("id"), int):
+                event["id"] = event["id"] % ID_STRIDE + offset
+            args = event.get("args")
+            if isinstance(args, dict):
+                for key in ("correlation", "External id"):
+                    if isinstance(args.get(key), int) and args[key] > 0:
+                        args[key] = args[key] % ID_STRIDE + offset
+        doc.pop("distributedInfo", None)
+        # HTA finds a file's rank with the regex '"rank":\s+(\d+)': it needs the space that
+        # json.dump writes and msgspec does not (without it every file is read as rank 0)
+        header = (
+            f'{{"distributedInfo": {{"backend": "nccl", "rank": {rank}, "world_size": {ranks}}}, '
+        )
+        (folder / f"rank{rank}.json").write_bytes(header.encode() + msgspec.json.encode(doc)[1:])
+    done.write_text("ok\n")
+    return folder
+
+
+def tree_rss_bytes(root: psutil.Process) -> int:
+    total = 0
+    for proc in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            total += proc.memory_info().rss
+    return total
+
+
+def measure(argv: list[str], timeout_s: float, max_rss_bytes: int | None = None) -> dict:
+    """Wall time, peak tree RSS, stdout of one fresh process (killed past max_rss_bytes)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    root = psutil.Process(proc.pid)
+    peak, killed = 0, None
+    while proc.poll() is None:
+        with contextlib.suppress(psutil.Error):
+            peak = max(peak, tree_rss_bytes(root))
+        if max_rss_bytes and peak > max_rss_bytes:
+            killed = f"stopped at {peak / 2**30:.1f} GiB (over the memory cap)"
+        elif time.perf_counter() - start > timeout_s:
+            killed = f"stopped after {timeout_s:.0f} s"
+        if killed:
+            for child in root.children(recursive=True):
+                child.kill()
+            proc.kill()
+            break
+        time.sleep(0.05)
+    out, err = proc.communicate()
+    seconds = time.perf_counter() - start
+    # CPU of the whole tree (children reap their workers): steadier than wall time when
+    # other work shares the cores
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    error = killed or (
+        None if proc.returncode == 0 else (err.decode(errors="replace").strip() or "failed")[-200:]
+    )
+    return {
+        "seconds": None if error else seconds,
+        "rss_gb": peak / 2**30,
+        "cpu_s": cpu_s,
+        "stdout": out.decode(errors="replace"),
+        "error": error,
+    }
+
+
+def main() -> None:
+    from bench_analyzer import ensure_peers_venv
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[8, 32, 64])
+    parser.add_argument("--no-hta", action="store_true")
+    parser.add_argument(
+        "--hta-max-gb", type=float, default=12.0, help="stop HTA past this tree RSS"
+    )
+    parser.add_argument("--timeout-s", type=float, default=1800.0)
+    args = parser.parse_args()
+    cores = len(os.sched_getaffinity(0))
+    hta_python = None if args.no_hta else ensure_peers_venv()
+    rows = []
+    for ranks in args.ranks:
+        folder = make_rank_set(ranks)
+        size_mb = sum(p.stat().st_size for p in folder.glob("*.json")) / 2**20
+        ours = measure(
+            [sys.executable, "-m", "diagnostics", "analyze", str(folder), "-o", os.devnull],
+            args.timeout_s,
+        )
+        hta = (
+            measure(
+                [str(hta_python), "-c", HTA, str(folder)],
+                args.timeout_s,
+                int(args.hta_max_gb * 2**30),
+            )
+            if hta_python is not None
+            else {"seconds": None, "rss_gb": None, "cpu_s": None, "error": "skipped", "stdout": ""}
+        )
+        rows.append((ranks, size_mb, ours, hta))
+        print(json.dumps({"ranks": ranks, "ours": ours, "hta": hta})[:600], flush=True)
+    print(f"\ncores: {cores}; source {SOURCE.name} (35 MB of JSON a rank)\n")
+    print(
+        "| ranks | JSON MB | ours s | ours CPU s | ours CPU s/rank | ours peak RSS GB "
+        "| HTA s | HTA CPU s | HTA peak RSS GB | HTA ranks read | ours/HTA wall | ours/HTA RSS |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+    def cell(v: float | None, err: str | None = None, digits: int = 1) -> str:
+        return f"{v:.{digits}f}" if v is not None else (err or "n/a")
+
+    def ratio(a: float | None, b: float | None) -> str:
+        return f"{a / b:.2f}×" if a and b else "n/a"
+
+    for ranks, size_mb, ours, hta in rows:
+        try:
+            read = len(json.loads(hta["stdout"].strip().splitlines()[-1]))
+        except (ValueError, IndexError):
+            read = None
+        print(
+            f"| {ranks} | {size_mb:.0f} | {cell(ours['seconds'], ours['error'])} "
+            f"| {cell(ours['cpu_s'])} | {cell((ours['cpu_s'] or 0) / ranks, None, 2)} "
+            f"| {ours['rss_gb']:.2f} | {cell(hta['seconds'], hta['error'])} "
+            f"| {cell(hta['cpu_s'])} | {cell(hta['rss_gb'], None, 2)} | {read} "
+            f"| {ratio(ours['seconds'], hta['seconds'])} | {ratio(ours['rss_gb'], hta['rss_gb'])} |"
+        )
+    if len(rows) > 1:
+        (r0, _, o0, _), (r1, _, o1, _) = rows[0], rows[-1]
+        if o0["seconds"] and o1["seconds"]:
+            print(
+                f"\nours, {r0} -> {r1} ranks: wall x{o1['seconds'] / o0['seconds']:.2f}, "
+                f"CPU x{o1['cpu_s'] / o0['cpu_s']:.2f}, ranks x{r1 / r0:.2f} "
+                f"(ranks / cores: {r0 / cores:.0f} -> {r1 / cores:.0f})"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,241 @@
+"""The headline numbers of one analysis, computed once: what the cards, the rules' titles and
+evidence, the comparison and the three report formats all quote.
+
+Every figure is defined here and nowhere else (``docs/ANALYSIS.md`` repeats the definitions):
+
+steady-state steps
+    A run's step records with a step time, less the first step of each phase (``pretrain``,
+    ``finetune``) when the phase has more than two: that step starts the DataLoader workers,
+    builds the optimiser state and pays lazy initialisation that later steps do not pay
+    again. A trace's profiler steps as found (the profiler's schedule already skips
+    warm-up). Run records are preferred when both exist: they cover every step, the trace
+    only the profiler's window.
+median step time (ms)
+    The median of the steady-state step times. Mean and p95 are kept beside it, labelled.
+data-wait share (%)
+    The median over steady-state steps of each step's ``data_wait_ms / step_time_ms``
+    (a trace: ``dataloader_us / total_us`` of each profiler step), x 100. A median of
+    per-step shares, so one stalled step (an epoch boundary restarting the workers) does not
+    make a loader look slow, and half the steps waited at least this share.
+throughput
+    Derived from the median step: ``batch size / median step time`` in samples/s (the batch
+    size is the median of the steady-state steps' ``batch_size``), else ``1 / median step``
+    in steps/s when the batch size is unknown (a trace).
+GPU utilisation (%)
+    The trace's GPU busy time (the union of kernels, copies and memsets over all streams,
+    ``TraceFacts.gpu.busy_us``) over the span of the profiled steps, summed over devices:
+    ``100 x sum(busy_us) / sum(span_us)``. Without a CUDA trace, the mean NVML utilisation
+    sampled while the steps ran (``gpu_utilization_source`` says which).
+peak memory (bytes)
+    The largest CUDA peak (``cuda_peak_bytes``, else ``cuda_allocated_bytes``) in the run's
+    step records, else the largest device allocation in the trace's ``[memory]`` events,
+    else the host RSS of the run.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
+
+if TYPE_CHECKING:
+    from diagnostics.model import RunData, TraceFacts
+
+
+@dataclass(frozen=True)
+class KeyMetrics:
+    device: str | None
+    steps: int | None  # step records (run) or profiler steps (trace)
+    median_step_time_ms: float | None
+    mean_step_time_ms: float | None
+    p95_step_time_ms: float | None
+    steps_per_s: float | None  # 1000 / median step time
+    samples_per_s: float | None  # batch size / median step time
+    data_wait_pct: float | None  # median over steady steps of data wait / step time, %
+    gpu_utilization_pct: float | None  # trace busy / span of the profiled steps, %
+    peak_memory_bytes: int | None
+    peak_memory_kind: str | None  # "CUDA" (device), "host allocated" or "host RSS"
+    source: str  # "run" (step records) or "trace"
+    batch_size: int | None = None  # median batch size of the steady steps
+    gpu_utilization_source: str | None = None  # "trace" or "NVML"
+    steady_steps: int | None = None  # the steady-state steps the medians are over
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _finite(value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def steady_steps(steps: pl.DataFrame) -> pl.DataFrame:
+    """A run's steady-state step records (see the module docstring), in step order."""
+    timed = steps.filter(pl.col("step_time_ms").is_not_null()).sort("step")
+    if timed.height == 0:
+        return timed
+    if "phase" in timed.columns and timed["phase"].null_count() < timed.height:
+        group = pl.col("phase").fill_null("")
+        rank = pl.int_range(pl.len()).over(group)
+        size = pl.len().over(group)
+        steady = timed.filter((rank > 0) | (size <= 2))
+    else:
+        steady = timed.slice(1) if timed.height > 2 else timed
+    return steady if steady.height else timed
+
+
+def median_share_pct(part: pl.Series, total: pl.Series) -> float | None:
+    """Median over steps of part / total, % (steps without both, or a zero total, left out)."""
+    frame = pl.DataFrame({"part": part.cast(pl.Float64), "total": total.cast(pl.Float64)})
+    shares = frame.filter(
+        pl.col("part").is_not_null() & pl.col("total").is_not_null() & (pl.col("total") > 0)
+    ).select(pl.col("part") / pl.col("total") * 100.0)
+    return _finite(shares.to_series().median()) if shares.height else None
+
+
+def _step_stats(step_ms: pl.Series) -> dict[str, float | None]:
+    values = step_ms.cast(pl.Float64).drop_nulls().drop_nans()
+    if values.len() == 0:
+        return {}
+    median = _finite(values.median())
+    return {
+        "median_step_time_ms": median,
+        "mean_step_time_ms": _finite(values.mean()),
+        "p95_step_time_ms": _finite(values.quantile(0.95, "linear")),
+        "steps_per_s": 1000.0 / median if median else None,
+    }
+
+
+def _run_values(run: RunData) -> dict[str, Any]:
+    steady = steady_steps(run.steps)
+    out: dict[str, Any] = {"steps": run.steps.height, "steady_steps": steady.height}
+    if steady.height == 0:
+        return out
+    out.update(_step_stats(steady["step_time_ms"]))
+    batch = steady["batch_size"].drop_nulls().median() if "batch_size" in steady.columns else None
+    if batch is not None and out.get("median_step_time_ms"):
+        out["batch_size"] = int(batch)
+        out["samples_per_s"] = float(batch) / (out["median_step_time_ms"] / 1000.0)
+    if "data_wait_ms" in steady.columns:
+        out["data_wait_pct"] = median_share_pct(steady["data_wait_ms"], steady["step_time_ms"])
+    for column in ("cuda_peak_bytes", "cuda_allocated_bytes"):
+        peak = run.steps[column].max() if column in run.steps.columns else None
+        if peak is not None:
+            out["peak_memory_bytes"], out["peak_memory_kind"] = int(peak), "CUDA"
+            break
+    return out
+
+
+def _nvml_utilization(run: RunData) -> float | None:
+    samples = run.samples
+    if samples.height == 0 or "gpu_util_pct" not in samples.columns:
+        return None
+    rows = samples.filter(pl.col("gpu_util_pct").is_not_null())
+    if rows.height and "wall_time" in run.steps.columns and run.steps.height:
+        # only samples taken while steps ran: start-up and shutdown idle is not the loop's
+        first, last = run.steps["wall_time"].min(), run.steps["wall_time"].max()
+        if first is not None and last is not None:
+            during = rows.filter(pl.col("wall_time").is_between(first, last))
+            rows = during if during.height else rows
+    return _finite(rows["gpu_util_pct"].mean()) if rows.height else None
+
+
+def trace_gpu_utilization_pct(trace: TraceFacts) -> float | None:
+    """100 x sum(busy_us) / sum(span_us) over the trace's devices (None without GPU work)."""
+    gpu = trace.gpu
+    if gpu.height == 0:
+        return None
+    span = float(gpu["span_us"].sum())
+    return 100.0 * float(gpu["busy_us"].sum()) / span if span > 0 else None
+
+
+def _trace_values(trace: TraceFacts) -> dict[str, Any]:
+    out: dict[str, Any] = {"steps": trace.steps.height, "steady_steps": trace.steps.height}
+    out.update(_step_stats(trace.steps["dur_us"] / 1000.0))
+    breakdown = trace.breakdown
+    if breakdown.height and "dataloader_us" in breakdown.columns:
+        out["data_wait_pct"] = median_share_pct(breakdown["dataloader_us"], breakdown["total_us"])
+    return out
+
+
+def _trace_peak_memory(trace: TraceFacts) -> tuple[int, str] | None:
+    memory = trace.memory
+    if memory.height == 0 or "allocated_bytes" not in memory.columns:
+        return None
+    device_rows = memory.filter(pl.col("device") >= 0) if "device" in memory.columns else memory
+    if device_rows.height and device_rows["allocated_bytes"].max() is not None:
+        return int(device_rows["allocated_bytes"].max()), "CUDA"
+    peak = memory["allocated_bytes"].max()
+    return (int(peak), "host allocated") if peak is not None else None
+
+
+def _device(trace: TraceFacts | None, run: RunData | None) -> str | None:
+    if run is not None:
+        raw = run.environment.get("device") or run.config.get("device")
+        if isinstance(raw, str) and raw and raw != "auto":
+            return "cuda" if raw.lower().startswith("cuda") else "cpu"
+    return trace.device if trace is not None else None
+
+
+def compute_key_metrics(trace: TraceFacts | None, run: RunData | None) -> KeyMetrics:
+    """The key metrics of a trace and/or a run (run records first; see the module docstring)."""
+    has_run = run is not None and run.steps.height > 0
+    values: dict[str, Any] = {}
+    if has_run:
+        assert run is not None
+        values = _run_values(run)
+    elif trace is not None:
+        values = _trace_values(trace)
+    elif run is not None:
+        values = {"steps": 0}
+    if trace is not None and has_run and values.get("data_wait_pct") is None:
+        values["data_wait_pct"] = _trace_values(trace).get("data_wait_pct")
+    gpu_source = None
+    util = trace_gpu_utilization_pct(trace) if trace is not None else None
+    if util is not None:
+        gpu_source = "trace"
+    elif run is not None:
+        util = _nvml_utilization(run)
+        gpu_source = "NVML" if util is not None else None
+    if values.get("peak_memory_bytes") is None and trace is not None:
+        peak = _trace_peak_memory(trace)
+        if peak is not None:
+            values["peak_memory_bytes"], values["peak_memory_kind"] = peak
+    if values.get("peak_memory_bytes") is None and has_run:
+        assert run is not None
+        rss = run.steps["rss_bytes"].max() if "rss_bytes" in run.steps.columns else None
+        if rss is not None:
+            values["peak_memory_bytes"], values["peak_memory_kind"] = int(rss), "host RSS"
+    return KeyMetrics(
+        device=_device(trace, run),
+        steps=values.get("steps"),
+        median_step_time_ms=values.get("median_step_time_ms"),
+        mean_step_time_ms=values.get("mean_step_time_ms"),
+        p95_step_time_ms=values.get("p95_step_time_ms"),
+        steps_per_s=values.get("steps_per_s"),
+        samples_per_s=values.get("samples_per_s"),
+        data_wait_pct=values.get("data_wait_pct"),
+        gpu_utilization_pct=util,
+        peak_memory_bytes=values.get("peak_memory_bytes"),
+        peak_memory_kind=values.get("peak_memory_kind"),
+        source="run" if has_run else "trace",
+        batch_size=values.get("batch_size"),
+        gpu_utilization_source=gpu_source,
+        steady_steps=values.get("steady_steps"),
+    )
+
+
+def key_metrics(result: Any) -> KeyMetrics:
+    """The key metrics of an AnalysisResult: the ones the analysis computed, else computed
+    now from its facts and run (results built by hand in tests carry none)."""
+    metrics = getattr(result, "metrics", None)
+    if isinstance(metrics, KeyMetrics):
+        return metrics
+    return compute_key_metrics(getattr(result, "facts", None), getattr(result, "run", None))

@@ -1,0 +1,217 @@
+"""exposed-communication: collectives the step waits for, not hidden behind compute.
+
+What it finds
+    A trace whose communication (NCCL kernels on a GPU, gloo/c10d collectives on a CPU)
+    runs without compute beside it for more than a threshold share of the profiled step
+    time. It reports collective time, the share overlapped by compute (HTA's
+    ``get_comm_comp_overlap``), the exposed time per step and, with several ranks, how much
+    of the communication was waiting for a later rank rather than transferring.
+
+Why it matters
+    DistributedDataParallel all-reduces gradient buckets while backward still runs; when the
+    buckets are too large, too few, or the all-reduce is called synchronously after
+    backward, the whole gradient synchronisation sits on the step's critical path and every
+    GPU idles through it. Exposed communication is step time a faster network would buy
+    back, and that better overlap buys back for free.
+
+How to fix
+    Let DDP overlap: keep the default bucket size or lower it (``bucket_cap_mb``) so the
+    first buckets are sent while backward continues, use ``gradient_as_bucket_view=True``
+    (no copy into the buckets) and ``static_graph=True`` when the graph does not change;
+    never all-reduce gradients by hand after ``backward()``. Communicate less often with
+    gradient accumulation under ``model.no_sync()``. If most of it is waiting for a later
+    rank, fix that rank first (see rank-stragglers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, ClassVar
+
+import polars as pl
+
+from diagnostics.facts.comms import COLLECTIVE_SCHEMA, COMM_STEP_SCHEMA, CommFacts
+from diagnostics.model import AnalysisInputs
+from diagnostics.rules import examples as ex
+from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
+from diagnostics.rules.evidence import chart, r
+from diagnostics.thresholds import Thresholds
+
+# The reference trainer has no distributed configuration yet: the fix is code only, and
+# config_patch stays None until trainer runs under torchrun carry DDP options.
+FIX_CODE = """\
+# before: gradients all-reduced by hand after backward (nothing overlaps), or one huge bucket
+model = DDP(model, bucket_cap_mb=1024)
+loss.backward()
+for p in model.parameters():
+    dist.all_reduce(p.grad)             # synchronous, after backward: fully exposed
+
+# after: DDP's bucketed all-reduce overlaps backward; accumulate to communicate less often
+model = DDP(model, bucket_cap_mb=25,    # default; smaller buckets start sending earlier
+            gradient_as_bucket_view=True, static_graph=True)
+for i, batch in enumerate(loader):
+    sync = (i + 1) % accumulation_steps == 0
+    with contextlib.nullcontext() if sync else model.no_sync():
+        (model(batch).loss / accumulation_steps).backward()
+    if sync:
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+"""
+
+
+class ExposedCommunication(Rule):
+    id = "exposed-communication"
+    title = "Communication is not overlapped with compute"
+    severity = Severity.MEDIUM
+    needs = frozenset({"trace"})
+    threshold_names = ("exposed_comm_min_pct",)
+
+    def skip_reason(self, inputs: AnalysisInputs) -> str | None:
+        if inputs.trace is None:
+            return "needs a trace"
+        comms = inputs.trace.comms
+        if comms is None:
+            return "the trace holds no communication (no NCCL kernels or collectives)"
+        if comms.exposed_pct is None:
+            return "the trace has no profiled steps to measure communication against"
+        return None
+
+    def check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:
+        assert inputs.trace is not None and inputs.trace.comms is not None
+        trace, comms = inputs.trace, inputs.trace.comms
+        exposed_pct = float(comms.exposed_pct or 0.0)
+        if exposed_pct <= thresholds.exposed_comm_min_pct:
+            return []
+        per_step = comms.per_step
+        steps = per_step["step"].to_list()
+        wait = self._waiting(inputs, trace.rank)
+        evidence: dict[str, Any] = {
+            "source": (
+                "trace: NCCL kernels against computation kernels on the same GPU"
+                if comms.source == "gpu_kernels"
+                else "trace: host collectives against the training loop thread's operators"
+            ),
+            "rank": trace.rank,
+            "collective_us": r(comms.collective_us, 0),
+            "overlap_pct": r(comms.overlap_pct, 1),
+            "exposed_us": r(comms.exposed_us, 0),
+            "exposed_us_per_step": r(comms.exposed_us_per_step, 0),
+            "exposed_pct": r(exposed_pct, 1),
+            "threshold_pct": thresholds.exposed_comm_min_pct,
+            "collectives": comms.collectives_count,
+            "comm_wait_pct": r(wait, 1) if wait is not None else None,
+            "ranks": self._ranks(inputs),
+            "steps": steps,
+            "chart": chart(
+                "bar",
+                "Communication per step",
+                "step",
+                "time (ms)",
+                steps,
+                {
+                    "exposed (ms)": (per_step["exposed_us"] / 1000.0).round(3).to_list(),
+                    "overlapped (ms)": (per_step["overlapped_us"] / 1000.0).round(3).to_list(),
+                },
+            ),
+        }
+        waiting = (
+            f" {wait:.0f}% of the collective time was waiting for later ranks: see rank-stragglers."
+            if wait is not None and wait >= 50.0
+            else ""
+        )
+        overlap = (
+            f"only {comms.overlap_pct:.0f}% of it overlapped compute"
+            if comms.overlap_pct is not None
+            else "overlap unknown"
+        )
+        return [
+            Finding(
+                rule=self.id,
+                severity=Severity.HIGH
+                if exposed_pct >= 2 * thresholds.exposed_comm_min_pct
+                else Severity.MEDIUM,
+                title=f"{exposed_pct:.0f}% of step time is communication nothing overlaps",
+                evidence=evidence,
+                recommendation=(
+                    f"Communication took {comms.collective_us / 1000:.1f} ms over "
+                    f"{per_step.height} steps and {overlap}: "
+                    f"{(comms.exposed_us_per_step or 0) / 1000:.1f} ms a step is exposed. "
+                    "Let DDP overlap gradient buckets with backward (default bucket_cap_mb, "
+                    "gradient_as_bucket_view, static_graph) and communicate less often with "
+                    "no_sync() accumulation." + waiting
+                ),
+                fix=Fix(code=FIX_CODE, config_patch=None),
+                # hiding all of it behind compute saves at most the exposed share
+                estimated_saving_pct=r(exposed_pct, 1),
+            )
+        ]
+
+    @staticmethod
+    def _waiting(inputs: AnalysisInputs, rank: int) -> float | None:
+        match = inputs.extra.get("collective_match")
+        if match is None:
+            return None
+        row = match.per_rank.filter(pl.col("rank") == rank)
+        return float(row["wait_pct"][0]) if row.height and row["wait_pct"][0] is not None else None
+
+    @staticmethod
+    def _ranks(inputs: AnalysisInputs) -> list[dict[str, Any]] | None:
+        ranks = inputs.trace.ranks if inputs.trace is not None else None
+        if ranks is None or "exposed_comm_ms_per_step" not in ranks.columns:
+            return None
+        return [
+            {
+                "rank": row["rank"],
+                "exposed_comm_ms_per_step": r(row["exposed_comm_ms_per_step"]),
+                "comm_overlap_pct": r(row["comm_overlap_pct"], 1),
+            }
+            for row in ranks.iter_rows(named=True)
+        ]
+
+    examples: ClassVar = (
+        Example(
+            "all-reduce after backward: 30 ms of each 100 ms step exposed",
+            True,
+            lambda: _with_comms(collective_ms=30.0, overlapped_ms=0.0),
+        ),
+        Example(
+            "DDP overlapping backward: 30 ms of communication, 27 ms of it under compute",
+            False,
+            lambda: _with_comms(collective_ms=30.0, overlapped_ms=27.0),
+        ),
+        Example(
+            "a single-process trace without collectives", False, lambda: ex.inputs(trace=ex.trace())
+        ),
+    )
+
+
+def _with_comms(collective_ms: float, overlapped_ms: float, steps: int = 5) -> AnalysisInputs:
+    """A trace of ``steps`` 100 ms steps with the given communication per step."""
+    step_us, coll, over = 100_000.0, collective_ms * 1000.0, overlapped_ms * 1000.0
+    per_step = pl.DataFrame(
+        {
+            "step": list(range(1, steps + 1)),
+            "dur_us": [step_us] * steps,
+            "collective_us": [coll] * steps,
+            "overlapped_us": [over] * steps,
+            "exposed_us": [coll - over] * steps,
+            "compute_us": [60_000.0] * steps,
+            "exposed_pct": [(coll - over) / step_us * 100.0] * steps,
+        },
+        schema=COMM_STEP_SCHEMA,
+    )
+    comms = CommFacts(
+        source="gpu_kernels",
+        collectives_count=steps * 4,
+        collective_us=coll * steps,
+        overlapped_us=over * steps,
+        exposed_us=(coll - over) * steps,
+        overlap_pct=over / coll * 100.0,
+        exposed_pct=(coll - over) / step_us * 100.0,
+        exposed_us_per_step=coll - over,
+        trace_collective_us=coll * steps,
+        trace_overlap_pct=over / coll * 100.0,
+        per_step=per_step,
+        collectives=pl.DataFrame(schema=COLLECTIVE_SCHEMA),
+    )
+    return ex.inputs(trace=replace(ex.trace(steps=steps, step_us=step_us), comms=comms))
