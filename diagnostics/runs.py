@@ -17,6 +17,8 @@ Layout (``RUN_FOLDER_VERSION`` 1)::
       checkpoints/        step_00000100.pt ...
       memory_lines.jsonl  line-level memory (memory_profiler), one line record a row
       log.txt             the trainer's log
+      steps.rank<k>.jsonl distributed runs: rank k > 0's records (rank 0 keeps the names
+      samples.rank<k>.jsonl  above); log.rank<k>.txt; status.rank<k>.json, each rank's end
       run.lock            held by the one trainer writing the folder: {"pid", "host", "at"}
                           (O_EXCL; trainer/run_lock.py; a dead holder's lock is recovered)
 
@@ -69,6 +71,7 @@ LOG_FILE = "log.txt"
 LOCK_FILE = "run.lock"
 TRACE_DIR = "trace"
 CHECKPOINT_DIR = "checkpoints"
+RANK_STATUS_FILE = "status.rank{rank}.json"  # every rank's own end, aggregated into status.json
 
 # Column -> dtype for each record kind. Records may carry fewer fields (None is written
 # as null); the reader always returns every column below, in this order.
@@ -122,6 +125,15 @@ MEMORY_LINE_SCHEMA: dict[str, pl.DataType] = {
     "occurrences": pl.Int64,
     "source": pl.String,
 }
+
+
+def rank_file(name: str, rank: int) -> str:
+    """A rank's file name: rank 0 keeps the single-process name (``steps.jsonl``), so a
+    distributed run reads as a single-process one; rank k > 0 gets ``steps.rank<k>.jsonl``."""
+    if rank == 0:
+        return name
+    stem, dot, ext = name.partition(".")
+    return f"{stem}.rank{rank}{dot}{ext}"
 
 
 class RunFolderError(Exception):
@@ -348,6 +360,49 @@ class RunFolder:
 
     def samples(self) -> pl.DataFrame:
         return self._records(SAMPLES_PARQUET, SAMPLES_LINES, SAMPLE_SCHEMA, key=None)
+
+    def world_size(self) -> int:
+        """Processes of the job (1 for a single-process run), from the manifest."""
+        info = self.manifest().extra.get("distributed") or {}
+        return int(info.get("world_size") or 1)
+
+    def rank_steps(self) -> pl.DataFrame:
+        """Every rank's step records, with a leading ``rank`` column (0 only when single)."""
+        frames = [self.steps().select(pl.lit(0, dtype=pl.Int64).alias("rank"), pl.all())]
+        for rank in range(1, self.world_size()):
+            parquet = rank_file(STEPS_PARQUET, rank)
+            frame = self._records(parquet, rank_file(STEPS_LINES, rank), STEP_SCHEMA, key="step")
+            frames.append(frame.select(pl.lit(rank, dtype=pl.Int64).alias("rank"), pl.all()))
+        return pl.concat(frames)
+
+    def last_step(self) -> int | None:
+        """The step of rank 0's newest record, from the end of steps.jsonl (cheap: a live
+        run's launcher asks every heartbeat)."""
+        try:
+            with (self.path / STEPS_LINES).open("rb") as handle:
+                handle.seek(0, os.SEEK_END)
+                handle.seek(max(0, handle.tell() - 8192))
+                tail = handle.read().splitlines()
+        except FileNotFoundError:
+            return None
+        for raw in reversed(tail):
+            try:
+                record = json.loads(raw)
+            except ValueError:
+                continue  # a torn last line, or the cut first one
+            if isinstance(record, dict) and isinstance(record.get("step"), int):
+                return record["step"]
+        return None
+
+    def rank_statuses(self) -> dict[int, dict[str, Any] | None]:
+        """Each rank's own final status (None for a rank that ended without writing one)."""
+        statuses: dict[int, dict[str, Any] | None] = {}
+        for rank in range(self.world_size()):
+            try:
+                statuses[rank] = _read_json(self.path / RANK_STATUS_FILE.format(rank=rank))
+            except RunFolderError:
+                statuses[rank] = None
+        return statuses
 
     def memory_lines(self) -> pl.DataFrame | None:
         path = self.path / MEMORY_LINES_FILE
@@ -637,6 +692,10 @@ class RunWriter:
     def append_sample(self, record: Mapping[str, Any]) -> None:
         assert self._samples is not None, "writer is closed"
         self._samples.append(record)
+
+    def set_step(self, step: int) -> None:
+        """The step status.json reports (a distributed run's launcher: from rank 0)."""
+        self._status["step"] = int(step)
 
     def heartbeat(self) -> None:
         self._status["heartbeat"] = time.time()

@@ -23,13 +23,14 @@ if watched is not None:
     live.panel(runs_dir, watched)
 
 busy = launch.active_runs(runs_dir)
-names = list(launch.SCENARIOS)
+described = {**launch.SCENARIOS, **launch.DISTRIBUTED_SCENARIOS}
+names = list(described)
 may_launch = auth.is_authenticated()
 scenario = st.selectbox(
     "Scenario",
     names,
     index=names.index(live.remembered_scenario(names)),
-    format_func=lambda name: f"{name} — {launch.SCENARIOS[name]}",
+    format_func=lambda name: f"{name} — {described[name]}",
     help="A preset of the settings below; change any of them before starting.",
 )
 live.remember_scenario(scenario)
@@ -51,6 +52,22 @@ with st.form(f"launch-{form_id}"):
                 )
                 if form_field.key in errors:
                     st.error(errors[form_field.key], icon=":material/warning:")
+    st.markdown("**Processes** (a DDP job under torchrun when more than one)")
+    nproc_column, nodes_column, endpoint_column = st.columns(3)
+    nproc = nproc_column.number_input(
+        "Processes per node",
+        min_value=1,
+        max_value=64,
+        value=2 if scenario in launch.DISTRIBUTED_SCENARIOS else 1,
+        help="One per GPU on CUDA (nccl); on CPU each takes one core (gloo).",
+    )
+    nnodes = nodes_column.number_input("Nodes", min_value=1, max_value=1024, value=1)
+    endpoint = endpoint_column.text_input(
+        "Rendezvous HOST:PORT",
+        placeholder="this node's address:29500",
+        help="Nodes > 1: node 0's address, reachable by every node. The runs folder must "
+        "be on a file system all nodes share.",
+    )
     if busy:
         st.warning(
             f"**{md_text(busy[0].run_id)}** is using the device. One run at a time: wait for it to "
@@ -75,14 +92,27 @@ if submitted:
         try:
             auth.authorise("Launch")
             launched = launch.start_run(
-                scenario=scenario, overrides=overrides, runs_dir=runs_dir, device=device
+                scenario=scenario,
+                overrides=overrides,
+                runs_dir=runs_dir,
+                device=device,
+                nproc_per_node=int(nproc),
+                nnodes=int(nnodes),
+                rdzv_endpoint=endpoint or None,
             )
         except (launch.LaunchError, ValueError, auth.NotAllowed) as exc:
             st.session_state["launch_errors"] = {"": str(exc)}
         else:
             st.session_state["watched_run_id"] = launched.run_id
             st.query_params["run"] = launched.run_id
+            st.session_state["other_node_commands"] = [
+                launch.other_node_command(list(launched.command), rank)
+                for rank in range(1, int(nnodes))
+            ]
     st.rerun()
+for command in st.session_state.get("other_node_commands", []):
+    st.markdown("Run on the other node (same runs folder, on the shared file system):")
+    st.code(command, language="bash")
 other_errors, summary = views.form_error_summary(errors)
 for (
     message

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from trainer.config import (
+    DISTRIBUTED_SCENARIOS,
     SCENARIOS,
     ConfigError,
     TrainerConfig,
@@ -61,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m trainer", description="The reference trainer.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     scenarios = "\n".join(f"  {name:14s} {text}" for name, text in SCENARIOS.items())
+    scenarios += "\n  with --nproc-per-node 2 or more:\n" + "\n".join(
+        f"  {name:14s} {text}" for name, text in DISTRIBUTED_SCENARIOS.items()
+    )
     keys = "\n".join(f"  {f.key:34s} {f.allowed} (default {f.default})" for f in config_fields())
     run = sub.add_parser(
         "run",
@@ -87,11 +91,27 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--run-id", help="folder name under the runs dir (default: generated)")
     run.add_argument("--parent-run-id", help="the run this one re-runs with a fix")
     run.add_argument("--patch-json", help="a fix's config_patch: JSON object of dotted keys")
+    _distributed_args(run, new_run=True)
     resume = sub.add_parser("resume", help="continue a run from its last checkpoint")
     resume.add_argument("run_dir", type=Path)
+    _distributed_args(resume, new_run=False)
+    worker = sub.add_parser("_worker")  # one rank, started by torchrun (trainer/distributed.py)
+    worker.add_argument("--run-dir", type=Path, required=True)
+    worker.add_argument("--resume", action="store_true")
     listing = sub.add_parser("list", help="list runs")
     listing.add_argument("--runs-dir", type=Path, default=None)
     return parser
+
+
+def _distributed_args(parser: argparse.ArgumentParser, *, new_run: bool) -> None:
+    """torchrun's own job-shape options (see trainer/dist_launch.py)."""
+    if new_run:
+        parser.add_argument(
+            "--nproc-per-node", type=int, help="processes on this node: a DDP job under torchrun"
+        )
+        parser.add_argument("--nnodes", type=int, help="nodes in the job (default 1)")
+    parser.add_argument("--node-rank", type=int, default=0, help="this node's rank (default 0)")
+    parser.add_argument("--rdzv-endpoint", help="HOST:PORT of node 0, with --nnodes > 1")
 
 
 def _patch(text: str | None) -> dict[str, Any] | None:
@@ -175,13 +195,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
     config, patch = config_from_args(args)
     unresolved = config
     runs_dir = args.runs_dir or default_runs_dir()
+    distributed = args.nproc_per_node is not None or args.nnodes is not None
+    exists_ok = distributed and args.node_rank != 0  # node 0 creates it
     try:
-        if args.run_id is not None and (runs_dir / args.run_id).exists():
+        if args.run_id is not None and (runs_dir / args.run_id).exists() and not exists_ok:
             raise ConfigError("--run-id", f"{runs_dir / args.run_id} already exists", "a new id")
         if runs_dir.exists() and not runs_dir.is_dir():
             raise ConfigError("--runs-dir", f"{runs_dir} is not a directory", "a directory")
     except OSError as exc:
         raise ConfigError("--runs-dir", f"{runs_dir}: {_os_problem(exc)}") from None
+    if distributed:
+        return _launch(args, config, patch, runs_dir)
+    if config.scenario in DISTRIBUTED_SCENARIOS:
+        raise ConfigError(
+            "--scenario", f"{config.scenario} needs two or more ranks", "--nproc-per-node 2"
+        )
 
     # torch only now: the checks above stay instant, and cuda is the last one needing it
     import torch
@@ -254,6 +282,8 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     run_dir: Path = args.run_dir
     if not RunFolder.is_run_folder(run_dir):
         raise ConfigError("RUN_DIR", f"{run_dir} is not a run folder (no run.json)", "a run folder")
+    if args.node_rank != 0:  # node 0's launcher holds the lock and owns the status
+        return _resume_other_node(run_dir, args)
     # the lock first: of two resumes started at once, one gets it and the other stops here
     try:
         lock = RunLock.acquire(run_dir)
@@ -262,13 +292,13 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise ConfigError("RUN_DIR", f"{run_dir}: cannot lock: {_os_problem(exc)}") from None
     try:
-        return _resume_locked(run_dir, lock)
+        return _resume_locked(run_dir, lock, args)
     except BaseException:
         lock.release()
         raise
 
 
-def _resume_locked(run_dir: Path, lock: Any) -> int:
+def _resume_locked(run_dir: Path, lock: Any, args: argparse.Namespace) -> int:
     from diagnostics.runs import RunFolder, RunFolderError
 
     folder = RunFolder(run_dir)
@@ -280,12 +310,14 @@ def _resume_locked(run_dir: Path, lock: Any) -> int:
     # a writer that predates run.lock (or one that lost it) still shows in its status
     if status.status == "running" and _alive(status.pid, status.host):
         raise ConfigError("RUN_DIR", f"{run_dir} is still running (pid {status.pid})")
-    if status.status == "completed":
+    elif status.status == "completed":
         raise ConfigError("RUN_DIR", f"{run_dir} already completed")
     try:
         config = TrainerConfig.from_dict(manifest.config)
     except (TypeError, ValueError, KeyError) as exc:
         raise ConfigError("RUN_DIR", f"{run_dir / 'run.json'}: config: {exc}") from None
+    if manifest.extra.get("distributed"):
+        return _resume_distributed(run_dir, manifest.extra["distributed"], config, lock, args)
 
     import torch
 
@@ -372,6 +404,63 @@ def _train_locked(
     return 1 if status == "failed" else 0
 
 
+def _launch(
+    args: argparse.Namespace, config: TrainerConfig, patch: dict[str, Any] | None, runs_dir: Path
+) -> int:
+    from trainer.dist_launch import LaunchSpec, launch_run
+
+    spec = LaunchSpec(
+        nproc_per_node=1 if args.nproc_per_node is None else args.nproc_per_node,
+        nnodes=1 if args.nnodes is None else args.nnodes,
+        node_rank=args.node_rank,
+        rdzv_endpoint=args.rdzv_endpoint,
+    )
+    run_dir, status, _ = launch_run(
+        spec,
+        config,
+        runs_dir,
+        run_id=args.run_id,
+        parent_run_id=args.parent_run_id,
+        patch=patch,
+    )
+    print(run_dir, flush=True)
+    return 1 if status == "failed" else 0
+
+
+def _resume_distributed(
+    run_dir: Path, info: dict[str, Any], config: TrainerConfig, lock: Any, args: argparse.Namespace
+) -> int:
+    from trainer.dist_launch import launch_resume, spec_for_resume
+
+    try:
+        spec = spec_for_resume(info, args.node_rank, args.rdzv_endpoint)
+        spec.validate(config, run_dir.name)
+        ended, _ = launch_resume(run_dir, spec)
+    finally:
+        lock.release()
+    print(run_dir, flush=True)
+    return 1 if ended == "failed" else 0
+
+
+def _resume_other_node(run_dir: Path, args: argparse.Namespace) -> int:
+    from diagnostics.runs import RunFolder, RunFolderError
+    from trainer.dist_launch import launch_resume, spec_for_resume
+
+    try:
+        manifest = RunFolder(run_dir).manifest()
+        config = TrainerConfig.from_dict(manifest.config)
+    except (RunFolderError, TypeError, ValueError, KeyError) as exc:
+        raise ConfigError("RUN_DIR", f"{run_dir}: {exc}") from None
+    info = manifest.extra.get("distributed")
+    if not info:
+        raise ConfigError("--node-rank", f"{run_dir} is a single-process run", "0")
+    spec = spec_for_resume(info, args.node_rank, args.rdzv_endpoint)
+    spec.validate(config, run_dir.name)
+    ended, _ = launch_resume(run_dir, spec)
+    print(run_dir, flush=True)
+    return 1 if ended == "failed" else 0
+
+
 def _cmd_list(args: argparse.Namespace) -> int:
     from diagnostics.runs import list_runs
 
@@ -396,6 +485,10 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_run(args)
         if args.command == "resume":
             return _cmd_resume(args)
+        if args.command == "_worker":
+            from trainer.distributed import worker_main
+
+            return worker_main(args.run_dir, args.resume)
         return _cmd_list(args)
     except (ConfigError, UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -163,6 +163,29 @@ class RuntimeConfig:
     )
 
 
+SyncMode = Literal["overlap", "after-backward"]
+
+
+@dataclass
+class DistributedConfig:
+    """Runs under torchrun only (``--nproc-per-node``); a single process ignores them."""
+
+    sync: SyncMode = _spec(
+        "overlap",
+        "gradient all-reduce: DDP's buckets during backward, or one blocking all-reduce per "
+        "tensor after backward (nothing overlaps)",
+    )
+    bucket_cap_mb: float = _spec(
+        25.0, "DDP gradient bucket size (MB), DDP's default", min=0.0, max=1024.0
+    )
+    straggler_rank: int | None = _spec(
+        None, "the rank whose data path is made slower; null = none", min=0, max=4095
+    )
+    straggler_delay_ms: float = _spec(
+        0.0, "extra data-loading time per batch on straggler_rank (ms)", min=0.0, max=60_000.0
+    )
+
+
 @dataclass
 class TrainerConfig:
     scenario: str = "healthy"
@@ -175,6 +198,7 @@ class TrainerConfig:
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
     instruments: InstrumentsConfig = field(default_factory=InstrumentsConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
     def to_dict(self) -> dict[str, Any]:
         """Nested dict of every field (JSON-ready); what the manifest's ``config`` holds."""
@@ -210,6 +234,18 @@ SCENARIOS: dict[str, str] = {
     "leak": "`total_loss += loss` keeps every graph, plus a list that keeps every batch",
     "small-batch": "batches of 2: too small to keep the device busy",
     "fp32": "no AMP and TF32 off: every matmul in full fp32 on CUDA cores, Tensor Cores idle",
+}
+
+# Scenarios of a job under torchrun (``--nproc-per-node 2`` or more); kept apart from
+# SCENARIOS, whose matrix runs each as one process.
+DISTRIBUTED_SCENARIOS: dict[str, str] = {
+    "straggler": "rank 1's data loading 300 ms slower a batch: every all-reduce waits for it",
+    "exposed-communication": "gradients all-reduced after backward, one tensor at a time, "
+    "nothing overlapped",
+}
+DISTRIBUTED_PRESETS: dict[str, dict[str, Any]] = {
+    "straggler": {"distributed.straggler_rank": 1, "distributed.straggler_delay_ms": 300.0},
+    "exposed-communication": {"distributed.sync": "after-backward"},
 }
 
 # Each scenario differs from the defaults (the healthy baseline) only in these fields.
@@ -282,7 +318,15 @@ def split_sizes(rows: int) -> tuple[int, int]:
 
 # --- field introspection -------------------------------------------------------------------
 
-_SECTIONS: tuple[str, ...] = ("data", "model", "train", "profiler", "instruments", "runtime")
+_SECTIONS: tuple[str, ...] = (
+    "data",
+    "model",
+    "train",
+    "profiler",
+    "instruments",
+    "runtime",
+    "distributed",
+)
 _TOP_LEVEL: tuple[str, ...] = ("seed", "device")
 
 
@@ -483,8 +527,9 @@ def parse_assignment(text: str) -> tuple[str, str]:
 
 def validate(config: TrainerConfig) -> None:
     """Checks that involve more than one field (single fields are checked on assignment)."""
-    if config.scenario not in SCENARIOS:
-        raise ConfigError("scenario", f"{config.scenario!r} is unknown", ", ".join(SCENARIOS))
+    known = {**SCENARIOS, **DISTRIBUTED_SCENARIOS}
+    if config.scenario not in known:
+        raise ConfigError("scenario", f"{config.scenario!r} is unknown", ", ".join(known))
     if config.model.hidden_size % config.model.heads:
         raise ConfigError(
             "model.heads",
@@ -521,8 +566,9 @@ def build_config(
     ``model.size=auto`` into the cpu or gpu preset; without it ``auto`` keeps the defaults
     (the cpu values), which is what a form validated without torch shows.
     """
-    if scenario not in SCENARIOS:
-        raise ConfigError("scenario", f"{scenario!r} is unknown", ", ".join(SCENARIOS))
+    known = {**SCENARIOS, **DISTRIBUTED_SCENARIOS}
+    if scenario not in known:
+        raise ConfigError("scenario", f"{scenario!r} is unknown", ", ".join(known))
     items = list(overrides.items() if isinstance(overrides, Mapping) else overrides)
     requested = "auto"
     for key, value in items:
@@ -533,7 +579,7 @@ def build_config(
     for key, value in SIZE_PRESETS.get(size, {}).items():
         set_value(config, key, value)
     config.model.size = size  # type: ignore[assignment]
-    for key, value in SCENARIO_PRESETS[scenario].items():
+    for key, value in {**SCENARIO_PRESETS, **DISTRIBUTED_PRESETS}[scenario].items():
         set_value(config, key, value)
     for key, value in items:
         if key == "scenario":

@@ -218,13 +218,21 @@ class CachedDataset(Dataset[Sample]):
 class EpochSampler(Sampler[tuple[int, int]]):
     """A permutation keyed by (seed, phase, epoch), optionally started part-way through.
 
-    Yields (epoch, index) keys for :class:`TransactionDataset`.
+    Yields (epoch, index) keys for :class:`TransactionDataset`. With ``world_size`` > 1 it
+    is DistributedSampler's split of that one permutation: rank r takes every world_size-th
+    index from position r, after the tail that would make the shards unequal is dropped
+    (unequal shards would leave one rank waiting in an all-reduce the others never join).
+    ``start`` then counts within the rank's shard, so every rank resumes at the same batch.
     """
 
-    def __init__(self, size: int, seed: int, phase: str):
+    def __init__(self, size: int, seed: int, phase: str, rank: int = 0, world_size: int = 1):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} of {world_size}")
         self.size = size
         self.seed = seed
         self.phase = phase
+        self.rank = rank
+        self.world_size = world_size
         self.epoch = 0
         self.start = 0
 
@@ -236,10 +244,16 @@ class EpochSampler(Sampler[tuple[int, int]]):
         order = np.random.default_rng(order_key(self.seed, self.phase, self.epoch)).permutation(
             self.size
         )
+        if self.world_size > 1:
+            order = order[: self.shard_size * self.world_size][self.rank :: self.world_size]
         return iter([(self.epoch, index) for index in order[self.start :].tolist()])
 
+    @property
+    def shard_size(self) -> int:
+        return self.size // self.world_size if self.world_size > 1 else self.size
+
     def __len__(self) -> int:
-        return self.size - self.start
+        return self.shard_size - self.start
 
 
 def assign_shards(num_shards: int, num_workers: int, worker_id: int) -> list[int]:
@@ -348,6 +362,8 @@ class EpochBatches:
         seed: int,
         phase: str,
         pin_memory: bool,
+        rank: int = 0,
+        world_size: int = 1,
     ):
         self.data = data
         self.batch_size = batch_size
@@ -357,7 +373,7 @@ class EpochBatches:
         self.base = dataset
         self.sharded = data.dataset == "sharded"
         self.persistent = data.persistent_workers and data.num_workers > 0 and not self.sharded
-        self._sampler = EpochSampler(len(dataset), seed, phase)
+        self._sampler = EpochSampler(len(dataset), seed, phase, rank, world_size)
         self._persistent_loader: DataLoader[Sample] | None = None
         self.loaders_built = 0
 

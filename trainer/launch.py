@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shlex
 import subprocess
 import sys
 import threading
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from diagnostics.runs import RunFolder, RunListing, list_runs, new_run_id
-from trainer.config import SCENARIOS, FieldInfo, build_config
+from trainer.config import DISTRIBUTED_SCENARIOS, SCENARIOS, FieldInfo, build_config
 from trainer.config import config_fields as _config_fields
 from trainer.config import validate_overrides as _validate_overrides
 from trainer.launch_bounds import LaunchBounds
@@ -34,6 +35,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 __all__ = [
     "DEFAULT_RUNS_DIR",
+    "DISTRIBUTED_SCENARIOS",
     "SCENARIOS",
     "LaunchError",
     "LaunchedRun",
@@ -41,6 +43,8 @@ __all__ = [
     "cancel_run",
     "config_fields",
     "device_error",
+    "job_arguments",
+    "other_node_command",
     "start_run",
     "validate_overrides",
 ]
@@ -63,6 +67,7 @@ class LaunchedRun:
     run_id: str
     run_dir: Path
     pid: int
+    command: tuple[str, ...] = ()  # as started (other nodes of a job run it with their rank)
 
 
 def config_fields() -> list[FieldInfo]:
@@ -151,6 +156,36 @@ def _tail(path: Path, lines: int = 20) -> str:
         return ""
 
 
+def job_arguments(
+    nproc_per_node: int = 1, nnodes: int = 1, rdzv_endpoint: str | None = None, node_rank: int = 0
+) -> list[str]:
+    """The trainer's torchrun options for a job shape ([] for one process on one node).
+
+    Raises ValueError for a shape the trainer would refuse, so the form says it first.
+    """
+    if nproc_per_node < 1 or nnodes < 1:
+        raise ValueError("processes per node and nodes: 1 or more")
+    if nproc_per_node == 1 and nnodes == 1:
+        return []
+    arguments = ["--nproc-per-node", str(nproc_per_node)]
+    if nnodes > 1:
+        host, _, port = (rdzv_endpoint or "").rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError("rendezvous endpoint: HOST:PORT of node 0, reachable by every node")
+        arguments += ["--nnodes", str(nnodes), "--node-rank", str(node_rank)]
+        arguments += ["--rdzv-endpoint", str(rdzv_endpoint)]
+    return arguments
+
+
+def other_node_command(command: list[str], node_rank: int) -> str:
+    """The command another node runs to join a multi-node job started with ``command``:
+    the same arguments (run id, runs dir on the shared file system) and its own node rank."""
+    joined = list(command)
+    joined[joined.index("--node-rank") + 1] = str(node_rank)
+    joined[0] = "python"  # the other node's interpreter, not this one's path
+    return shlex.join(joined)
+
+
 def start_run(
     *,
     scenario: str,
@@ -163,6 +198,9 @@ def start_run(
     applied_patch: Mapping[str, Any] | None = None,
     memory_lines: bool = False,
     timeout_s: float = 90.0,
+    nproc_per_node: int = 1,
+    nnodes: int = 1,
+    rdzv_endpoint: str | None = None,
 ) -> LaunchedRun:
     """Starts a detached trainer; returns once its run.json and status.json exist.
 
@@ -175,6 +213,9 @@ def start_run(
     config = build_config(scenario, dict(overrides), steps=steps, device=device)
     bounds = LaunchBounds.from_environ()
     too_big = bounds.check(config)
+    job = job_arguments(nproc_per_node, nnodes, rdzv_endpoint)
+    if scenario in DISTRIBUTED_SCENARIOS and nproc_per_node * nnodes < 2:
+        raise ValueError(f"{scenario} needs two or more processes")
     if applied_patch:
         too_big.update(bounds.check(build_config(scenario, {**overrides, **applied_patch})))
     if too_big:
@@ -204,6 +245,7 @@ def start_run(
         command += ["--parent-run-id", parent_run_id]
     if applied_patch:
         command += ["--patch-json", json.dumps(dict(applied_patch))]
+    command += job
 
     log_dir = root / LAUNCH_LOG_DIR
     log_dir.mkdir(exist_ok=True)
@@ -225,7 +267,9 @@ def start_run(
     while time.monotonic() < deadline:
         if (run_dir / "run.json").is_file() and (run_dir / "status.json").is_file():
             _reap(process)  # only now: a thread already waiting would make poll() see None
-            return LaunchedRun(run_id=run_id, run_dir=run_dir, pid=process.pid)
+            return LaunchedRun(
+                run_id=run_id, run_dir=run_dir, pid=process.pid, command=tuple(command)
+            )
         code = process.poll()
         if code is not None:
             tail = _tail(log_path)

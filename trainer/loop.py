@@ -42,6 +42,7 @@ from trainer.data import (
     num_labels,
     used_token_ids,
 )
+from trainer.distributed import current_context, worker_name
 from trainer.instruments.deferred import DeviceScalars, PendingSteps
 from trainer.instruments.memory_lines import make_memory_lines
 from trainer.instruments.profiler import make_profiler
@@ -160,8 +161,11 @@ class Trainer:
             self.run_dir / "trace",
             enabled=self.instruments,
             cuda=self.cuda,
-            worker_name=f"{self.run_dir.name}.{os.getpid()}",
+            worker_name=worker_name(self.run_dir),
         )
+        self.dist = current_context()  # None unless started by torchrun
+        if self.dist is not None:
+            self.dist.attach(self)
         self.sampler = make_sampler(
             writer.append_sample,
             writer.add_note_if_room,
@@ -243,6 +247,8 @@ class Trainer:
                 )
                 loss, hidden = output.loss, output.hidden
         self.scaler.scale(loss).backward()
+        if self.dist is not None:
+            self.dist.after_backward()  # the all-reduce, when it is not DDP's overlapped one
         self.clock.mark("computed")
 
         if self.scaler.is_enabled():
@@ -557,6 +563,11 @@ class Trainer:
                 seed=cfg.seed,
                 phase=phase,
                 pin_memory=cfg.data.pin_memory and self.cuda,
+                **(
+                    {"rank": self.dist.rank, "world_size": self.dist.world_size}
+                    if self.dist
+                    else {}
+                ),
             ).iterate(start_epoch, start_batch)
             log.info("%s: steps %d..%d", phase, self.position.step + 1, phase_end)
             if phase == "finetune":
@@ -564,6 +575,8 @@ class Trainer:
             current_epoch = start_epoch
             while self.position.step < phase_end:
                 stop = self._stop_reason()
+                if self.dist is not None:  # every rank stops after the same step
+                    stop = self.dist.agree_stop(stop)
                 if stop is not None:
                     return self._stop(*stop)
                 self.clock.begin()

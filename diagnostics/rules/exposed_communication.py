@@ -34,11 +34,12 @@ from diagnostics.facts.comms import COLLECTIVE_SCHEMA, COMM_STEP_SCHEMA, CommFac
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
-from diagnostics.rules.evidence import chart, r
+from diagnostics.rules.evidence import chart, config_value, r
 from diagnostics.thresholds import Thresholds
 
-# The reference trainer has no distributed configuration yet: the fix is code only, and
-# config_patch stays None until trainer runs under torchrun carry DDP options.
+# A reference-trainer run that all-reduced after backward (distributed.sync=after-backward,
+# the exposed-communication scenario) is fixed by DDP's overlap; other runs get the code only.
+OVERLAP_PATCH = {"distributed.sync": "overlap"}
 FIX_CODE = """\
 # before: gradients all-reduced by hand after backward (nothing overlaps), or one huge bucket
 model = DDP(model, bucket_cap_mb=1024)
@@ -140,7 +141,12 @@ class ExposedCommunication(Rule):
                     "gradient_as_bucket_view, static_graph) and communicate less often with "
                     "no_sync() accumulation." + waiting
                 ),
-                fix=Fix(code=FIX_CODE, config_patch=None),
+                fix=Fix(
+                    code=FIX_CODE,
+                    config_patch=OVERLAP_PATCH
+                    if config_value(inputs.run, "distributed.sync") == "after-backward"
+                    else None,
+                ),
                 # hiding all of it behind compute saves at most the exposed share
                 estimated_saving_pct=r(exposed_pct, 1),
             )

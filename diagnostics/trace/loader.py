@@ -435,8 +435,9 @@ def load(
         max_events=max_events,
         on_error=(lambda exc: skipped.append(f"trace left out: {exc}")) if run else None,
     )
-    if run is not None:
-        # the trainer is one process: every profiler window is rank 0's, whatever the names
+    if run is not None and RunFolder(path).world_size() <= 1:
+        # a single-process run: every profiler window is rank 0's, whatever the names (a
+        # distributed run's files carry distributedInfo, so they group by rank above)
         traces = _as_one_rank(traces)
         notes = ()
     return LoadedInput(

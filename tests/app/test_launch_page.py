@@ -82,3 +82,15 @@ def test_progress_labels_the_recent_and_the_overall_rate():
     assert progress.overall_steps_per_s == pytest.approx(29 / 19)  # 29 intervals over 19 s
     assert "2.00 steps/s recent (last 20 steps)" in progress.text
     assert "1.53 steps/s overall" in progress.text
+
+
+def test_a_distributed_scenario_starts_two_processes_and_refuses_one(empty_env):
+    at = open_page("pages/1_Launch.py")
+    next(s for s in at.selectbox if s.label == "Scenario").set_value("straggler").run()
+    processes = next(n for n in at.number_input if n.label == "Processes per node")
+    assert processes.value == 2  # the scenario's default: it needs two ranks
+    processes.set_value(1)
+    next(b for b in at.button if b.label == "Start run").click().run()
+    assert not at.exception
+    assert any("straggler needs two or more processes" in e.value for e in at.error)
+    assert list_runs(empty_env) == []
