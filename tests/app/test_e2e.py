@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import re
 from pathlib import Path
+from urllib.parse import parse_qs, urlparse
 
 import pytest
 from playwright.sync_api import expect
@@ -116,7 +117,8 @@ def test_launch_watch_diagnose_rerun_compare_download(app_server, page, tmp_path
         finding.locator("summary").click()
     finding.get_by_role("button", name="Re-run with fix").click()
     page.wait_for_url(re.compile(r"/Launch\?run="), timeout=60_000)
-    second_id = page.url.split("run=")[-1]
+    # the URL also carries the form's scenario (kept across reloads): read the run parameter
+    second_id = parse_qs(urlparse(page.url).query)["run"][0]
     assert second_id != first_id
     manifest = RunFolder(runs_dir / second_id).manifest()
     assert manifest.parent_run_id == first_id
