@@ -366,6 +366,46 @@ class UnstableGradients(Rule):
             ),
         ),
         Example(
+            "run: loss steady at 1.0, then 3.0 over the last 20 steps (diverging)",
+            True,
+            lambda: ex.inputs(
+                run=ex.run(
+                    ex.series(60, loss=lambda s: 1.0 if s <= 40 else 3.0, grad_norm=1.0),
+                    environment=ex.CPU_ENV,
+                )
+            ),
+        ),
+        Example(
+            "run fp16: GradScaler halves its scale at steps 30, 40 and 50 (9% of steps)",
+            True,
+            lambda: ex.inputs(
+                run=ex.run(
+                    ex.series(
+                        60,
+                        loss=lambda s: 2.0 - s * 0.01,
+                        grad_norm=1.0,
+                        amp_scale=lambda s: 2.0**16 / 2 ** sum(s > k for k in (30, 40, 50)),
+                    ),
+                    environment=ex.CPU_ENV,
+                )
+            ),
+        ),
+        Example(
+            "run fp16: GradScaler scale fell to 0.5 during warm-up and stays there",
+            True,
+            lambda: ex.inputs(
+                run=ex.run(
+                    ex.series(
+                        60,
+                        loss=lambda s: 2.0 - s * 0.01,
+                        grad_norm=1.0,
+                        amp_scale=lambda s: max(2.0 ** (16 - s), 0.5),
+                    ),
+                    environment=ex.CPU_ENV,
+                )
+            ),
+        ),
+        Example(
             "run: smooth, decreasing loss and noisy but bounded grad norms",
             False,
             lambda: ex.inputs(
