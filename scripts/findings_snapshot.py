@@ -7,6 +7,9 @@ then diff the two files.
     ... change ...
     .venv/bin/python scripts/findings_snapshot.py /tmp/after.txt
     diff /tmp/before.txt /tmp/after.txt
+
+Run it from another checkout (``cd old && python new/scripts/findings_snapshot.py ...``) to
+snapshot that checkout's analyser: the analyser is run from the current directory.
 """
 
 from __future__ import annotations
@@ -26,6 +29,17 @@ def inputs(shared: Path) -> list[Path]:
     return traces + runs
 
 
+def _rounded(value: object) -> object:
+    """Floats to 9 significant digits: polars' parallel sums differ in the last bits run to run."""
+    if isinstance(value, float):
+        return float(f"{value:.9g}")
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    return value
+
+
 def findings_lines(path: Path) -> list[str]:
     proc = subprocess.run(
         [sys.executable, "-m", "diagnostics", "analyze", str(path), "--format", "json"],
@@ -39,7 +53,7 @@ def findings_lines(path: Path) -> list[str]:
     lines = [f"{path.name}\t{f['rule']}\t{f['severity']}\t{f['title']}" for f in result["findings"]]
     lines += [f"{path.name}\tskipped\t{s}" for s in sorted(map(str, result.get("skipped", [])))]
     # The digest catches changes in evidence, recommendations and order, not just titles.
-    whole = json.dumps(result["findings"], sort_keys=True).encode()
+    whole = json.dumps(_rounded(result["findings"]), sort_keys=True).encode()
     lines.append(f"{path.name}\tfindings-sha256\t{hashlib.sha256(whole).hexdigest()[:16]}")
     return lines
 
