@@ -15,7 +15,7 @@ from app_ui import auth, render
 from app_ui.safe_text import md_code, md_text
 from diagnostics import views
 from diagnostics.report import plots
-from diagnostics.runs import FINAL_STATES, RunFolder, RunFolderError
+from diagnostics.runs import CANCEL_FILE, FINAL_STATES, RunFolder, RunFolderError
 from trainer import launch
 from trainer.config import build_config
 
@@ -149,7 +149,7 @@ def _panel_body(runs_dir: Path, run: RunFolder) -> None:
         if lineage:
             head.markdown(lineage)
         if status.is_active:
-            cancel_requested = (run.path / "cancel.request").exists()
+            cancel_requested = (run.path / CANCEL_FILE).exists()
             may_cancel = auth.is_authenticated()
             if action.button(
                 "Cancel run",

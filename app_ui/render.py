@@ -16,11 +16,10 @@ from app_ui.safe_text import md_text
 from diagnostics import views
 from diagnostics.metrics import key_metrics
 from diagnostics.report import plots
-from diagnostics.report.html import render_html
-from diagnostics.report.json_report import render_json
-from diagnostics.report.markdown import render_markdown
+from diagnostics.report.formats import REPORT_FORMATS, render_report
 from diagnostics.report.model import build_comparison_report, build_report
 from diagnostics.rules.base import Finding
+from diagnostics.severity import order_findings
 
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
 
@@ -91,9 +90,7 @@ def findings(
             "No problems found: every check that applies passed.", icon=":material/check_circle:"
         )
         return None
-    ranked = sorted(
-        result.findings, key=lambda f: (f.severity.rank, -(f.estimated_saving_pct or 0.0))
-    )
+    ranked = order_findings(result.findings)
     st.caption(
         f"{len(ranked)} finding{'s' if len(ranked) != 1 else ''}, most severe first. "
         + (
@@ -218,24 +215,17 @@ def run_charts(result: AnalysisResult, key_prefix: str) -> None:
             chart(figure(), key=f"{key_prefix}-chart-{index}")
 
 
-REPORT_FORMATS: tuple[tuple[str, str, str], ...] = (
-    ("HTML report", "html", "text/html"),
-    ("Markdown report", "md", "text/markdown"),
-    ("JSON report", "json", "application/json"),
-)
-
-
 def downloads(make: Callable[[str], str], base_name: str, key_prefix: str) -> None:
     """One download button per report format; each report is rendered only when clicked."""
     columns = st.columns(len(REPORT_FORMATS))
-    for column, (label, extension, mime) in zip(columns, REPORT_FORMATS, strict=True):
+    for column, fmt in zip(columns, REPORT_FORMATS, strict=True):
         with column:
             st.download_button(
-                label,
-                data=lambda extension=extension: make(extension),
-                file_name=f"{base_name}.{extension}",
-                mime=mime,
-                key=f"{key_prefix}-download-{extension}",
+                fmt.label,
+                data=lambda name=fmt.name: make(name),
+                file_name=f"{base_name}.{fmt.name}",
+                mime=fmt.mime,
+                key=f"{key_prefix}-download-{fmt.name}",
                 icon=":material/download:",
                 on_click="ignore",
                 width="stretch",
@@ -273,13 +263,9 @@ def runs_table(table: pl.DataFrame, key: str) -> None:
 
 
 def report_text(result: AnalysisResult, fmt: str) -> str:
-    """A finished report in one of REPORT_FORMATS' extensions (html, md, json)."""
-    report = build_report(result)
-    renderer = {"html": render_html, "md": render_markdown, "json": render_json}[fmt]
-    return renderer(report)
+    """A finished report in one of REPORT_FORMATS' names (html, md, json)."""
+    return render_report(build_report(result), fmt)
 
 
 def comparison_report_text(comparison: Any, fmt: str) -> str:
-    report = build_comparison_report(comparison)
-    renderer = {"html": render_html, "md": render_markdown, "json": render_json}[fmt]
-    return renderer(report)
+    return render_report(build_comparison_report(comparison), fmt)

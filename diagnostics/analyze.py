@@ -39,6 +39,7 @@ from diagnostics.result import (
 from diagnostics.rules.base import Skipped
 from diagnostics.rules.engine import run_rules
 from diagnostics.runs import RunFolder
+from diagnostics.severity import SEVERITY_ORDER
 from diagnostics.trace.budget import DEFAULT_MAX_DECOMPRESSED_BYTES, DEFAULT_MAX_EVENTS, Limits
 from diagnostics.trace.loader import (
     LoadedInput,
@@ -223,7 +224,7 @@ def analyze_loaded(
         summary["events"] = sum(m.event_count for m in rank_metadata)
     if step_map is not None and step_map.height:
         summary["trace_run_steps"] = step_map.select("trace_step", "run_step").to_dicts()
-    counts = {"high": 0, "medium": 0, "low": 0}
+    counts = dict.fromkeys(SEVERITY_ORDER, 0)
     for finding in outcome.findings:
         counts[str(finding.severity)] = counts.get(str(finding.severity), 0) + 1
     summary["findings_by_severity"] = counts

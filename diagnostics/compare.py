@@ -11,11 +11,11 @@ that its steps take half as long. The headline is the median step-time ratio
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from diagnostics.dotted import flatten_dotted
 from diagnostics.metrics import KeyMetrics, key_metrics
 
 Better = Literal["higher", "lower", "neither"]
@@ -129,22 +129,11 @@ def result_label(result: Any) -> str:
     return Path(str(path)).name if path else "analysis"
 
 
-def _flatten(config: Mapping[str, Any] | None, prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in (config or {}).items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            flat.update(_flatten(value, f"{dotted}."))
-        else:
-            flat[dotted] = value
-    return flat
-
-
 def _config_changes(a: Any, b: Any) -> tuple[tuple[str, Any, Any], ...]:
     run_a, run_b = getattr(a, "run", None), getattr(b, "run", None)
     if run_a is None or run_b is None:
         return ()
-    flat_a, flat_b = _flatten(run_a.config), _flatten(run_b.config)
+    flat_a, flat_b = flatten_dotted(run_a.config), flatten_dotted(run_b.config)
     changes = []
     for key in sorted(set(flat_a) | set(flat_b)):
         value_a, value_b = flat_a.get(key), flat_b.get(key)

@@ -17,6 +17,8 @@ Layout (``RUN_FOLDER_VERSION`` 1)::
       checkpoints/        step_00000100.pt ...
       memory_lines.jsonl  line-level memory (memory_profiler), one line record a row
       log.txt             the trainer's log
+      tokenizer.json      the run's own tokenizer (resume reuses it rather than retrain one)
+      cancel.request      touched to ask the trainer to stop (status cancelled); removed on resume
       steps.rank<k>.jsonl distributed runs: rank k > 0's records (rank 0 keeps the names
       samples.rank<k>.jsonl  above); log.rank<k>.txt; status.rank<k>.json, each rank's end
       run.lock            held by the one trainer writing the folder: {"pid", "host", "at"}
@@ -72,6 +74,22 @@ LOCK_FILE = "run.lock"
 TRACE_DIR = "trace"
 CHECKPOINT_DIR = "checkpoints"
 RANK_STATUS_FILE = "status.rank{rank}.json"  # every rank's own end, aggregated into status.json
+TOKENIZER_FILE = "tokenizer.json"
+CANCEL_FILE = "cancel.request"
+
+RUNS_DIR_ENV = "PIPELINE_DOCTOR_RUNS_DIR"
+DEFAULT_RUNS_DIR = "runs"
+
+
+def default_runs_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """Where runs live: ``$PIPELINE_DOCTOR_RUNS_DIR``, or ``./runs`` when it is unset or empty.
+
+    Read at each call (never at import), so the trainer, the launcher and the app agree even
+    when the variable is set after they were imported.
+    """
+    value = (os.environ if environ is None else environ).get(RUNS_DIR_ENV)
+    return Path(value or DEFAULT_RUNS_DIR)
+
 
 # Column -> dtype for each record kind. Records may carry fewer fields (None is written
 # as null); the reader always returns every column below, in this order.

@@ -20,7 +20,6 @@ import contextlib
 import errno
 import json
 import logging
-import os
 import re
 import shutil
 import sys
@@ -43,10 +42,6 @@ from trainer.config import (
 RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 CACHE_DIR_NAME = ".cache"  # under the runs directory: the tokenizer cache
-
-
-def default_runs_dir() -> Path:
-    return Path(os.environ.get("PIPELINE_DOCTOR_RUNS_DIR", "runs"))
 
 
 class UsageError(Exception):
@@ -194,6 +189,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     check_run_id("--parent-run-id", args.parent_run_id)
     config, patch = config_from_args(args)
     unresolved = config
+    from diagnostics.runs import LOG_FILE, RunWriter, default_runs_dir
+
     runs_dir = args.runs_dir or default_runs_dir()
     distributed = args.nproc_per_node is not None or args.nnodes is not None
     exists_ok = distributed and args.node_rank != 0  # node 0 creates it
@@ -222,7 +219,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # the size preset follows the device, known only now (still before the run folder exists)
     config, patch = config_from_args(args, resolved_device=device)
     requested_size = "auto" if unresolved.model.size == "auto" else config.model.size
-    from diagnostics.runs import RunWriter
     from trainer.run_io import cpu_count, environment
 
     threads = choose_threads(config, cpu_count(), device)
@@ -255,7 +251,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         ) from None
     lock = _lock_new_run(writer.path)
     try:
-        _setup_logging(writer.path / "log.txt")
+        _setup_logging(writer.path / LOG_FILE)
     except OSError as exc:
         lock.release()
         shutil.rmtree(writer.path, ignore_errors=True)
@@ -299,7 +295,14 @@ def _cmd_resume(args: argparse.Namespace) -> int:
 
 
 def _resume_locked(run_dir: Path, lock: Any, args: argparse.Namespace) -> int:
-    from diagnostics.runs import RunFolder, RunFolderError
+    from diagnostics.runs import (
+        CANCEL_FILE,
+        LOG_FILE,
+        MANIFEST_FILE,
+        RunFolder,
+        RunFolderError,
+        RunWriter,
+    )
 
     folder = RunFolder(run_dir)
     try:
@@ -315,13 +318,12 @@ def _resume_locked(run_dir: Path, lock: Any, args: argparse.Namespace) -> int:
     try:
         config = TrainerConfig.from_dict(manifest.config)
     except (TypeError, ValueError, KeyError) as exc:
-        raise ConfigError("RUN_DIR", f"{run_dir / 'run.json'}: config: {exc}") from None
+        raise ConfigError("RUN_DIR", f"{run_dir / MANIFEST_FILE}: config: {exc}") from None
     if manifest.extra.get("distributed"):
         return _resume_distributed(run_dir, manifest.extra["distributed"], config, lock, args)
 
     import torch
 
-    from diagnostics.runs import RunWriter
     from trainer.run_io import cpu_count
     from trainer.runtime import choose_threads, resolve_device
 
@@ -331,8 +333,8 @@ def _resume_locked(run_dir: Path, lock: Any, args: argparse.Namespace) -> int:
     torch.set_num_threads(choose_threads(config, cpu_count(), device))
     try:
         writer = RunWriter.reopen(run_dir)
-        (run_dir / "cancel.request").unlink(missing_ok=True)
-        _setup_logging(writer.path / "log.txt")
+        (run_dir / CANCEL_FILE).unlink(missing_ok=True)
+        _setup_logging(writer.path / LOG_FILE)
     except OSError as exc:
         raise ConfigError("RUN_DIR", f"{run_dir}: cannot reopen: {_os_problem(exc)}") from None
     return _train(writer, lock, config, device, run_dir.parent, resume=True)
@@ -361,6 +363,7 @@ def _train(
 def _train_locked(
     writer: Any, config: TrainerConfig, device: str, runs_dir: Path, resume: bool
 ) -> int:
+    from diagnostics.runs import LOG_FILE
     from trainer.loop import Trainer
     from trainer.run_io import Heartbeat, SafeWriter
     from trainer.runtime import StopRequests
@@ -384,9 +387,9 @@ def _train_locked(
         status, reason = "failed", _failure(exc, writer.last_step)
         # the traceback goes to log.txt only (if the disk takes it): the terminal gets the
         # one-line reason
-        with contextlib.suppress(OSError), (writer.path / "log.txt").open("a") as handle:
+        with contextlib.suppress(OSError), (writer.path / LOG_FILE).open("a") as handle:
             handle.write(traceback.format_exc())
-        log.error("run failed: %s (details in %s)", reason, writer.path / "log.txt")
+        log.error("run failed: %s (details in %s)", reason, writer.path / LOG_FILE)
     finally:
         heartbeat.stop()
         stop.uninstall()
@@ -462,7 +465,7 @@ def _resume_other_node(run_dir: Path, args: argparse.Namespace) -> int:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from diagnostics.runs import list_runs
+    from diagnostics.runs import default_runs_dir, list_runs
 
     runs_dir = args.runs_dir or default_runs_dir()
     listings = list_runs(runs_dir)

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_origin
 
+from diagnostics.dotted import flatten_dotted
+
 Device = Literal["auto", "cpu", "cuda"]
 DatasetKind = Literal["map", "sharded"]
 AmpMode = Literal["off", "bf16", "fp16"]
@@ -215,7 +217,7 @@ class TrainerConfig:
         The scenario named in ``raw`` is recorded but not re-applied: the stored values are
         already resolved, and a later change to a preset must not change an old run.
         """
-        flat = _flatten(raw)
+        flat = flatten_dotted(raw, descend=_SECTIONS.__contains__)
         config = cls(scenario=str(flat.pop("scenario", "healthy")))
         unknown = [key for key in flat if key not in _FIELD_TYPES]
         if unknown:
@@ -618,14 +620,3 @@ def validate_overrides(overrides: Mapping[str, Any], scenario: str = "healthy") 
         except ConfigError as exc:
             errors[exc.key] = str(exc)
     return errors
-
-
-def _flatten(raw: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in raw.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, Mapping) and dotted in _SECTIONS:
-            flat.update(_flatten(value, prefix=f"{dotted}."))
-        else:
-            flat[dotted] = value
-    return flat

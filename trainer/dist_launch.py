@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from diagnostics.runs import RANK_STATUS_FILE, RunFolder
+from diagnostics.runs import CANCEL_FILE, LOG_FILE, RANK_STATUS_FILE, TOKENIZER_FILE, RunFolder
 from trainer.config import DISTRIBUTED_SCENARIOS, ConfigError, TrainerConfig
 
 log = logging.getLogger("trainer")
@@ -192,7 +192,7 @@ def _environment_and_tokenizer(config: TrainerConfig, run_dir: Path, runs_dir: P
     from trainer.cli import CACHE_DIR_NAME
     from trainer.data import load_corpus
 
-    load_corpus(config.data, config.seed, runs_dir / CACHE_DIR_NAME, run_dir / "tokenizer.json")
+    load_corpus(config.data, config.seed, runs_dir / CACHE_DIR_NAME, run_dir / TOKENIZER_FILE)
 
 
 def launch_run(
@@ -269,7 +269,7 @@ def launch_resume(run_dir: Path, spec: LaunchSpec) -> tuple[str, str | None]:
     if spec.node_rank != 0:
         return supervise(run_dir, spec, None, resume=True)
     writer = RunWriter.reopen(run_dir)
-    (run_dir / "cancel.request").unlink(missing_ok=True)
+    (run_dir / CANCEL_FILE).unlink(missing_ok=True)
     _setup_launcher_logging(run_dir)
     return supervise(run_dir, spec, writer, resume=True)
 
@@ -294,6 +294,6 @@ def _setup_launcher_logging(run_dir: Path) -> None:
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
     fmt = logging.Formatter("%(asctime)s %(levelname)s [launcher] %(message)s", "%H:%M:%S")
-    for handler in (logging.StreamHandler(sys.stderr), logging.FileHandler(run_dir / "log.txt")):
+    for handler in (logging.StreamHandler(sys.stderr), logging.FileHandler(run_dir / LOG_FILE)):
         handler.setFormatter(fmt)
         logger.addHandler(handler)

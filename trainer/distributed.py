@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from diagnostics.runs import (
+    LOG_FILE,
     RANK_STATUS_FILE,
     SAMPLES_LINES,
     STEPS_LINES,
@@ -261,7 +262,7 @@ def _setup_rank_logging(run_dir: Path, rank: int) -> None:
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
     fmt = logging.Formatter(f"%(asctime)s %(levelname)s [rank {rank}] %(message)s", "%H:%M:%S")
-    log_file = run_dir / rank_file("log.txt", rank)
+    log_file = run_dir / rank_file(LOG_FILE, rank)
     for handler in (logging.StreamHandler(), logging.FileHandler(log_file)):
         handler.setFormatter(fmt)
         logger.addHandler(handler)

@@ -22,19 +22,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from diagnostics.runs import RunFolder, RunListing, list_runs, new_run_id
+from diagnostics.runs import (
+    CANCEL_FILE,
+    MANIFEST_FILE,
+    STATUS_FILE,
+    RunFolder,
+    RunListing,
+    default_runs_dir,
+    list_runs,
+    new_run_id,
+)
 from trainer.config import DISTRIBUTED_SCENARIOS, SCENARIOS, FieldInfo, build_config
 from trainer.config import config_fields as _config_fields
 from trainer.config import validate_overrides as _validate_overrides
 from trainer.launch_bounds import LaunchBounds
 
-DEFAULT_RUNS_DIR = Path(os.environ.get("PIPELINE_DOCTOR_RUNS_DIR", "runs"))
 LAUNCH_LOG_DIR = ".launch"
-CANCEL_FILE = "cancel.request"
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 __all__ = [
-    "DEFAULT_RUNS_DIR",
     "DISTRIBUTED_SCENARIOS",
     "SCENARIOS",
     "LaunchError",
@@ -190,7 +196,7 @@ def start_run(
     *,
     scenario: str,
     overrides: Mapping[str, object],
-    runs_dir: str | os.PathLike[str] = DEFAULT_RUNS_DIR,
+    runs_dir: str | os.PathLike[str] | None = None,
     steps: int | None = None,
     device: str = "auto",
     instruments: bool = True,
@@ -224,7 +230,7 @@ def start_run(
     runtime_s = bounds.runtime_s(config.train.max_runtime_s)
     overrides = {**overrides, "train.max_runtime_s": runtime_s}
     # absolute: the child runs with the project root as its working directory
-    root = Path(runs_dir).resolve()
+    root = Path(default_runs_dir() if runs_dir is None else runs_dir).resolve()
     root.mkdir(parents=True, exist_ok=True)
     run_id = new_run_id(scenario)
     while (root / run_id).exists():  # two starts in the same millisecond
@@ -265,7 +271,7 @@ def start_run(
         )
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if (run_dir / "run.json").is_file() and (run_dir / "status.json").is_file():
+        if (run_dir / MANIFEST_FILE).is_file() and (run_dir / STATUS_FILE).is_file():
             _reap(process)  # only now: a thread already waiting would make poll() see None
             return LaunchedRun(
                 run_id=run_id, run_dir=run_dir, pid=process.pid, command=tuple(command)
@@ -296,6 +302,7 @@ def cancel_run(run_dir: str | os.PathLike[str]) -> None:
     (path / CANCEL_FILE).touch()
 
 
-def active_runs(runs_dir: str | os.PathLike[str] = DEFAULT_RUNS_DIR) -> list[RunListing]:
+def active_runs(runs_dir: str | os.PathLike[str] | None = None) -> list[RunListing]:
     """Runs whose status is running with a live heartbeat, newest first."""
-    return [run for run in list_runs(runs_dir) if run.status.is_active]
+    found = list_runs(default_runs_dir() if runs_dir is None else runs_dir)
+    return [run for run in found if run.status.is_active]

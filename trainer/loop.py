@@ -31,6 +31,7 @@ from typing import Any
 import psutil
 import torch
 
+from diagnostics.runs import CANCEL_FILE, TOKENIZER_FILE, TRACE_DIR
 from trainer import checkpoint
 from trainer.config import TrainerConfig
 from trainer.data import (
@@ -55,8 +56,6 @@ from trainer.vocab import model_vocab
 
 log = logging.getLogger("trainer")
 
-CANCEL_FILE = "cancel.request"
-TOKENIZER_FILE = "tokenizer.json"  # the run's own tokenizer: resume must not retrain one
 MEMORY_LINES_PROBE_SAMPLES = 64
 # a step record's keys that come before its times and scalars (the rest follow them)
 _EARLY_KEYS = ("step", "epoch", "phase", "wall_time", "lr", "batch_size")
@@ -158,7 +157,7 @@ class Trainer:
         self._pending_marks: list[str] = []
         self.profiler = make_profiler(
             config.profiler,
-            self.run_dir / "trace",
+            self.run_dir / TRACE_DIR,
             enabled=self.instruments,
             cuda=self.cuda,
             worker_name=worker_name(self.run_dir),

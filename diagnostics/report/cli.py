@@ -14,10 +14,11 @@ from pathlib import Path
 
 from diagnostics.cli_limits import LimitOptionError, add_limit_options, limits_from, resource_error
 from diagnostics.errors import InputError
+from diagnostics.report.formats import FORMAT_NAMES, render_report
 from diagnostics.report.pricing import GPU_PRICES, Pricing
+from diagnostics.severity import SEVERITY_ORDER
 
-FORMATS = ("html", "md", "json")
-SEVERITIES = ("high", "medium", "low")
+SEVERITIES = tuple(SEVERITY_ORDER)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -38,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "path", help="trace file (.json/.json.gz), folder of rank traces, or run folder"
     )
-    parser.add_argument("--format", choices=FORMATS, default="html")
+    parser.add_argument("--format", choices=FORMAT_NAMES, default="html")
     parser.add_argument("-o", "--output", help="file to write (default: standard output)")
     parser.add_argument(
         "--fail-on",
@@ -97,9 +98,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Imported here so `--help` and option errors stay fast.
     from diagnostics.analyze import analyze
     from diagnostics.compare import compare
-    from diagnostics.report.html import render_html
-    from diagnostics.report.json_report import render_json
-    from diagnostics.report.markdown import render_markdown
     from diagnostics.report.model import build_comparison_report, build_report
 
     try:
@@ -110,8 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         else:
             report = build_report(result, pricing=pricing)
-        render = {"html": render_html, "md": render_markdown, "json": render_json}[args.format]
-        content = render(report)
+        content = render_report(report, args.format)
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -8,7 +8,7 @@ renderer escapes them for its own format.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -32,9 +32,9 @@ from diagnostics.report.sections import (
     summary_rows,
     world_size,
 )
+from diagnostics.severity import SEVERITY_ORDER, order_findings, severity_rank
 
 REPORT_SCHEMA = "pipeline-doctor/report/v1"
-SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2}
 
 
 @dataclass(frozen=True)
@@ -109,23 +109,11 @@ class Report:
 
     def findings_at_or_above(self, severity: str) -> tuple[ReportFinding, ...]:
         limit = SEVERITY_ORDER[severity]
-        return tuple(f for f in self.findings if SEVERITY_ORDER.get(f.severity, 9) <= limit)
+        return tuple(f for f in self.findings if severity_rank(f.severity) <= limit)
 
 
 def _severity(finding: Any) -> str:
     return str(getattr(finding.severity, "value", finding.severity)).lower()
-
-
-def sort_findings(findings: Iterable[Any]) -> list[Any]:
-    """Most severe first; within a severity the largest expected saving first."""
-    return sorted(
-        findings,
-        key=lambda f: (
-            SEVERITY_ORDER.get(_severity(f), 9),
-            -(f.estimated_saving_pct or 0.0),
-            f.rule,
-        ),
-    )
 
 
 def _evidence_rows(evidence: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
@@ -270,7 +258,7 @@ def build_report(result: Any, *, pricing: Pricing | None = None) -> Report:
         environment_rows=tuple(environment_rows(result)),
         summary_rows=tuple(summary_rows(metrics, getattr(result, "summary", None) or {})),
         findings=tuple(
-            report_finding(f, trainer_run=run is not None) for f in sort_findings(result.findings)
+            report_finding(f, trainer_run=run is not None) for f in order_findings(result.findings)
         ),
         charts=tuple(_charts(result)),
         cost=_cost(result, metrics, pricing),
@@ -311,7 +299,7 @@ def build_comparison_report(comparison: Comparison, *, pricing: Pricing | None =
     b_trainer = getattr(b, "run", None) is not None
     current = [
         report_finding(f, "kept" if f.rule in kept_rules else "new", trainer_run=b_trainer)
-        for f in sort_findings(b.findings)
+        for f in order_findings(b.findings)
     ]
     section = ComparisonSection(
         label_a=comparison.label_a,
@@ -319,7 +307,7 @@ def build_comparison_report(comparison: Comparison, *, pricing: Pricing | None =
         rows=rows,
         gone=tuple(
             report_finding(f, "gone", trainer_run=getattr(a, "run", None) is not None)
-            for f in sort_findings(comparison.findings_gone)
+            for f in order_findings(comparison.findings_gone)
         ),
         new=tuple(f for f in current if f.status == "new"),
         kept=tuple(f for f in current if f.status == "kept"),

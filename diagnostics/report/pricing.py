@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from diagnostics.dotted import dotted_get
 from diagnostics.report import fmt
 
 Tier = Literal["on_demand", "spot"]
@@ -103,20 +104,6 @@ class Pricing:
             price_named(self.gpu)
 
 
-def config_value(config: Mapping[str, Any] | None, dotted: str) -> Any:
-    """A config value by its dotted key, from a flat dotted or a nested config."""
-    if not config:
-        return None
-    if dotted in config:
-        return config[dotted]
-    node: Any = config
-    for part in dotted.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
 def steps_per_epoch(
     config: Mapping[str, Any] | None, environment: Mapping[str, Any] | None = None
 ) -> tuple[int | None, str]:
@@ -128,8 +115,8 @@ def steps_per_epoch(
     recorded = (environment or {}).get("steps_per_epoch")
     if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded > 0:
         return recorded, "the run's training split / train.batch_size, rounded up"
-    rows = config_value(config, "data.rows")
-    batch = config_value(config, "train.batch_size")
+    rows = dotted_get(config, "data.rows")
+    batch = dotted_get(config, "train.batch_size")
     if not config:
         return None, "unknown: a trace carries no dataset size or batch size"
     if not isinstance(rows, int) or isinstance(rows, bool) or rows <= 0:

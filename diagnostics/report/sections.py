@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from diagnostics.dotted import flatten_dotted
 from diagnostics.metrics import KeyMetrics
 from diagnostics.report import fmt
 
@@ -16,15 +17,9 @@ def set_args(patch: Mapping[str, Any] | None) -> tuple[str, ...]:
     return tuple(f"{key}={fmt.config_literal(value)}" for key, value in (patch or {}).items())
 
 
-def flat_config(config: Mapping[str, Any] | None, prefix: str = "") -> list[tuple[str, str]]:
-    rows: list[tuple[str, str]] = []
-    for key, value in (config or {}).items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            rows.extend(flat_config(value, f"{dotted}."))
-        else:
-            rows.append((dotted, fmt.config_literal(value)))
-    return rows
+def flat_config(config: Mapping[str, Any] | None) -> list[tuple[str, str]]:
+    """(dotted key, value as the report prints it) for every setting, in stored order."""
+    return [(key, fmt.config_literal(value)) for key, value in flatten_dotted(config).items()]
 
 
 def gpu_name(result: Any) -> str | None:

@@ -16,6 +16,7 @@ from enum import StrEnum
 from typing import Any, ClassVar
 
 from diagnostics.model import AnalysisInputs
+from diagnostics.severity import SEVERITY_ORDER
 from diagnostics.thresholds import Thresholds
 
 
@@ -26,7 +27,7 @@ class Severity(StrEnum):
 
     @property
     def rank(self) -> int:
-        return {"high": 0, "medium": 1, "low": 2}[self.value]
+        return SEVERITY_ORDER[self.value]
 
 
 @dataclass(frozen=True)

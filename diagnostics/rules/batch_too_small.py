@@ -63,6 +63,7 @@ class BatchTooSmall(Rule):
     threshold_names = (
         "gpu_util_low_pct",
         "gpu_util_p95_low_pct",
+        "gpu_util_min_samples",
         "batch_memory_low_pct",
         "dataloader_share_min_pct",
     )

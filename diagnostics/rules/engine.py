@@ -8,6 +8,7 @@ from typing import Any
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules.base import Finding, RulesOutcome, Skipped
 from diagnostics.rules.registry import RULES
+from diagnostics.severity import order_findings
 from diagnostics.thresholds import load_thresholds
 
 
@@ -33,8 +34,7 @@ def run_rules(inputs: AnalysisInputs, thresholds: Any = None) -> RulesOutcome:
     findings = _link_related(findings)
     if inputs.run is None:
         findings = [_without_trainer_patch(f) for f in findings]
-    findings.sort(key=lambda f: (f.severity.rank, -(f.estimated_saving_pct or 0.0)))
-    return RulesOutcome(tuple(findings), tuple(skipped), tuple(errors))
+    return RulesOutcome(tuple(order_findings(findings)), tuple(skipped), tuple(errors))
 
 
 def _without_trainer_patch(finding: Finding) -> Finding:

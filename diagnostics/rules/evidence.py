@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import polars as pl
 
+from diagnostics.dotted import dotted_get
 from diagnostics.model import AnalysisInputs, RunData, TraceFacts
 from diagnostics.rules.stats import downsample
 
@@ -87,17 +88,7 @@ def run_device(run: RunData) -> Literal["cuda", "cpu"] | None:
 
 def config_value(run: RunData | None, key: str, default: Any = None) -> Any:
     """A config value by its dotted key (flat "data.num_workers" or nested data -> num_workers)."""
-    if run is None:
-        return default
-    config = run.config
-    if key in config:
-        return config[key]
-    node: Any = config
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return node
+    return default if run is None else dotted_get(run.config, key, default)
 
 
 def has_steps(run: RunData | None, *columns: str) -> bool:

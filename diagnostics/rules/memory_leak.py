@@ -139,7 +139,9 @@ class MemoryLeak(Rule):
             if not is_leak(stats, thresholds):
                 continue
             assert stats is not None
-            findings.append(self._finding(inputs, name, steps, values, stats, capacity, extra))
+            findings.append(
+                self._finding(inputs, name, steps, values, stats, capacity, extra, thresholds)
+            )
         # one finding: the most telling series (device memory before host RSS)
         return findings[:1]
 
@@ -203,6 +205,7 @@ class MemoryLeak(Rule):
         stats: dict[str, Any],
         capacity: int | None,
         extra: dict[str, Any],
+        thresholds: Thresholds,
     ) -> Finding:
         slope = stats["slope_bytes_per_step"]
         steps_to_oom = (
@@ -226,7 +229,7 @@ class MemoryLeak(Rule):
             "method": "Theil-Sen slope over the steps after warm-up",
         }
         if "reserved" in extra:
-            reserved_stats = growth_stats(steps, extra["reserved"], Thresholds())
+            reserved_stats = growth_stats(steps, extra["reserved"], thresholds)
             evidence["reserved_slope_bytes_per_step"] = (
                 r(reserved_stats["slope_bytes_per_step"], 0) if reserved_stats else None
             )

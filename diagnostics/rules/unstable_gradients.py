@@ -28,6 +28,7 @@ How to fix
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import polars as pl
@@ -366,6 +367,26 @@ class UnstableGradients(Rule):
             ),
         ),
         Example(
+            "run: loss steady at 1.0, then 3.0 over the last 20 steps (diverging)",
+            True,
+            lambda: ex.inputs(
+                run=ex.run(
+                    ex.series(60, loss=lambda s: 1.0 if s <= 40 else 3.0, grad_norm=1.0),
+                    environment=ex.CPU_ENV,
+                )
+            ),
+        ),
+        Example(
+            "run fp16: GradScaler halves its scale at steps 30, 40 and 50 (9% of steps)",
+            True,
+            lambda: _scaled_run(lambda s: 2.0**16 / 2 ** sum(s > k for k in (30, 40, 50))),
+        ),
+        Example(
+            "run fp16: GradScaler scale fell to 0.5 during warm-up and stays there",
+            True,
+            lambda: _scaled_run(lambda s: max(2.0 ** (16 - s), 0.5)),
+        ),
+        Example(
             "run: smooth, decreasing loss and noisy but bounded grad norms",
             False,
             lambda: ex.inputs(
@@ -525,6 +546,16 @@ _F16_ATTENTION_KERNEL = {
     "tensor_core": True,
     "fp16": False,
 }
+
+
+def _scaled_run(amp_scale: Callable[[int], float]) -> AnalysisInputs:
+    """A healthy 60-step fp16 run whose GradScaler scale follows ``amp_scale`` (examples)."""
+    return ex.inputs(
+        run=ex.run(
+            ex.series(60, loss=lambda s: 2.0 - s * 0.01, grad_norm=1.0, amp_scale=amp_scale),
+            environment=ex.CPU_ENV,
+        )
+    )
 
 
 def _step_range(inputs: AnalysisInputs) -> list[int]:

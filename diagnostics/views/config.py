@@ -10,17 +10,8 @@ from typing import Any
 
 import polars as pl
 
-
-def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{'data': {'num_workers': 0}} -> {'data.num_workers': 0}; dotted keys pass through."""
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            flat.update(flatten_config(value, f"{dotted}."))
-        else:
-            flat[dotted] = value
-    return flat
+from diagnostics.dotted import flatten_dotted
+from diagnostics.runs import TRACE_DIR, default_runs_dir
 
 
 def rerun_overrides(
@@ -32,14 +23,14 @@ def rerun_overrides(
     the re-run keeps what the first run had even if a scenario preset changed since.
     """
     known = set(known_keys)
-    flat = {k: v for k, v in flatten_config(config).items() if k in known}
+    flat = {k: v for k, v in flatten_dotted(config).items() if k in known}
     flat.update(patch)
     return flat
 
 
 def patch_rows(patch: Mapping[str, Any], before: Mapping[str, Any] | None = None) -> pl.DataFrame:
     """A config patch as a table: setting, from, to."""
-    before_flat = flatten_config(before or {})
+    before_flat = flatten_dotted(before)
     return pl.DataFrame(
         {
             "setting": list(patch.keys()),
@@ -60,7 +51,7 @@ def _config_text(value: Any) -> str:
 
 def config_table(config: Mapping[str, Any]) -> pl.DataFrame:
     """A stored config as setting/value rows (the scenario first)."""
-    flat = flatten_config(config)
+    flat = flatten_dotted(config)
     keys = sorted(flat, key=lambda k: (k != "scenario", k))
     return pl.DataFrame(
         {"setting": keys, "value": [_config_text(flat[k]) for k in keys]},
@@ -76,8 +67,8 @@ def patch_summary(patch: Mapping[str, Any] | None) -> str:
 
 
 def resolve_runs_dir(environ: Mapping[str, str]) -> Path:
-    """The runs directory the app reads and launches into (same rule as trainer.launch)."""
-    return Path(environ.get("PIPELINE_DOCTOR_RUNS_DIR") or "runs")
+    """The runs directory the app reads and launches into (the trainer's own rule)."""
+    return default_runs_dir(environ)
 
 
 def patch_command(patch: Mapping[str, Any], config: Mapping[str, Any] | None = None) -> str:
@@ -88,7 +79,7 @@ def patch_command(patch: Mapping[str, Any], config: Mapping[str, Any] | None = N
 
 
 def tensorboard_command(run_path: str | Path) -> str:
-    return f"tensorboard --logdir {Path(run_path) / 'trace'}"
+    return f"tensorboard --logdir {Path(run_path) / TRACE_DIR}"
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from diagnostics.runs import RunFolder, RunWriter
+from diagnostics.runs import TOKENIZER_FILE, RunFolder, RunWriter
 from trainer.config import ConfigError, DataConfig, build_config
 from trainer.corpus import SPECIAL_TOKENS
 from trainer.data import (
@@ -17,7 +17,7 @@ from trainer.data import (
     make_val_dataset,
     used_token_ids,
 )
-from trainer.loop import TOKENIZER_FILE, Trainer
+from trainer.loop import Trainer
 from trainer.run_io import SafeWriter
 from trainer.runtime import StopRequests
 from trainer.vocab import full_vocab, pruned_vocab, used_id_mask

@@ -10,12 +10,12 @@ import pytest
 
 from diagnostics.analyze import analyze
 from diagnostics.compare import compare
+from diagnostics.dotted import dotted_get as config_value
 from diagnostics.report.cli import main
 from diagnostics.report.html import render_html
 from diagnostics.report.json_report import render_json
 from diagnostics.report.markdown import render_markdown
 from diagnostics.report.model import SEVERITY_ORDER, build_comparison_report, build_report
-from diagnostics.report.pricing import config_value
 from tests.conftest import SCENARIO_NAMES
 
 
