@@ -21,6 +21,7 @@ field, so a typo never silently keeps a default.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -29,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 
-def _t(default: float | int, doc: str, source: str) -> Any:
-    return field(default=default, metadata={"doc": doc, "source": source})
+def _t(default: float | int, doc: str, source: str, minimum: float = 0) -> Any:
+    return field(default=default, metadata={"doc": doc, "source": source, "minimum": minimum})
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,7 @@ class Thresholds:
         10,
         "window of steps for the loss medians in the divergence test",
         "ours: short enough for 50-step runs, long enough to smooth batch noise",
+        minimum=1,  # a median of no steps is undefined
     )
     scaler_skip_share_max_pct: float = _t(
         5.0,
@@ -314,9 +316,11 @@ class ThresholdsError(ValueError):
     """A thresholds config that cannot be used; the message is one line for the user."""
 
 
-def _coerce(name: str, value: Any, default: Any, origin: str) -> Any:
+def _coerce(name: str, value: Any, default: Any, origin: str, minimum: float = 0) -> Any:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ThresholdsError(f"{origin}: threshold {name!r} must be a number, got {value!r}")
+    if not math.isfinite(value):  # TOML allows nan and inf
+        raise ThresholdsError(f"{origin}: threshold {name!r} must be a finite number, got {value}")
     if isinstance(default, int) and not isinstance(default, bool):
         if isinstance(value, float) and not value.is_integer():
             raise ThresholdsError(f"{origin}: threshold {name!r} must be an integer, got {value}")
@@ -325,6 +329,10 @@ def _coerce(name: str, value: Any, default: Any, origin: str) -> Any:
         value = float(value)
     if value < 0:
         raise ThresholdsError(f"{origin}: threshold {name!r} must not be negative, got {value}")
+    if value < minimum:
+        raise ThresholdsError(
+            f"{origin}: threshold {name!r} must be at least {minimum:g}, got {value}"
+        )
     return value
 
 
@@ -335,14 +343,15 @@ def thresholds_from_mapping(
     base = base or Thresholds()
     if "thresholds" in values and isinstance(values["thresholds"], Mapping):
         values = values["thresholds"]
-    known = {f.name: f.default for f in fields(Thresholds)}
+    known = {f.name: f for f in fields(Thresholds)}
     changes = {}
     for name, value in values.items():
         if name not in known:
             raise ThresholdsError(
                 f"{origin}: unknown threshold {name!r}; known: {', '.join(sorted(known))}"
             )
-        changes[name] = _coerce(name, value, known[name], origin)
+        spec = known[name]
+        changes[name] = _coerce(name, value, spec.default, origin, spec.metadata["minimum"])
     return replace(base, **changes)
 
 

@@ -62,6 +62,10 @@ def test_json_file_and_mapping_override(tmp_path):
         ('{"grad_warmup_steps": 2.5}', ".json", "'grad_warmup_steps' must be an integer"),
         ('{"grad_spike_z": -1}', ".json", "must not be negative"),
         ('{"grad_spike_z": true}', ".json", "must be a number"),
+        # a loss median over no steps: unstable-gradients crashed on it (numpy min of [])
+        ('{"loss_window_steps": 0}', ".json", "'loss_window_steps' must be at least 1"),
+        ("grad_spike_z = nan", ".toml", "'grad_spike_z' must be a finite number"),
+        ("grad_spike_z = inf", ".toml", "'grad_spike_z' must be a finite number"),
         ("[1, 2]", ".json", "top level must be a table"),
         ("not = [valid", ".toml", "not valid toml"),
         ("{}", ".yaml", "must be a .toml or .json file"),
