@@ -290,9 +290,8 @@ def test_in_chromium_nothing_links_to_or_loads_from_the_attackers_host(
 
     external = sorted({urlparse(u).hostname or u for u in requests})
     assert not [host for host in external if EVIL in host], external
-    # Streamlit itself asks Google Fonts for its icon font (no value of ours is in that
-    # request); serving it locally is the drill-down/fonts work (issue 11). Nothing else.
-    assert set(external) <= {"fonts.gstatic.com"}, f"requests to other hosts: {external}"
+    # the tab icon is a local file and Streamlit ships its fonts (issue 11): no host at all
+    assert external == [], f"requests to other hosts: {external}"
 
 
 def _only_local(route, requests: list[str]) -> None:
