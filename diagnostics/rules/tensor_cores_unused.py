@@ -201,54 +201,13 @@ class TensorCoresUnused(Rule):
         Example(
             "trace: A100, 60% of kernel time in fp32 sgemm",
             True,
-            lambda: ex.inputs(
-                trace=ex.trace(
-                    kernels=[
-                        {
-                            "name": "ampere_sgemm_128x64_tn",
-                            "calls": 100,
-                            "device_us": 6000.0,
-                            "mean_us": 60.0,
-                            "tensor_core": False,
-                            "fp16": False,
-                        },
-                        {
-                            "name": "vectorized_elementwise_kernel",
-                            "calls": 400,
-                            "device_us": 4000.0,
-                            "mean_us": 10.0,
-                            "tensor_core": False,
-                            "fp16": False,
-                        },
-                    ]
-                )
-            ),
+            lambda: _one_gemm("ampere_sgemm_128x64_tn"),
         ),
         Example(
             "trace: H100 bf16 nvjet GEMMs on Tensor Cores",
             False,
-            lambda: ex.inputs(
-                trace=ex.trace(
-                    compute_capability=(9, 0),
-                    kernels=[
-                        {
-                            "name": "nvjet_tst_128x128_64x4_1x2_h_bz_coopA_NNT",
-                            "calls": 100,
-                            "device_us": 6000.0,
-                            "mean_us": 60.0,
-                            "tensor_core": False,
-                            "fp16": True,
-                        },
-                        {
-                            "name": "vectorized_elementwise_kernel",
-                            "calls": 400,
-                            "device_us": 4000.0,
-                            "mean_us": 10.0,
-                            "tensor_core": False,
-                            "fp16": False,
-                        },
-                    ],
-                )
+            lambda: _one_gemm(
+                "nvjet_tst_128x128_64x4_1x2_h_bz_coopA_NNT", fp16=True, compute_capability=(9, 0)
             ),
         ),
         Example(
@@ -258,32 +217,19 @@ class TensorCoresUnused(Rule):
                 trace=ex.trace(
                     compute_capability=(9, 0),
                     kernels=[
-                        {
-                            "name": "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8_"
+                        _kernel(
+                            "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8_"
                             "stage3_warpsize2x2x1_ffma_aligna4_alignc4_execute_kernel__5x_cublas",
-                            "calls": 108,
-                            "device_us": 165_000.0,
-                            "mean_us": 1530.0,
-                            "tensor_core": False,
-                            "fp16": False,
-                        },
-                        {
-                            "name": "void cutlass::Kernel2<cutlass_80_simt_sgemm_256x128_8x4_nn"
+                            108,
+                            165_000.0,
+                        ),
+                        _kernel(
+                            "void cutlass::Kernel2<cutlass_80_simt_sgemm_256x128_8x4_nn"
                             "_align1>(cutlass_80_simt_sgemm_256x128_8x4_nn_align1::Params)",
-                            "calls": 90,
-                            "device_us": 116_000.0,
-                            "mean_us": 1290.0,
-                            "tensor_core": False,
-                            "fp16": False,
-                        },
-                        {
-                            "name": "vectorized_elementwise_kernel",
-                            "calls": 400,
-                            "device_us": 40_000.0,
-                            "mean_us": 100.0,
-                            "tensor_core": False,
-                            "fp16": False,
-                        },
+                            90,
+                            116_000.0,
+                        ),
+                        _kernel("vectorized_elementwise_kernel", 400, 40_000.0),
                     ],
                 )
             ),
@@ -291,29 +237,9 @@ class TensorCoresUnused(Rule):
         Example(
             "trace: A100 fp32 model on TF32 Tensor Cores (cutlass tensorop_s1688gemm)",
             False,
-            lambda: ex.inputs(
-                trace=ex.trace(
-                    kernels=[
-                        {
-                            "name": "void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_256x64_"
-                            "16x4_tn_align1>(cutlass_80_tensorop_s1688gemm_256x64_16x4_tn_align1"
-                            "::Params)",
-                            "calls": 100,
-                            "device_us": 6000.0,
-                            "mean_us": 60.0,
-                            "tensor_core": False,
-                            "fp16": False,
-                        },
-                        {
-                            "name": "vectorized_elementwise_kernel",
-                            "calls": 400,
-                            "device_us": 4000.0,
-                            "mean_us": 10.0,
-                            "tensor_core": False,
-                            "fp16": False,
-                        },
-                    ]
-                )
+            lambda: _one_gemm(
+                "void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_256x64_16x4_tn_align1>"
+                "(cutlass_80_tensorop_s1688gemm_256x64_16x4_tn_align1::Params)"
             ),
         ),
         Example(
@@ -322,17 +248,34 @@ class TensorCoresUnused(Rule):
             lambda: ex.inputs(
                 trace=ex.trace(
                     compute_capability=(6, 0),
-                    kernels=[
-                        {
-                            "name": "maxwell_sgemm_128x64_tn",
-                            "calls": 100,
-                            "device_us": 6000.0,
-                            "mean_us": 60.0,
-                            "tensor_core": False,
-                            "fp16": False,
-                        }
-                    ],
+                    kernels=[_kernel("maxwell_sgemm_128x64_tn", 100, 6000.0)],
                 )
             ),
         ),
+    )
+
+
+def _kernel(name: str, calls: int, device_us: float, *, fp16: bool = False) -> dict[str, Any]:
+    """One kernel-table row as the examples need it (classified from its name by the rule)."""
+    return {
+        "name": name,
+        "calls": calls,
+        "device_us": device_us,
+        "mean_us": device_us / calls,
+        "tensor_core": False,
+        "fp16": fp16,
+    }
+
+
+def _one_gemm(name: str, *, fp16: bool = False, **trace: Any) -> Any:
+    """Inputs whose kernels are one GEMM family (6 ms) beside elementwise work (4 ms): the
+    examples differ in the GEMM's name, which decides Tensor Core or CUDA core."""
+    return ex.inputs(
+        trace=ex.trace(
+            kernels=[
+                _kernel(name, 100, 6000.0, fp16=fp16),
+                _kernel("vectorized_elementwise_kernel", 400, 4000.0),
+            ],
+            **trace,
+        )
     )
