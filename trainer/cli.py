@@ -37,6 +37,7 @@ from trainer.config import (
     config_fields,
     parse_assignment,
 )
+from trainer.logs import setup_logging
 
 # checked with fullmatch: "$" would also accept an id ending in a newline
 RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -148,27 +149,6 @@ def config_from_args(
     return config, patch
 
 
-class _LogFile(logging.FileHandler):
-    """log.txt that never prints logging's own traceback: a full disk is reported once,
-    as the run's outcome, not as a "--- Logging error ---" block per message."""
-
-    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
-        pass
-
-
-def _setup_logging(log_path: Path) -> None:
-    logger = logging.getLogger("trainer")
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
-    for handler in list(logger.handlers):
-        logger.removeHandler(handler)
-        handler.close()
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S")
-    for handler in (logging.StreamHandler(sys.stderr), _LogFile(log_path)):
-        handler.setFormatter(fmt)
-        logger.addHandler(handler)
-
-
 def check_run_id(flag: str, value: str | None) -> None:
     if value is not None and not RUN_ID_PATTERN.fullmatch(value):
         raise ConfigError(flag, f"{value!r}", "letters, digits, '.', '_', '-' (at most 128)")
@@ -251,7 +231,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         ) from None
     lock = _lock_new_run(writer.path)
     try:
-        _setup_logging(writer.path / LOG_FILE)
+        setup_logging(writer.path / LOG_FILE)
     except OSError as exc:
         lock.release()
         shutil.rmtree(writer.path, ignore_errors=True)
@@ -334,7 +314,7 @@ def _resume_locked(run_dir: Path, lock: Any, args: argparse.Namespace) -> int:
     try:
         writer = RunWriter.reopen(run_dir)
         (run_dir / CANCEL_FILE).unlink(missing_ok=True)
-        _setup_logging(writer.path / LOG_FILE)
+        setup_logging(writer.path / LOG_FILE)
     except OSError as exc:
         raise ConfigError("RUN_DIR", f"{run_dir}: cannot reopen: {_os_problem(exc)}") from None
     return _train(writer, lock, config, device, run_dir.parent, resume=True)

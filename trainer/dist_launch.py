@@ -286,14 +286,6 @@ def spec_for_resume(info: dict[str, Any], node_rank: int, rdzv_endpoint: str | N
 
 
 def _setup_launcher_logging(run_dir: Path) -> None:
-    import sys
+    from trainer.logs import setup_logging
 
-    logger = logging.getLogger("trainer")
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
-    for handler in list(logger.handlers):
-        logger.removeHandler(handler)
-    fmt = logging.Formatter("%(asctime)s %(levelname)s [launcher] %(message)s", "%H:%M:%S")
-    for handler in (logging.StreamHandler(sys.stderr), logging.FileHandler(run_dir / LOG_FILE)):
-        handler.setFormatter(fmt)
-        logger.addHandler(handler)
+    setup_logging(run_dir / LOG_FILE, role="launcher")
