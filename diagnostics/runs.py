@@ -103,6 +103,9 @@ STEP_SCHEMA: dict[str, pl.DataType] = {
     "h2d_ms": pl.Float64,  # host-to-device copy of the batch
     "compute_ms": pl.Float64,  # forward + backward
     "optimizer_ms": pl.Float64,  # clip + optimiser step + zero_grad
+    # the training thread runnable but without a CPU (another process or thread had it);
+    # null where the OS does not say. Not a part of the step: it overlaps the parts above
+    "cpu_wait_ms": pl.Float64,
     "loss": pl.Float64,
     "grad_norm": pl.Float64,  # total L2 norm before clipping
     "lr": pl.Float64,

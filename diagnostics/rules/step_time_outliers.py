@@ -10,8 +10,10 @@ What it finds
     lists them: the first step of a phase, the profiler's warm-up and active steps and the
     step after it wrote its trace, the first step of an epoch, and the steps right after an
     evaluation or a checkpoint (the step records' ``marks``; for records without them,
-    derived from ``profiled``, the epoch and ``train.checkpoint_every``). It names the part
-    of the step that grew: waiting for the next batch, the host-to-device copy, forward and
+    derived from ``profiled``, the epoch and ``train.checkpoint_every``). A slow step whose
+    extra time is mostly extra waiting for a CPU (``cpu_wait_ms``: the training thread
+    runnable while another process or thread had the core) is left out too: that slowdown
+    comes from the host, not the pipeline. It names the part of the step that grew: waiting for the next batch, the host-to-device copy, forward and
     backward, or the optimiser step.
 
 Why it matters
@@ -73,6 +75,7 @@ KNOWN_CAUSES = {
     "after_evaluation": "after an evaluation",
     "checkpoint": "checkpoint step",
     "after_checkpoint": "after a checkpoint",
+    "cpu_wait": "waiting for a CPU another process or thread had",
 }
 
 FIX_CODE = {
@@ -195,6 +198,7 @@ class StepTimeOutliers(Rule):
         "step_outlier_min_ratio",
         "step_outlier_min_episodes",
         "step_outlier_min_excess_pct",
+        "step_outlier_cpu_wait_share",
     )
 
     def skip_reason(self, inputs: AnalysisInputs) -> str | None:
@@ -249,6 +253,12 @@ class StepTimeOutliers(Rule):
             for i in robust_sigma_outliers(times, thresholds.step_outlier_sigma)
             if times[i] >= thresholds.step_outlier_min_ratio * med
         ]
+        waited = self._host_waits(frame, per_ms, keep, times, med, slow, thresholds)
+        if waited:
+            causes = list(causes)
+            for i in waited:
+                causes[keep[i]] = "cpu_wait"
+            slow = [i for i in slow if i not in waited]
         count = episodes(slow)
         if count < thresholds.step_outlier_min_episodes:
             return []
@@ -313,6 +323,30 @@ class StepTimeOutliers(Rule):
         ]
 
     @staticmethod
+    def _host_waits(
+        frame: pl.DataFrame,
+        per_ms: float,
+        keep: list[int],
+        times: list[float],
+        med: float,
+        slow: list[int],
+        thresholds: Thresholds,
+    ) -> set[int]:
+        """The slow steps (indices into ``keep``) whose time beyond the median step is
+        mostly time beyond the usual wait for a CPU: the host was busy with other work."""
+        if "cpu_wait_ms" not in frame.columns or frame["cpu_wait_ms"].null_count() == frame.height:
+            return set()
+        waits = [v / per_ms for v in numeric(frame, "cpu_wait_ms")]
+        kept_waits = [waits[i] for i in keep]
+        usual = median([w for w in kept_waits if w == w])
+        share = thresholds.step_outlier_cpu_wait_share
+        return {
+            i
+            for i in slow
+            if kept_waits[i] == kept_waits[i] and kept_waits[i] - usual >= share * (times[i] - med)
+        }
+
+    @staticmethod
     def _growth(
         frame: pl.DataFrame, parts: dict[str, str], per_ms: float, slow: list[int], keep: list[int]
     ) -> dict[str, float]:
@@ -362,6 +396,41 @@ class StepTimeOutliers(Rule):
                 run=ex.run(
                     ex.series(60, step_time_ms=lambda s: 300.0 if s % 10 == 0 else 50.0),
                     config={"train.checkpoint_every": 10},
+                    environment=ex.CPU_ENV,
+                )
+            ),
+        ),
+        Example(
+            "run: every 7th step is slow, and all of its extra time is spent waiting for a CPU "
+            "another process had (a busy shared host, not the pipeline)",
+            False,
+            lambda: ex.inputs(
+                run=ex.run(
+                    ex.series(
+                        60,
+                        step_time_ms=lambda s: 120.0 if s % 7 == 0 else 50.0 + (s % 3),
+                        cpu_wait_ms=lambda s: 71.0 if s % 7 == 0 else 1.0,
+                        compute_ms=lambda s: 118.0 if s % 7 == 0 else 48.0 + (s % 3),
+                    ),
+                    config={"train.checkpoint_every": 1000},
+                    environment=ex.CPU_ENV,
+                )
+            ),
+        ),
+        Example(
+            "run: every 7th step is slow and waits a little for a CPU, but most of the extra "
+            "time is the wait for its batch",
+            True,
+            lambda: ex.inputs(
+                run=ex.run(
+                    ex.series(
+                        60,
+                        step_time_ms=lambda s: 200.0 if s % 7 == 0 else 50.0 + (s % 3),
+                        cpu_wait_ms=lambda s: 21.0 if s % 7 == 0 else 1.0,
+                        data_wait_ms=lambda s: 131.0 if s % 7 == 0 else 1.0,
+                        compute_ms=40.0,
+                    ),
+                    config={"train.checkpoint_every": 1000},
                     environment=ex.CPU_ENV,
                 )
             ),

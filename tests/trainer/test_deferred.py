@@ -7,10 +7,15 @@ the queue's order and flush rules, which are the same on both devices.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+
 import pytest
 
 from trainer.instruments.deferred import PendingSteps
-from trainer.instruments.steps import HostStepClock, Resolved
+from trainer.instruments.steps import HostStepClock, Resolved, run_queue_wait_ns
 
 
 class Later:
@@ -101,3 +106,55 @@ def test_host_clock_times_add_up():
     assert times["step_time_ms"] >= times["data_wait_ms"] >= 0.0
     parts = times["h2d_ms"] + times["compute_ms"] + times["optimizer_ms"]
     assert times["step_time_ms"] == pytest.approx(times["data_wait_ms"] + parts, abs=0.05)
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux CPU affinity")
+def test_host_clock_counts_the_time_another_process_had_the_cpu():
+    """Two busy processes on one core: about half of the step the training thread is
+    runnable but waiting for the CPU, and the clock says so (``cpu_wait_ms``)."""
+    if run_queue_wait_ns() is None:
+        pytest.skip("this kernel has no /proc/thread-self/schedstat")
+    before = os.sched_getaffinity(0)
+    core = min(before)
+    os.sched_setaffinity(0, {core})
+    rival = subprocess.Popen(
+        [sys.executable, "-c", "import time\nend = time.time() + 20\nwhile time.time() < end: pass"]
+    )
+    try:
+        os.sched_setaffinity(rival.pid, {core})
+        _spin(0.05)  # let the rival get going
+        clock = HostStepClock()
+        clock.begin()
+        for mark in ("fetched", "start", "copied"):
+            clock.mark(mark)
+        _spin(0.4)  # wall time: the rival takes about half of it
+        clock.mark("computed")
+        times = clock.finish()
+    finally:
+        rival.kill()
+        rival.wait()
+        os.sched_setaffinity(0, before)
+    # wide margins: the scheduler shares the core about evenly, the machine is noisy
+    assert times["cpu_wait_ms"] >= 0.25 * times["step_time_ms"], times
+    assert times["cpu_wait_ms"] <= times["step_time_ms"] + 1.0, times
+
+
+def test_host_clock_waits_little_for_a_cpu_when_it_sleeps():
+    """Sleeping is not waiting for a CPU: a step that mostly sleeps records a wait far
+    below its length (null only where the kernel keeps no schedstats)."""
+    clock = HostStepClock()
+    clock.begin()
+    for mark in ("fetched", "start", "copied", "computed"):
+        clock.mark(mark)
+        time.sleep(0.05)
+    times = clock.finish()
+    if run_queue_wait_ns() is None:
+        assert times["cpu_wait_ms"] is None
+    else:
+        assert 0.0 <= times["cpu_wait_ms"] < 0.5 * times["step_time_ms"], times

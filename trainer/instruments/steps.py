@@ -5,6 +5,11 @@ events, read back on later steps without blocking: host clocks only measure how 
 took to *queue* the kernels. On CPU every op runs synchronously, so host clocks are the
 truth. The data wait is always a host clock: it is the time the training process sat
 blocked in ``next()`` on the DataLoader.
+
+Each step also records how long the training thread was ready to run but had no CPU
+(``cpu_wait_ms``: its run-queue wait, from Linux's ``/proc/thread-self/schedstat``). On a
+shared host that is the one part of a slow step that comes from outside the job; the
+step-time-outliers rule leaves such steps out instead of blaming the pipeline.
 """
 
 from __future__ import annotations
@@ -17,6 +22,18 @@ import psutil
 import torch
 
 PHASES = ("start", "copied", "computed", "optimised")
+SCHEDSTAT = "/proc/thread-self/schedstat"
+
+
+def run_queue_wait_ns() -> int | None:
+    """Nanoseconds the calling thread has spent runnable but waiting for a CPU, since it
+    started; None where the kernel does not say (not Linux, or no schedstats)."""
+    try:
+        with open(SCHEDSTAT, "rb") as stats:
+            # "<ns on a CPU> <ns waiting on a run queue> <time slices>"
+            return int(stats.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def rss_bytes(process: psutil.Process | None = None) -> int:
@@ -30,8 +47,10 @@ class HostStepClock:
 
     def __init__(self) -> None:
         self._marks: dict[str, float] = {}
+        self._waited_ns: int | None = None
 
     def begin(self) -> None:
+        self._waited_ns = run_queue_wait_ns()
         self._marks = {"begin": time.perf_counter()}
 
     def mark(self, name: str) -> None:
@@ -40,6 +59,7 @@ class HostStepClock:
     def finish(self) -> dict[str, float]:
         """Milliseconds per phase. Call after the step's results are on the host."""
         self._marks["end"] = time.perf_counter()
+        waited_ns = run_queue_wait_ns()
         m = self._marks
         # between "fetched" and "start" the loop may evaluate at an epoch boundary: that
         # time belongs to neither the data wait nor the step
@@ -50,6 +70,13 @@ class HostStepClock:
             "compute_ms": (m["computed"] - m["copied"]) * 1e3,
             "optimizer_ms": (m["end"] - m["computed"]) * 1e3,
             "step_time_ms": (m["end"] - m["begin"] - (m["start"] - fetched)) * 1e3,
+            # includes a wait during an evaluation between fetched and start: the rule
+            # compares it with the step's excess, and such steps are marked anyway
+            "cpu_wait_ms": (
+                (waited_ns - self._waited_ns) / 1e6
+                if waited_ns is not None and self._waited_ns is not None
+                else None
+            ),
         }
 
 

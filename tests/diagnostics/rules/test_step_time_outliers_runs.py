@@ -3,7 +3,9 @@ on the same run with a recurring loader stall injected (``data.stall_every``).
 
 Four tiny CPU runs (a one-layer model, 30 steps, one thread each) start at once. They cross
 the profiler's window, three checkpoints and an epoch boundary with an evaluation, so the
-known causes of slow steps are all there to be left out. The stall (1.5 s every 5th batch)
+known causes of slow steps are all there to be left out, and so is the one from outside
+the job: four runs on two cores take the CPU from each other now and then, which each step
+record's ``cpu_wait_ms`` shows (a slow step that is mostly such waiting is left out). The stall (1.5 s every 5th batch)
 is a sleep, which CPU load on a shared machine does not stretch: it stays far above the
 noise of the other steps.
 """
@@ -69,10 +71,14 @@ def _outliers(path: Path):
 @pytest.mark.parametrize("seed", SEEDS)
 def test_silent_on_the_healthy_cpu_scenario(outlier_runs, seed):
     path = outlier_runs[f"healthy-seed{seed}"]
-    marks = RunFolder(path).steps()["marks"].to_list()
+    steps = RunFolder(path).steps()
+    marks = steps["marks"].to_list()
     # the run really has the known causes the rule must leave out
     for mark in ("profiler_active", "after_trace_export", "epoch_start", "after_checkpoint"):
         assert any(mark in (m or "") for m in marks), mark
+    # and it says how long it waited for a CPU, which four runs on two cores do
+    assert steps["cpu_wait_ms"].null_count() == 0
+    assert float(steps["cpu_wait_ms"].sum()) > 0.0
     assert _outliers(path) == []
 
 
