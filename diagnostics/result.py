@@ -60,7 +60,8 @@ SUMMARY_KEYS: dict[str, str] = {
     "comm_exposed_pct": "exposed communication over summed step time, %",
     "comm_ranks": "two or more ranks: {matched_collectives, significant_collectives, "
     "skew_us_p50, skew_us_max, per_rank: [{rank, matched, collective_us, wait_us, "
-    "transfer_us, wait_pct, late_count, late_share_pct}]}: collectives matched across ranks",
+    "transfer_us, wait_pct, late_count, late_share_pct, caused_wait_share_pct}]}: "
+    "collectives matched across ranks",
     "findings_by_severity": "{high, medium, low}: number of findings",
     "trace_run_steps": "run folder with a trace: [{trace_step, run_step}], the profiler's "
     "steps matched to the run's step records on one clock",

@@ -304,10 +304,11 @@ class Thresholds:
     )
     straggler_late_share_pct: float = _t(
         50.0,
-        "with collectives matched across ranks, a rank that starts last in at least this "
-        "share of the significant collectives is a straggler, %",
-        "ours: with N ranks an even job makes each rank last 1/N of the time; arriving last "
-        "in half of them is HTA's late-start signal (get_potential_stragglers) made a share",
+        "with collectives matched across ranks, a rank whose late starts caused at least this "
+        "share of the waiting in the significant collectives is a straggler (and always more "
+        "than halfway from the even share 100/N to 100), %",
+        "ours: HTA's late-start signal (get_potential_stragglers) weighed by the wait each "
+        "late start caused; with N ranks an even job makes each cause about 1/N of it",
     )
 
     @classmethod

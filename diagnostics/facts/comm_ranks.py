@@ -18,7 +18,10 @@ the last start, ``last_start_us``, is where transfer can begin. A rank that star
 spent ``last_start_us - its start`` waiting (capped at its own duration) and the rest of its
 kernel transferring. ``skew_us`` = last start - first start; the rank with the last start is
 the one the others waited for (HTA's ``get_potential_stragglers`` ranks ranks by the start
-of their late communication kernels too). Timestamps of different ranks are compared as
+of their late communication kernels too). Lateness alone misleads when a step holds
+several collectives: after the first one the ranks are in step and the last to start the
+next is a coin toss, so a rank's ``caused_wait_share_pct`` weighs each collective it was
+last in by its skew, the waiting it caused. Timestamps of different ranks are compared as
 they are: ranks on one host share its clock; across hosts the skew includes their clock
 offset (NTP keeps it to a few hundred µs at best), so small skews across nodes are noise.
 
@@ -33,6 +36,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import polars as pl
+
+from diagnostics.facts.intervals import merge_intervals
 
 # HTA's straggler detection ignores communication kernels shorter than 1% of the mean
 # iteration time (find_stragglers_with_late_start_comm_kernels, min_normalized_duration).
@@ -54,12 +59,17 @@ MATCHED_SCHEMA: dict[str, pl.DataType] = {
 RANK_COMM_SCHEMA: dict[str, pl.DataType] = {
     "rank": pl.Int64,
     "matched": pl.UInt32,  # collectives matched on this rank
-    "collective_us": pl.Float64,  # sum of its matched collectives' durations
-    "wait_us": pl.Float64,  # of which waiting for later ranks
+    # union of its matched collectives' time (a c10d call and the backend's own range of
+    # one collective overlap: counted once)
+    "collective_us": pl.Float64,
+    "wait_us": pl.Float64,  # of which waiting for later ranks (a union too)
     "transfer_us": pl.Float64,  # of which transferring
     "wait_pct": pl.Float64,  # wait / collective, %
     "late_count": pl.UInt32,  # significant collectives where it arrived last
     "late_share_pct": pl.Float64,  # late_count / significant collectives, %
+    # the skew of the significant collectives where it arrived last, over all their skew, %:
+    # how much of the ranks' waiting it caused (an even job: about 1/N each)
+    "caused_wait_share_pct": pl.Float64,
 }
 
 
@@ -79,6 +89,13 @@ class CollectiveMatch:
             "skew_us_max": self.skew_us_max,
             "per_rank": self.per_rank.to_dicts(),
         }
+
+
+def _union_per_rank(rows: pl.DataFrame, end: str, alias: str) -> pl.DataFrame:
+    """rank -> total length of the union of [start_us, ``end``] over its rows."""
+    ranges = rows.select("rank", "start_us", pl.col(end).alias("end_us"))
+    merged = merge_intervals(ranges, by=["rank"])
+    return merged.group_by("rank").agg((pl.col("end_us") - pl.col("start_us")).sum().alias(alias))
 
 
 def match_collectives(
@@ -131,13 +148,27 @@ def match_collectives(
         .sort(key)
     )
     significant = collectives.filter(pl.col("significant"))
-    late = significant.group_by("last_rank").agg(pl.len().alias("late_count"))
+    total_skew = float(significant["skew_us"].sum()) if significant.height else 0.0
+    late = significant.group_by("last_rank").agg(
+        pl.len().alias("late_count"),
+        (
+            pl.col("skew_us").sum() / total_skew * 100.0
+            if total_skew > 0
+            else pl.lit(None, pl.Float64)
+        ).alias("caused_wait_share_pct"),
+    )
     per_rank = (
         rows.group_by("rank")
-        .agg(
-            pl.len().alias("matched"),
-            pl.col("dur").sum().alias("collective_us"),
-            pl.col("wait").sum().alias("wait_us"),
+        .agg(pl.len().alias("matched"))
+        .join(_union_per_rank(rows, "end_us", "collective_us"), on="rank", how="left")
+        .join(
+            _union_per_rank(
+                rows.with_columns((pl.col("start_us") + pl.col("wait")).alias("wait_end")),
+                "wait_end",
+                "wait_us",
+            ),
+            on="rank",
+            how="left",
         )
         .join(late.rename({"last_rank": "rank"}), on="rank", how="left")
         .with_columns(
@@ -146,6 +177,11 @@ def match_collectives(
             .then(pl.col("wait_us") / pl.col("collective_us") * 100.0)
             .alias("wait_pct"),
             pl.col("late_count").fill_null(0),
+            (
+                pl.col("caused_wait_share_pct").fill_null(0.0)
+                if total_skew > 0
+                else pl.col("caused_wait_share_pct")
+            ),
         )
         .with_columns(
             (

@@ -150,6 +150,16 @@ def _state_segments(comm: pl.DataFrame, comp: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def _without(ranges: pl.DataFrame, removed: pl.DataFrame) -> pl.DataFrame:
+    """The parts of ``ranges`` outside ``removed`` (both: device, start_us, end_us)."""
+    cols = ["device", "start_us", "end_us"]
+    segments = _state_segments(
+        merge_intervals(ranges.select(cols), by=["device"]),
+        merge_intervals(removed.select(cols), by=["device"]),
+    )
+    return segments.filter(pl.col("state") == 1).select(cols)
+
+
 def _length(frame: pl.DataFrame, states: tuple[int, ...], span: tuple[float, float] | None):
     picked = frame.filter(pl.col("state").is_in(list(states)))
     if span is not None:
@@ -286,12 +296,19 @@ def comm_facts(events: pl.DataFrame, index: TraceIndex, steps: Steps) -> CommFac
     loop_threads = events.filter(sel.STEP).select("pid", "tid").unique()
     if loop_threads.height == 0:
         loop_threads = ranges.select("pid", "tid").unique()
-    loop_ops = (
-        events.filter(sel.HOST_OP & pl.col("dur").is_not_null())
-        .filter((comm_kind_expr() != CommKind.HOST_OP.value).fill_null(True))
-        .join(loop_threads, on=["pid", "tid"], how="inner")
-        .select(pl.lit(0, pl.Int64).alias("device"), pl.col("ts").alias("start_us"), sel.END_US)
+    on_loop = events.join(loop_threads, on=["pid", "tid"], how="inner").select(
+        pl.lit(0, pl.Int64).alias("device"),
+        pl.col("ts").alias("start_us"),
+        sel.END_US,
+        loader=sel.DATALOADER,
+        op=sel.HOST_OP
+        & pl.col("dur").is_not_null()
+        & (comm_kind_expr() != CommKind.HOST_OP.value).fill_null(True),
     )
+    # the DataLoader's __next__ and the operators inside it (collate, and the dataset's own
+    # work without workers) are the wait for data, not computation: a rank that loads
+    # slowly must not look like one that computes slowly
+    loop_ops = _without(on_loop.filter(pl.col("op")), on_loop.filter(pl.col("loader")))
     segments = overlap_of(ranges.with_columns(pl.lit(0, pl.Int64).alias("device")), loop_ops)
     table = _collective_table(
         _outermost(ranges).select("name", "start_us", "end_us", pl.col("start_us").alias("_when")),

@@ -39,9 +39,15 @@ RANKS_SCHEMA: dict[str, pl.DataType] = {
     # waiting in collectives for later ranks, and how often this rank arrived last, %
     "comm_wait_ms_per_step": pl.Float64,
     "late_share_pct": pl.Float64,
+    "caused_wait_share_pct": pl.Float64,  # of the waiting in collectives, the share it caused
 }
 
-_DERIVED = ("step_time_vs_median", "comm_wait_ms_per_step", "late_share_pct")
+_DERIVED = (
+    "step_time_vs_median",
+    "comm_wait_ms_per_step",
+    "late_share_pct",
+    "caused_wait_share_pct",
+)
 
 
 @dataclass(frozen=True)
@@ -124,7 +130,9 @@ def rank_summary(facts: Sequence[TraceFacts], match: CollectiveMatch | None = No
         )
     )
     if match is not None:
-        waits = match.per_rank.select("rank", "wait_us", "late_share_pct").cast({"rank": pl.Int64})
+        waits = match.per_rank.select(
+            "rank", "wait_us", "late_share_pct", "caused_wait_share_pct"
+        ).cast({"rank": pl.Int64})
         frame = frame.join(waits, on="rank", how="left").with_columns(
             (pl.col("wait_us") / pl.col("steps") / 1000.0).alias("comm_wait_ms_per_step")
         )
@@ -132,6 +140,7 @@ def rank_summary(facts: Sequence[TraceFacts], match: CollectiveMatch | None = No
         frame = frame.with_columns(
             pl.lit(None, pl.Float64).alias("comm_wait_ms_per_step"),
             pl.lit(None, pl.Float64).alias("late_share_pct"),
+            pl.lit(None, pl.Float64).alias("caused_wait_share_pct"),
         )
     return frame.select(list(RANKS_SCHEMA)).cast(RANKS_SCHEMA).sort("rank")
 

@@ -3,7 +3,9 @@
 What it finds
     A trace whose communication (NCCL kernels on a GPU, gloo/c10d collectives on a CPU)
     runs without compute beside it for more than a threshold share of the profiled step
-    time. It reports collective time, the share overlapped by compute (HTA's
+    time. With several ranks matched, the share of collective time spent waiting for a later
+    rank is taken out first: that is a straggler's cost (rank-stragglers), which no overlap
+    can hide; what is judged is the exposed transfer. It reports collective time, the share overlapped by compute (HTA's
     ``get_comm_comp_overlap``), the exposed time per step and, with several ranks, how much
     of the communication was waiting for a later rank rather than transferring.
 
@@ -30,6 +32,7 @@ from typing import Any, ClassVar
 
 import polars as pl
 
+from diagnostics.facts.comm_ranks import MATCHED_SCHEMA, RANK_COMM_SCHEMA, CollectiveMatch
 from diagnostics.facts.comms import COLLECTIVE_SCHEMA, COMM_STEP_SCHEMA, CommFacts
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules import examples as ex
@@ -81,11 +84,14 @@ class ExposedCommunication(Rule):
         assert inputs.trace is not None and inputs.trace.comms is not None
         trace, comms = inputs.trace, inputs.trace.comms
         exposed_pct = float(comms.exposed_pct or 0.0)
-        if exposed_pct <= thresholds.exposed_comm_min_pct:
+        wait = self._waiting(inputs, trace.rank)
+        # With ranks matched, the part of a collective spent waiting for a later rank is a
+        # straggler's cost (rank-stragglers), which no overlap can hide: judge the rest.
+        transfer_pct = exposed_pct * (1.0 - wait / 100.0) if wait is not None else exposed_pct
+        if transfer_pct <= thresholds.exposed_comm_min_pct:
             return []
         per_step = comms.per_step
         steps = per_step["step"].to_list()
-        wait = self._waiting(inputs, trace.rank)
         evidence: dict[str, Any] = {
             "source": (
                 "trace: NCCL kernels against computation kernels on the same GPU"
@@ -101,6 +107,7 @@ class ExposedCommunication(Rule):
             "threshold_pct": thresholds.exposed_comm_min_pct,
             "collectives": comms.collectives_count,
             "comm_wait_pct": r(wait, 1) if wait is not None else None,
+            "exposed_transfer_pct": r(transfer_pct, 1),
             "ranks": self._ranks(inputs),
             "steps": steps,
             "chart": chart(
@@ -116,8 +123,9 @@ class ExposedCommunication(Rule):
             ),
         }
         waiting = (
-            f" {wait:.0f}% of the collective time was waiting for later ranks: see rank-stragglers."
-            if wait is not None and wait >= 50.0
+            f" Another {exposed_pct - transfer_pct:.0f}% of step time was spent waiting for "
+            "later ranks inside collectives: see rank-stragglers."
+            if wait is not None and exposed_pct - transfer_pct >= 1.0
             else ""
         )
         overlap = (
@@ -129,9 +137,9 @@ class ExposedCommunication(Rule):
             Finding(
                 rule=self.id,
                 severity=Severity.HIGH
-                if exposed_pct >= 2 * thresholds.exposed_comm_min_pct
+                if transfer_pct >= 2 * thresholds.exposed_comm_min_pct
                 else Severity.MEDIUM,
-                title=f"{exposed_pct:.0f}% of step time is communication nothing overlaps",
+                title=f"{transfer_pct:.0f}% of step time is communication nothing overlaps",
                 evidence=evidence,
                 recommendation=(
                     f"Communication took {comms.collective_us / 1000:.1f} ms over "
@@ -147,8 +155,8 @@ class ExposedCommunication(Rule):
                     if config_value(inputs.run, "distributed.sync") == "after-backward"
                     else None,
                 ),
-                # hiding all of it behind compute saves at most the exposed share
-                estimated_saving_pct=r(exposed_pct, 1),
+                # hiding all of the transfer behind compute saves at most its exposed share
+                estimated_saving_pct=r(transfer_pct, 1),
             )
         ]
 
@@ -188,11 +196,26 @@ class ExposedCommunication(Rule):
         Example(
             "a single-process trace without collectives", False, lambda: ex.inputs(trace=ex.trace())
         ),
+        Example(
+            "2 ranks: 40 ms of each step in exposed collectives, but 90% of the collective "
+            "time is waiting for a late rank (a straggler, not missing overlap)",
+            False,
+            lambda: _with_comms(collective_ms=40.0, overlapped_ms=0.0, wait_pct=90.0),
+        ),
+        Example(
+            "2 ranks: 40 ms of each step in exposed collectives, 20% of it waiting for the "
+            "other rank: the transfer is still exposed",
+            True,
+            lambda: _with_comms(collective_ms=40.0, overlapped_ms=0.0, wait_pct=20.0),
+        ),
     )
 
 
-def _with_comms(collective_ms: float, overlapped_ms: float, steps: int = 5) -> AnalysisInputs:
-    """A trace of ``steps`` 100 ms steps with the given communication per step."""
+def _with_comms(
+    collective_ms: float, overlapped_ms: float, steps: int = 5, wait_pct: float | None = None
+) -> AnalysisInputs:
+    """A trace of ``steps`` 100 ms steps with the given communication per step; with
+    ``wait_pct``, rank 0 of two matched ranks, waiting that share of its collective time."""
     step_us, coll, over = 100_000.0, collective_ms * 1000.0, overlapped_ms * 1000.0
     per_step = pl.DataFrame(
         {
@@ -220,4 +243,29 @@ def _with_comms(collective_ms: float, overlapped_ms: float, steps: int = 5) -> A
         per_step=per_step,
         collectives=pl.DataFrame(schema=COLLECTIVE_SCHEMA),
     )
-    return ex.inputs(trace=replace(ex.trace(steps=steps, step_us=step_us), comms=comms))
+    trace = replace(ex.trace(steps=steps, step_us=step_us), comms=comms)
+    if wait_pct is None:
+        return ex.inputs(trace=trace)
+    total = coll * steps
+    per_rank = pl.DataFrame(
+        {
+            "rank": [0, 1],
+            "matched": [steps * 4] * 2,
+            "collective_us": [total, total * (1.0 - wait_pct / 100.0)],
+            "wait_us": [total * wait_pct / 100.0, 0.0],
+            "transfer_us": [total * (1.0 - wait_pct / 100.0)] * 2,
+            "wait_pct": [wait_pct, 0.0],
+            "late_count": [0, steps * 4],
+            "late_share_pct": [0.0, 100.0],
+            "caused_wait_share_pct": [0.0, 100.0],
+        },
+        schema=RANK_COMM_SCHEMA,
+    )
+    match = CollectiveMatch(
+        collectives=pl.DataFrame(schema=MATCHED_SCHEMA),
+        per_rank=per_rank,
+        skew_us_p50=total * wait_pct / 100.0 / (steps * 4),
+        skew_us_max=total * wait_pct / 100.0 / (steps * 4),
+        significant=steps * 4,
+    )
+    return ex.inputs(trace=trace, collective_match=match)

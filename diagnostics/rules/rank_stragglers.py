@@ -3,8 +3,10 @@
 What it finds
     With traces from several ranks of one job, a rank whose mean step time exceeds the
     ranks' median by more than a threshold, or (with collectives matched across ranks) the
-    rank that starts collectives last while the others wait for it: HTA's late-start
-    signal. It names the cause (data wait, host-to-device copies or compute) from that
+    rank the others wait for: the one whose late starts caused most of the waiting in
+    collectives (HTA's late-start signal, weighed by how long each late start made the
+    others wait), while that waiting is a material share of the step. In lockstep every
+    rank's step time is the same, so this is how a 2-rank straggler shows. It names the cause (data wait, host-to-device copies or compute) from that
     rank's own step parts against the median rank, only when that one part explains most
     of the excess (TraceML's bar), and says so when none does.
 
@@ -30,7 +32,7 @@ from diagnostics.facts.ranks import RANKS_SCHEMA
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
-from diagnostics.rules.evidence import chart, r
+from diagnostics.rules.evidence import chart, config_value, r
 from diagnostics.thresholds import Thresholds
 
 FIX_CODE = """\
@@ -62,6 +64,18 @@ CAUSES: dict[str, tuple[str, str]] = {
         "uneven batch shapes or extra work on that rank",
     ),
 }
+
+
+def _injected_delay_patch(inputs: AnalysisInputs, rank: int) -> dict[str, Any] | None:
+    """The reference trainer's straggler scenario slows one rank's data loading on purpose
+    (distributed.straggler_rank / straggler_delay_ms): when that is the rank found, taking
+    the delay out is the fix a re-run can prove. Other jobs get the code only."""
+    delay = config_value(inputs.run, "distributed.straggler_delay_ms")
+    if config_value(inputs.run, "distributed.straggler_rank") != rank:
+        return None
+    if not isinstance(delay, int | float) or delay <= 0:
+        return None
+    return {"distributed.straggler_delay_ms": 0.0}
 
 
 def _median_of_others(ranks: pl.DataFrame, column: str, rank: int) -> float | None:
@@ -120,11 +134,14 @@ class RankStragglers(Rule):
         ranks: pl.DataFrame, median_ms: float, t: Thresholds
     ) -> tuple[int, float] | None:
         """(rank, others' median wait per step, ms) of the rank the others wait for."""
-        if "late_share_pct" not in ranks.columns or ranks["late_share_pct"].is_null().all():
+        share = "caused_wait_share_pct"
+        if share not in ranks.columns or ranks[share].is_null().all():
             return None
-        # an even job makes each of N ranks last 1/N of the time: ask for twice that
-        bar = max(t.straggler_late_share_pct, min(100.0, 200.0 / ranks.height))
-        late = ranks.filter(pl.col("late_share_pct") >= bar).sort("late_share_pct", descending=True)
+        # an even job makes each of N ranks cause 1/N of the waiting; a straggler causes
+        # nearly all of it: ask for more than halfway from the even share to all
+        even = 100.0 / ranks.height
+        bar = max(t.straggler_late_share_pct, even + (100.0 - even) / 2.0)
+        late = ranks.filter(pl.col(share) >= bar).sort(share, descending=True)
         if late.height == 0:
             return None
         rank = int(late["rank"][0])
@@ -167,9 +184,10 @@ class RankStragglers(Rule):
                 f"starts collectives last; the other ranks wait {excess_ms:.1f} ms a step for it"
             )
             lead = (
-                f"Rank {worst} starts {_value(ranks, 'late_share_pct', worst):.0f}% of the "
-                f"significant collectives last; the other ranks spend {excess_ms:.1f} ms a "
-                "step waiting for it inside them, so every rank's step is that much longer."
+                f"Rank {worst} arrives late to collectives and caused "
+                f"{_value(ranks, 'caused_wait_share_pct', worst):.0f}% of the waiting in them; "
+                f"the other ranks spend {excess_ms:.1f} ms a step waiting for it, so every "
+                "rank's step is that much longer."
             )
         else:
             return []
@@ -195,6 +213,7 @@ class RankStragglers(Rule):
             "slowdown_pct": r(100.0 * (worst_ms - median) / median, 1),
             "excess_ms_per_step": r(excess_ms),
             "late_share_pct": r(_value(ranks, "late_share_pct", worst), 1),
+            "caused_wait_share_pct": r(_value(ranks, "caused_wait_share_pct", worst), 1),
             "cause": cause_name,
             "cause_excess_ms_per_step": {CAUSES[k][0]: r(v) for k, v in parts.items()},
             "ranks": [
@@ -227,7 +246,7 @@ class RankStragglers(Rule):
                 title=f"Rank {worst} {signal}" + (f" ({cause_name})" if cause_name else ""),
                 evidence=evidence,
                 recommendation=lead + explained,
-                fix=Fix(code=FIX_CODE, config_patch=None),
+                fix=Fix(code=FIX_CODE, config_patch=_injected_delay_patch(inputs, worst)),
                 estimated_saving_pct=r(min(saving, 100.0), 1),
             )
         ]
@@ -252,13 +271,27 @@ class RankStragglers(Rule):
             ),
         ),
         Example(
-            "equal step times, but rank 3 starts 90% of collectives last and the others "
-            "wait 20 ms a step for it",
+            "equal step times, but rank 3's late starts caused 90% of the waiting in "
+            "collectives and the others wait 20 ms a step for it",
             True,
             lambda: _ranks(
                 step_time_ms_mean=[100.0, 100.0, 100.0, 100.0],
                 late_share_pct=[5.0, 3.0, 2.0, 90.0],
+                caused_wait_share_pct=[4.0, 3.0, 3.0, 90.0],
                 comm_wait_ms_per_step=[20.0, 21.0, 19.0, 0.5],
+            ),
+        ),
+        Example(
+            "2 ranks in lockstep: rank 1 is last in only two of three collectives, but "
+            "caused 97% of the waiting; rank 0 waits 300 ms a step for its data",
+            True,
+            lambda: _ranks(
+                step_time_ms_mean=[432.0, 420.0],
+                late_share_pct=[33.3, 66.7],
+                caused_wait_share_pct=[3.0, 97.0],
+                comm_wait_ms_per_step=[314.0, 19.0],
+                data_wait_ms_per_step=[0.6, 303.0],
+                compute_ms_per_step=[69.0, 77.0],
             ),
         ),
         Example(
@@ -272,6 +305,7 @@ class RankStragglers(Rule):
             lambda: _ranks(
                 step_time_ms_mean=[100.0, 100.0],
                 late_share_pct=[50.0, 50.0],
+                caused_wait_share_pct=[52.0, 48.0],
                 comm_wait_ms_per_step=[2.0, 2.0],
             ),
         ),
