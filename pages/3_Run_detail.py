@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app_ui import auth, drilldown, loaders, render, session
+from app_ui import auth, drilldown, loaders, ranks, render, session
 from app_ui.safe_text import md_code, md_text
 from diagnostics import views
 from diagnostics.errors import InputError
@@ -138,6 +138,10 @@ if pressed is not None and pressed.fix.config_patch:
     else:
         st.session_state["watched_run_id"] = launched.run_id
         st.switch_page("pages/1_Launch.py", query_params={"run": launched.run_id})
+
+rank_view = views.rank_view(folder, result)
+if rank_view is not None:  # a distributed run
+    ranks.rank_section(rank_view, key_prefix="run")
 
 st.subheader("Charts")
 render.run_charts(result, key_prefix="run")
