@@ -25,11 +25,12 @@ def rank_section(view: RankView, key_prefix: str) -> None:
         names = ", ".join(str(r) for r in view.straggler_ranks)
         plural = "s" if len(view.straggler_ranks) > 1 else ""
         st.warning(
-            f"Straggler rank{plural}: **{names}** (the rank-stragglers finding above says why).",
+            f"Straggler rank{plural}: **{names}** (the rank-stragglers finding below says why).",
             icon=":material/directions_walk:",
         )
     st.caption(
-        f"{view.world_size} processes. Step time and data wait: median of each rank's own "
+        f"{view.world_size} processes; the cards above read rank 0's step records. Step "
+        "time and data wait: median of each rank's own "
         "step records (first step of each phase left out). Compute, exposed communication "
         "and waiting in collectives: per profiled step, from each rank's trace"
         + ("." if view.has_trace_table else " (no per-rank trace table in this analysis: —).")

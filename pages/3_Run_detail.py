@@ -100,6 +100,9 @@ except InputError as exc:
     st.stop()
 
 render.cards(result)
+rank_view = views.rank_view(folder, result)
+if rank_view is not None:  # a distributed run
+    ranks.rank_section(rank_view, key_prefix="run")
 
 busy = launch.active_runs(runs_dir)
 st.subheader("Findings")
@@ -138,10 +141,6 @@ if pressed is not None and pressed.fix.config_patch:
     else:
         st.session_state["watched_run_id"] = launched.run_id
         st.switch_page("pages/1_Launch.py", query_params={"run": launched.run_id})
-
-rank_view = views.rank_view(folder, result)
-if rank_view is not None:  # a distributed run
-    ranks.rank_section(rank_view, key_prefix="run")
 
 st.subheader("Charts")
 render.run_charts(result, key_prefix="run")

@@ -197,3 +197,33 @@ def test_a_trace_table_missing_leaves_the_trace_columns_empty(runs):
     assert view.table["step_time_ms"].null_count() == 0
     for column in TRACE_COLUMNS:
         assert view.table[column].null_count() == 2
+
+
+def _rank_section_app(run_path: str, stragglers: list[int]) -> None:
+    from app_ui.ranks import rank_section
+    from diagnostics.analyze import analyze
+    from diagnostics.runs import RunFolder
+    from diagnostics.views import rank_view
+
+    view = rank_view(RunFolder(run_path), analyze(run_path), stragglers=stragglers)
+    rank_section(view, key_prefix="test")
+
+
+def test_the_section_marks_a_straggler_in_words_and_names_it(runs):
+    """Run detail's section, drawn by Streamlit, with rank 1 given as the straggler."""
+    from streamlit.testing.v1 import AppTest
+
+    path = str(runs.straggler.folder.path)
+    at = AppTest.from_function(_rank_section_app, args=(path, [1]), default_timeout=120).run()
+    assert not at.exception
+    assert [s.value for s in at.subheader] == ["Ranks"]
+    assert [w.value for w in at.warning] == [
+        "Straggler rank: **1** (the rank-stragglers finding below says why)."
+    ]
+    shown = at.table[0].value
+    assert list(shown.columns)[-1] == "straggler?"
+    assert list(shown["straggler?"]) == ["", "straggler"]
+    assert list(shown["rank"]) == [0, 1]
+    # and tinted: the styler's rules name rank 1's row only
+    styles = at.table[0].proto.arrow_data.styler.styles
+    assert "row1_col0" in styles and "row0_" not in styles
