@@ -100,7 +100,11 @@ except InputError as exc:
     st.stop()
 
 render.cards(result)
-rank_view = views.rank_view(folder, result)
+try:
+    rank_view = views.rank_view(folder, result)
+except RunFolderError as exc:  # one rank's records cut short: the rest of the page still shows
+    st.error(md_text(exc), icon=":material/error:")
+    rank_view = None
 if rank_view is not None:  # a distributed run
     ranks.rank_section(rank_view, key_prefix="run")
 

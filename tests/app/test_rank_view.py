@@ -3,6 +3,7 @@ and a straggler 2-rank run under torchrun (gloo, CPU) and one single-process run
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 
 import polars as pl
@@ -227,3 +228,18 @@ def test_the_section_marks_a_straggler_in_words_and_names_it(runs):
     # and tinted: the styler's rules name rank 1's row only
     styles = at.table[0].proto.arrow_data.styler.styles
     assert "row1_col0" in styles and "row0_" not in styles
+
+
+def test_a_rank_without_records_yet_is_listed_empty(runs, tmp_path):
+    """A live run whose rank 1 has not written a step yet: both ranks listed, rank 1's
+    figures empty, nothing invented for it in the chart."""
+    copy = tmp_path / "live"
+    shutil.copytree(runs.healthy.folder.path, copy)
+    for name in ("steps.rank1.jsonl", "steps.rank1.parquet"):
+        (copy / name).unlink(missing_ok=True)
+    view = rank_view(RunFolder(copy), runs.healthy.result)
+    assert view.table["rank"].to_list() == [0, 1]
+    assert view.rank_row(1)["steps"] == 0 and view.rank_row(1)["step_time_ms"] is None
+    assert view.rank_row(0)["step_time_ms"] is not None
+    assert view.slowest_rank == 0
+    assert [line.name for line in rank_steps_figure(view).data] == ["rank 0"]
