@@ -20,7 +20,9 @@ data-wait share (%)
 throughput
     Derived from the median step: ``batch size / median step time`` in samples/s (the batch
     size is the median of the steady-state steps' ``batch_size``), else ``1 / median step``
-    in steps/s when the batch size is unknown (a trace).
+    in steps/s when the batch size is unknown (a trace). A distributed run's records are
+    rank 0's and its batch is one rank's share: the job's throughput is that times the
+    world size (every rank takes a step of the same size in the same time).
 GPU utilisation (%)
     The trace's GPU busy time (the union of kernels, copies and memsets over all streams,
     ``TraceFacts.gpu.busy_us``) over the span of the profiled steps, summed over devices:
@@ -52,7 +54,7 @@ class KeyMetrics:
     mean_step_time_ms: float | None
     p95_step_time_ms: float | None
     steps_per_s: float | None  # 1000 / median step time
-    samples_per_s: float | None  # batch size / median step time
+    samples_per_s: float | None  # batch size x world size / median step time
     data_wait_pct: float | None  # median over steady steps of data wait / step time, %
     gpu_utilization_pct: float | None  # trace busy / span of the profiled steps, %
     peak_memory_bytes: int | None
@@ -113,6 +115,13 @@ def _step_stats(step_ms: pl.Series) -> dict[str, float | None]:
     }
 
 
+def _world_size(run: RunData) -> int:
+    extra = getattr(run.manifest, "extra", None)
+    info = extra.get("distributed") if isinstance(extra, dict) else None
+    size = info.get("world_size") if isinstance(info, dict) else None
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 1
+
+
 def _run_values(run: RunData) -> dict[str, Any]:
     steady = steady_steps(run.steps)
     out: dict[str, Any] = {"steps": run.steps.height, "steady_steps": steady.height}
@@ -122,7 +131,8 @@ def _run_values(run: RunData) -> dict[str, Any]:
     batch = steady["batch_size"].drop_nulls().median() if "batch_size" in steady.columns else None
     if batch is not None and out.get("median_step_time_ms"):
         out["batch_size"] = int(batch)
-        out["samples_per_s"] = float(batch) / (out["median_step_time_ms"] / 1000.0)
+        job_batch = float(batch) * _world_size(run)
+        out["samples_per_s"] = job_batch / (out["median_step_time_ms"] / 1000.0)
     if "data_wait_ms" in steady.columns:
         out["data_wait_pct"] = median_share_pct(steady["data_wait_ms"], steady["step_time_ms"])
     for column in ("cuda_peak_bytes", "cuda_allocated_bytes"):

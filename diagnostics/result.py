@@ -43,8 +43,8 @@ SUMMARY_KEYS: dict[str, str] = {
     "step_time_source": '"run" (per-step records) or "trace" (profiler steps)',
     "steps_inferred": "true when the trace had no ProfilerStep#N (whole span = one step)",
     "trace_steps": "profiled steps in the trace",
-    "samples_per_s": "throughput derived from the median step: batch size / median step "
-    "time, samples/s",
+    "samples_per_s": "throughput derived from the median step: batch size (x world size for "
+    "a distributed run) / median step time, samples/s",
     "data_wait_pct": "median over steady-state steps of data wait / step time, % (run "
     "records, else the trace's DataLoader ranges per profiler step)",
     "peak_memory_bytes": "peak CUDA memory allocated (run records, else the trace), bytes",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app_ui import auth, drilldown, loaders, render, session
+from app_ui import auth, drilldown, loaders, ranks, render, session
 from app_ui.safe_text import md_code, md_text
 from diagnostics import views
 from diagnostics.errors import InputError
@@ -100,6 +100,13 @@ except InputError as exc:
     st.stop()
 
 render.cards(result)
+try:
+    rank_view = views.rank_view(folder, result)
+except RunFolderError as exc:  # one rank's records cut short: the rest of the page still shows
+    st.error(md_text(exc), icon=":material/error:")
+    rank_view = None
+if rank_view is not None:  # a distributed run
+    ranks.rank_section(rank_view, key_prefix="run")
 
 busy = launch.active_runs(runs_dir)
 st.subheader("Findings")

@@ -64,6 +64,14 @@ for column, row in zip(columns, comparison.rows, strict=True):
         border=True,
     )
 st.dataframe(views.comparison_table(comparison.rows, "A", "B"), hide_index=True, width="stretch")
+rank_table = views.rank_comparison_table(result_a, result_b, "A", "B")
+if rank_table is not None:  # one of them is distributed
+    st.markdown("**Ranks**")
+    st.caption(
+        "The figures above read rank 0's step records (throughput counts every rank); "
+        "here each rank's median step time."
+    )
+    st.table(render.text_cells(rank_table))
 if comparison.config_changes:
     st.markdown("**What changed in the config**")
     st.dataframe(

@@ -8,7 +8,8 @@ comes back. Everything here is pure and typed so it is tested without a browser:
 - ``runs``      status badges, filters, the runs table, live progress, the compare default
 - ``config``    config tables, patches, re-run overrides, the launch form
 - ``uploads``   safe names, the analyser's private temporary copy, saving an upload
-- ``compare``   a comparison as cards and a table
+- ``compare``   a comparison as cards and a table, and its ranks side by side
+- ``ranks``     a distributed run's per-rank table and step time per rank
 
 ``from diagnostics import views`` gives every public name of these modules.
 """
@@ -32,6 +33,7 @@ from diagnostics.views.compare import (
     comparison_table,
     config_changes_table,
     headline,
+    rank_comparison_table,
 )
 from diagnostics.views.config import (
     LAUNCH_FORM,
@@ -59,6 +61,7 @@ from diagnostics.views.fmt import (
     fmt_seconds,
     fmt_when,
 )
+from diagnostics.views.ranks import RankView, rank_steps_figure, rank_view
 from diagnostics.views.runs import (
     RUN_STATES,
     STATUS_BADGES,
@@ -93,6 +96,7 @@ __all__ = [
     "LAUNCH_FORM",
     "MAX_UPLOAD_FILES",
     "Progress",
+    "RankView",
     "RUN_STATES",
     "SEVERITY_BADGES",
     "SIZE_FIELD",
@@ -128,6 +132,9 @@ __all__ = [
     "patch_rows",
     "patch_summary",
     "progress",
+    "rank_comparison_table",
+    "rank_steps_figure",
+    "rank_view",
     "rerun_overrides",
     "resolve_runs_dir",
     "run_choice_label",

@@ -8,9 +8,11 @@ from typing import Any
 
 import polars as pl
 
+from diagnostics.metrics import key_metrics
 from diagnostics.report import fmt as report_fmt
 from diagnostics.views.config import _config_text
 from diagnostics.views.fmt import fmt_bytes, fmt_ms, fmt_number, fmt_pct, fmt_rate, fmt_ratio
+from diagnostics.views.ranks import result_rank_view
 
 _UNIT_FORMAT: dict[str, Callable[[float | None], str]] = {
     "ms": fmt_ms,
@@ -99,3 +101,79 @@ def comparison_card(row: Any) -> CompareCard:
         delta = f"{change_pct:+.0f} % ({fmt_ratio(row.ratio)})"
     colour = {"higher": "normal", "lower": "inverse"}.get(row.better, "off")
     return CompareCard(label, value, delta, colour)
+
+
+def _rank_figures(result: Any) -> dict[str, Any]:
+    """A result's rank figures for Compare: from its per-rank view when it is a distributed
+    run, else its single process as rank 0 (the median step, as the cards say)."""
+    view = result_rank_view(result)
+    if view is None:
+        median = key_metrics(result).median_step_time_ms
+        return {
+            "ranks": 1,
+            "median": median,
+            "slowest": median,
+            "slowest_rank": 0 if median is not None else None,
+            "stragglers": (),
+            "data_wait": None,
+            "data_wait_rank": None,
+        }
+    waits = view.table.filter(pl.col("data_wait_ms").is_not_null()).sort(
+        "data_wait_ms", descending=True, maintain_order=True
+    )
+    slowest = view.rank_row(view.slowest_rank) if view.slowest_rank is not None else {}
+    return {
+        "ranks": view.world_size,
+        "median": view.median_rank_step_ms,
+        "slowest": slowest.get("step_time_ms"),
+        "slowest_rank": view.slowest_rank,
+        "stragglers": view.straggler_ranks,
+        "data_wait": waits["data_wait_ms"][0] if waits.height else None,
+        "data_wait_rank": waits["rank"][0] if waits.height else None,
+    }
+
+
+def _at_rank(value: float | None, rank: int | None) -> str:
+    return fmt_ms(value) if value is None or rank is None else f"{fmt_ms(value)} (rank {rank})"
+
+
+def rank_comparison_table(
+    result_a: Any, result_b: Any, label_a: str, label_b: str
+) -> pl.DataFrame | None:
+    """Ranks beside each other for Compare: how many, the median rank's and the slowest
+    rank's median step time, the rank waiting longest for data, the stragglers the
+    rank-stragglers rule named. None when both are single-process (nothing to add)."""
+    a, b = _rank_figures(result_a), _rank_figures(result_b)
+    if a["ranks"] < 2 and b["ranks"] < 2:
+        return None
+
+    def ratio(key: str) -> str:
+        return fmt_ratio(b[key] / a[key]) if a[key] and b[key] is not None else "—"
+
+    def named(figures: dict[str, Any]) -> str:
+        if figures["ranks"] < 2:
+            return "—"
+        return ", ".join(str(r) for r in figures["stragglers"]) or "none"
+
+    rows = [
+        ("Ranks", str(a["ranks"]), str(b["ranks"]), fmt_ratio(b["ranks"] / a["ranks"])),
+        ("Median rank's step time", fmt_ms(a["median"]), fmt_ms(b["median"]), ratio("median")),
+        (
+            "Slowest rank's step time",
+            _at_rank(a["slowest"], a["slowest_rank"]),
+            _at_rank(b["slowest"], b["slowest_rank"]),
+            ratio("slowest"),
+        ),
+        (
+            "Longest data wait on one rank",
+            _at_rank(a["data_wait"], a["data_wait_rank"]),
+            _at_rank(b["data_wait"], b["data_wait_rank"]),
+            ratio("data_wait"),
+        ),
+        ("Straggler ranks (rank-stragglers)", named(a), named(b), "—"),
+    ]
+    return pl.DataFrame(
+        rows,
+        schema={"measure": pl.String, label_a: pl.String, label_b: pl.String, "B ÷ A": pl.String},
+        orient="row",
+    )
