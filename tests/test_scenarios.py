@@ -211,9 +211,10 @@ def test_slow_loader_evidence(scenario_results):
 
 def test_leak_evidence(scenario_results):
     ev = finding(scenario_results["leak"], "memory-leak").evidence
-    # the leak keeps every step's graph and batch: RSS rises at most steps, by MiBs
+    # the leak keeps every step's graph and batch: RSS is higher later in most pairs of
+    # steps, by MiBs a step
     assert ev["slope_bytes_per_step"] > 2**20
-    assert ev["increasing_share"] >= 0.7
+    assert ev["increasing_share"] >= 0.8
 
 
 def test_leak_with_memory_lines_points_at_the_training_step(scenario_results):

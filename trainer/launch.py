@@ -220,6 +220,7 @@ def start_run(
     bounds = LaunchBounds.from_environ()
     too_big = bounds.check(config)
     job = job_arguments(nproc_per_node, nnodes, rdzv_endpoint)
+    too_big.update(bounds.check_processes(nproc_per_node))
     if scenario in DISTRIBUTED_SCENARIOS and nproc_per_node * nnodes < 2:
         raise ValueError(f"{scenario} needs two or more processes")
     if applied_patch:

@@ -26,12 +26,17 @@ BOUND_DEFAULTS: dict[str, tuple[str, int]] = {
 # Wall time of one launched run; the trainer stops cleanly at it (train.max_runtime_s,
 # status cancelled with the budget as the reason, a checkpoint kept for resume).
 RUNTIME_ENV, RUNTIME_DEFAULT_S = "PIPELINE_DOCTOR_MAX_RUNTIME_S", 3_600
+# Training processes started on this host for one run (torchrun's --nproc-per-node); each
+# brings its own data.num_workers workers. Other nodes of a multi-node job run their own
+# command, on their own machines.
+PROCESSES_ENV, PROCESSES_DEFAULT = "PIPELINE_DOCTOR_MAX_PROCESSES", 8
 
 
 @dataclass(frozen=True)
 class LaunchBounds:
     limits: Mapping[str, tuple[str, int]]  # key -> (env var, bound)
     max_runtime_s: int
+    max_processes: int = PROCESSES_DEFAULT
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] = os.environ) -> LaunchBounds:
@@ -40,7 +45,11 @@ class LaunchBounds:
             key: (env, _positive(environ, env, default))
             for key, (env, default) in BOUND_DEFAULTS.items()
         }
-        return cls(limits, _positive(environ, RUNTIME_ENV, RUNTIME_DEFAULT_S))
+        return cls(
+            limits,
+            _positive(environ, RUNTIME_ENV, RUNTIME_DEFAULT_S),
+            _positive(environ, PROCESSES_ENV, PROCESSES_DEFAULT),
+        )
 
     def check(self, config: TrainerConfig) -> dict[str, str]:
         """Field -> one-line message for each value above its bound (empty when within)."""
@@ -56,6 +65,17 @@ class LaunchBounds:
                     )
                 )
         return errors
+
+    def check_processes(self, nproc_per_node: int) -> dict[str, str]:
+        """{"nproc_per_node": message} when more processes than this server allows."""
+        if nproc_per_node <= self.max_processes:
+            return {}
+        message = ConfigError(
+            "processes per node",
+            f"{nproc_per_node:,} is above this server's launch limit",
+            f"<= {self.max_processes:,} ({PROCESSES_ENV})",
+        )
+        return {"nproc_per_node": str(message)}
 
     def runtime_s(self, requested: float | None) -> float:
         """The run's wall-time budget: the one asked for, capped at the bound."""

@@ -3,8 +3,9 @@
 What it finds
     Steady growth of CUDA allocated memory or of the trainer's resident set size (RSS) over
     the steps after a warm-up share: a positive robust slope (Theil-Sen, the median of all
-    pairwise slopes, so a one-off jump does not make a trend), most memory changes being
-    increases, and a total growth that is a material share of the baseline. It reports bytes
+    pairwise slopes, so a one-off jump does not make a trend), memory higher at the later
+    step in most pairs of steps (Mann-Kendall: a leak's occasional small fall or transient
+    spike does not hide it), and a total growth that is a material share of the baseline. It reports bytes
     per step and the steps left until the device (or host) runs out. Growth confined to the
     warm-up (optimiser state, caches filling) is reported apart and does not fire; CUDA
     *reserved* memory growing while *allocated* stays flat is the caching allocator keeping
@@ -271,8 +272,8 @@ class MemoryLeak(Rule):
             recommendation=(
                 f"{name} grew {stats['growth_bytes'] / 2**20:.1f} MiB "
                 f"({stats['growth_pct']:.0f}%) from step {stats['steady_steps'][0]} to "
-                f"{stats['steady_steps'][1]}, rising at {100 * stats['increasing_share']:.0f}% "
-                f"of changes.{oom_text}{line_text} Accumulate "
+                f"{stats['steady_steps'][1]}, higher at the later step in "
+                f"{100 * stats['increasing_share']:.0f}% of pairs of steps.{oom_text}{line_text} Accumulate "
                 "loss.item() instead of the loss tensor and keep no per-batch tensors across steps."
             ),
             fix=Fix(code=FIX_CODE, config_patch=dict(PATCH)),

@@ -107,3 +107,18 @@ def test_a_launched_run_carries_the_runtime_bound(tmp_path, monkeypatch):
     while not run.status().is_final:
         assert time.monotonic() < deadline, "the run did not stop"
         time.sleep(0.2)
+
+
+def test_processes_per_node_are_bounded_before_anything_starts(tmp_path, monkeypatch):
+    assert LaunchBounds.from_environ({}).check_processes(8) == {}
+    monkeypatch.setenv("PIPELINE_DOCTOR_MAX_PROCESSES", "2")
+    assert LaunchBounds.from_environ().check_processes(2) == {}
+    with pytest.raises(
+        ValueError,
+        match=r"^processes per node: 3 is above this server's launch limit; "
+        r"allowed: <= 2 \(PIPELINE_DOCTOR_MAX_PROCESSES\)$",
+    ):
+        launch.start_run(
+            scenario="healthy", overrides=SMALL, runs_dir=tmp_path, device="cpu", nproc_per_node=3
+        )
+    assert list(tmp_path.iterdir()) == []

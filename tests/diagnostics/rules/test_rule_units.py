@@ -60,9 +60,18 @@ def test_robust_outliers_find_what_mean_plus_3_sigma_misses():
     assert robust_sigma_outliers(times, 3.0).tolist() == [9, 19, 29, 39]
 
 
-def test_increasing_share_ignores_flat_steps():
-    assert increasing_share([1, 1, 2, 2, 3, 2, 4]) == pytest.approx(3 / 4)
+def test_increasing_share_counts_rising_pairs():
+    # pairs of [1, 1, 2, 3, 2]: rising 1<2 x2, 1<3 x2, 1<2 x2 (last), 2<3; falling 3>2;
+    # tied 1=1, 2=2: 7 of 8 differing pairs rise
+    assert increasing_share([1, 1, 2, 3, 2]) == pytest.approx(7 / 8)
     assert increasing_share([5, 5, 5]) == 0.0
+    # the leak run that counting neighbours got wrong: 12 rises of 17 changes (0.71)
+    mib = [10.5, 2.3, 3.8, 11.1, 0.2, 8.9, 7.5, -2.8, 11.9, -2.9, 6.8, -0.9, 6.2, 11.9, 2.3]
+    mib += [-3.6, 8.9, -2.8]
+    series = [sum(mib[:i]) for i in range(len(mib) + 1)]
+    assert increasing_share(series) >= 0.95
+    # a sawtooth (the caching allocator filling and releasing) has no trend
+    assert increasing_share([0, 8, 0, 8, 0, 8, 0]) == pytest.approx(0.5)
 
 
 # -- too-few-workers -----------------------------------------------------------------------
