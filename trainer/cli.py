@@ -376,7 +376,7 @@ def _train_locked(
     if reason is None and trainer is not None and trainer.resume_note:
         reason = trainer.resume_note  # a completed resume still says what it set aside
     try:
-        safe.finalise(status, reason)  # type: ignore[arg-type]
+        safe.finalise(status, reason)
     except OSError as exc:
         log.error("could not record the final status: %s", _failure(exc, writer.last_step))
         status = "failed"

@@ -44,34 +44,11 @@ from diagnostics.runs import (
     _LineAppender,
     rank_file,
 )
+from trainer.stopping import AGREED, Stop, StopKind
 
 log = logging.getLogger("trainer")
 
 PROCESS_GROUP_TIMEOUT = timedelta(minutes=5)  # a peer that never arrives fails the run
-
-
-def _stop_code(stop: tuple[str, str] | None) -> int:
-    """A stop wish as a number, in increasing priority (none, budget, cancel, SIGINT,
-    SIGTERM): the all-reduced MAX is what every rank does. Read from the loop's own
-    (status, reason) pairs (Trainer._stop_reason)."""
-    if stop is None:
-        return 0
-    status, reason = stop
-    if status == "preempted":
-        return 4
-    if "SIGINT" in reason:
-        return 3
-    if "max_runtime_s" in reason:
-        return 1
-    return 2
-
-
-_AGREED_REASONS = {
-    1: ("cancelled", "train.max_runtime_s budget reached on another rank; resume to finish"),
-    2: ("cancelled", "cancel requested"),
-    3: ("cancelled", "interrupted (SIGINT) on another rank"),
-    4: ("preempted", "SIGTERM received by another rank: checkpointed for resume"),
-}
 
 
 @dataclass
@@ -125,15 +102,17 @@ class DistContext:
                 dist.all_reduce(param.grad)
                 param.grad.div_(self.world_size)
 
-    def agree_stop(self, local: tuple[str, str] | None) -> tuple[str, str] | None:
-        flag = torch.tensor([_stop_code(local)], dtype=torch.int64)
+    def agree_stop(self, local: Stop | None) -> Stop | None:
+        """Every rank's stop wish all-reduced (MAX of the kinds' priorities): all ranks stop
+        after the same step, for the most urgent reason any of them had."""
+        flag = torch.tensor([int(local.kind) if local else 0], dtype=torch.int64)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.stop_group)
         agreed = int(flag.item())
         if agreed == 0:
             return None
-        if _stop_code(local) == agreed:
+        if local is not None and int(local.kind) == agreed:
             return local
-        return _AGREED_REASONS[agreed]
+        return AGREED[StopKind(agreed)]
 
 
 _CONTEXT: DistContext | None = None

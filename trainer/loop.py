@@ -31,7 +31,7 @@ from typing import Any
 import psutil
 import torch
 
-from diagnostics.runs import CANCEL_FILE, TOKENIZER_FILE, TRACE_DIR
+from diagnostics.runs import CANCEL_FILE, TOKENIZER_FILE, TRACE_DIR, RunState
 from trainer import checkpoint
 from trainer.config import TrainerConfig
 from trainer.data import (
@@ -44,6 +44,7 @@ from trainer.data import (
     used_token_ids,
 )
 from trainer.distributed import current_context, worker_name
+from trainer.evaluate import evaluate
 from trainer.instruments.deferred import DeviceScalars, PendingSteps
 from trainer.instruments.memory_lines import make_memory_lines
 from trainer.instruments.profiler import make_profiler
@@ -52,6 +53,7 @@ from trainer.instruments.system import make_sampler
 from trainer.model import MultiTaskModel, mask_tokens, parameter_count
 from trainer.run_io import SafeWriter
 from trainer.runtime import StopRequests, seed_everything, set_tf32
+from trainer.stopping import Stop, StopKind
 from trainer.vocab import model_vocab
 
 log = logging.getLogger("trainer")
@@ -71,11 +73,20 @@ class Position:
     batch_in_epoch: int = 0  # batches of ``epoch`` already trained on
 
 
-@dataclass
+@dataclass(frozen=True)
 class Outcome:
-    status: str  # completed | cancelled | preempted | failed
+    status: RunState  # completed | cancelled | preempted (a failure raises instead)
     reason: str | None = None
     steps_done: int = 0
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What a training step leaves for its record: the scalars (on the host already, or a
+    pending device read) and the batch's size."""
+
+    scalars: Any  # Resolved | a pending DeviceScalars read (trainer.instruments.deferred)
+    batch_size: int
 
 
 class Trainer:
@@ -216,7 +227,7 @@ class Trainer:
         non_blocking = self.config.data.non_blocking and self.cuda
         return {k: v.to(self.device, non_blocking=non_blocking) for k, v in batch.items()}
 
-    def _train_step_impl(self, phase: str, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+    def _train_step_impl(self, phase: str, batch: dict[str, torch.Tensor]) -> StepResult:
         """Copy, forward + backward, clip, optimiser step. Returns the step's figures."""
         train = self.config.train
         self.clock.mark("start")
@@ -286,7 +297,7 @@ class Trainer:
             "amp_scale": amp_scale,
             "finite": finite,
         }
-        return {"scalars": Resolved(values), "batch_size": int(batch["input_ids"].shape[0])}
+        return StepResult(Resolved(values), int(batch["input_ids"].shape[0]))
 
     def _finish_step_on_device(
         self,
@@ -295,7 +306,7 @@ class Trainer:
         params: list[torch.nn.Parameter],
         batch: dict[str, torch.Tensor],
         hidden: torch.Tensor | None,
-    ) -> dict[str, Any]:
+    ) -> StepResult:
         """The CUDA end of a step: same decisions as the CPU's, none read on the host.
 
         Clipping a non-finite norm would turn the gradients into NaN, but such a step's
@@ -328,45 +339,22 @@ class Trainer:
             self.total_loss += loss.detach()  # a device tensor: read at checkpoints only
         if train.keep_batch_history:
             self.batch_history.append((batch, hidden))
-        return {"scalars": scalars, "batch_size": int(batch["input_ids"].shape[0])}
+        return StepResult(scalars, int(batch["input_ids"].shape[0]))
 
     # --- evaluation ------------------------------------------------------------------------
 
-    @torch.no_grad()
     def evaluate(self, epoch: int) -> dict[str, Any]:
-        """Accuracy per task on the validation split (cached: processed once, every epoch)."""
-        self.model.eval()
-        correct = [0, 0]
-        loss_sum, batches, seen = 0.0, 0, 0
-        size = self.config.train.batch_size
-        for start in range(0, len(self.val_set), size):
-            items = [self.val_set[i] for i in range(start, min(start + size, len(self.val_set)))]
-            batch = {k: torch.stack([item[k] for item in items]) for k in items[0]}
-            batch = self._to_device(batch)
-            with torch.autocast(
-                self.device.type,
-                dtype=self.autocast_dtype or torch.float32,
-                enabled=self.autocast_dtype is not None,
-            ):
-                out = self.model(
-                    batch["input_ids"],
-                    batch["attention_mask"],
-                    batch["category"],
-                    batch["merchant_type"],
-                )
-            loss_sum += float(out.loss)
-            batches += 1
-            seen += len(items)
-            correct[0] += int((out.category_logits.argmax(-1) == batch["category"]).sum())
-            correct[1] += int((out.merchant_type_logits.argmax(-1) == batch["merchant_type"]).sum())
-        self.model.train()
-        result = {
-            "step": self.position.step,
-            "epoch": epoch,
-            "val_loss": loss_sum / max(1, batches),
-            "category_accuracy": correct[0] / max(1, seen),
-            "merchant_type_accuracy": correct[1] / max(1, seen),
-        }
+        """The validation pass (trainer.evaluate), kept for the run's manifest."""
+        result = evaluate(
+            self.model,
+            self.val_set,
+            batch_size=self.config.train.batch_size,
+            to_device=self._to_device,
+            autocast_dtype=self.autocast_dtype,
+            device_type=self.device.type,
+            step=self.position.step,
+            epoch=epoch,
+        ).to_dict()
         self.evaluations.append(result)
         log.info(
             "eval step %d: loss %.3f, category acc %.3f, merchant type acc %.3f",
@@ -379,18 +367,19 @@ class Trainer:
 
     # --- the loop --------------------------------------------------------------------------
 
-    def _stop_reason(self) -> tuple[str, str] | None:
+    def _stop_reason(self) -> Stop | None:
         if self.stop.sigterm:
-            return "preempted", "SIGTERM received: checkpointed for resume"
+            return Stop(StopKind.PREEMPT, "SIGTERM received: checkpointed for resume")
         if self.stop.sigint:
-            return "cancelled", "interrupted (SIGINT)"
+            return Stop(StopKind.INTERRUPT, "interrupted (SIGINT)")
         if (self.run_dir / CANCEL_FILE).exists():
-            return "cancelled", "cancel requested"
+            return Stop(StopKind.CANCEL, "cancel requested")
         budget = self.config.train.max_runtime_s
         if budget is not None and time.monotonic() - self.started >= budget:
-            return "cancelled", (
+            return Stop(
+                StopKind.BUDGET,
                 f"train.max_runtime_s budget of {budget:g} s reached after step "
-                f"{self.position.step} of {self.total_steps}; resume to finish"
+                f"{self.position.step} of {self.total_steps}; resume to finish",
             )
         return None
 
@@ -421,7 +410,7 @@ class Trainer:
             marks.append("epoch_start")
         return ",".join(dict.fromkeys(marks)) or None
 
-    def _record(self, phase: str, epoch: int, times: Any, out: dict[str, Any]) -> None:
+    def _record(self, phase: str, epoch: int, times: Any, out: StepResult) -> None:
         """Queues the step's record: what the host knows now, the rest once it arrives."""
         record = {
             "step": self.position.step,
@@ -429,13 +418,13 @@ class Trainer:
             "phase": phase,
             "wall_time": time.time(),
             "lr": self.optimizer.param_groups[0]["lr"],
-            "batch_size": out["batch_size"],
+            "batch_size": out.batch_size,
             "rss_bytes": rss_bytes(self._process),
             "profiled": self.profiler.recording,
             "marks": self._step_marks(self.position.batch_in_epoch),
             **cuda_memory(self.device),
         }
-        self.pending.push(record, times if self.clock.deferred else Resolved(times), out["scalars"])
+        self.pending.push(record, times if self.clock.deferred else Resolved(times), out.scalars)
 
     def _complete_record(
         self, record: dict[str, Any], times: dict[str, float], values: dict[str, Any]
@@ -577,7 +566,7 @@ class Trainer:
                 if self.dist is not None:  # every rank stops after the same step
                     stop = self.dist.agree_stop(stop)
                 if stop is not None:
-                    return self._stop(*stop)
+                    return self._stop(stop)
                 self.clock.begin()
                 epoch, batch_in_epoch, batch = next(batches)
                 self.clock.mark("fetched")
@@ -604,15 +593,15 @@ class Trainer:
             self.save_checkpoint()
         return Outcome("completed", None, self.position.step)
 
-    def _stop(self, status: str, reason: str) -> Outcome:
+    def _stop(self, stop: Stop) -> Outcome:
         self.pending.flush()
-        log.warning("stopping at step %d: %s", self.position.step, reason)
-        if "max_runtime_s" in reason:
-            self.writer.add_note(f"stopped early: {reason}")
-        wanted = status == "preempted" or self.position.step > 0
+        log.warning("stopping at step %d: %s", self.position.step, stop.reason)
+        if stop.kind is StopKind.BUDGET:
+            self.writer.add_note(f"stopped early: {stop.reason}")
+        wanted = stop.kind is StopKind.PREEMPT or self.position.step > 0
         if wanted and not self.checkpoint_path(self.position.step).exists():
             self.save_checkpoint()
-        return Outcome(status, reason, self.position.step)
+        return Outcome(stop.status, stop.reason, self.position.step)
 
     def _finish_notes(self, outcome: Outcome) -> None:
         if self.nonfinite_steps:

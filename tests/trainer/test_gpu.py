@@ -264,8 +264,8 @@ def test_a_nonfinite_step_is_skipped_on_the_device(tmp_path):
         trainer.model.backbone.embeddings.LayerNorm.weight[0] = float("nan")
     before = [p.detach().clone() for p in trainer.model.parameters()]
     out = trainer._train_step("finetune", batch)
-    out["scalars"].wait()
-    values = out["scalars"].get()
+    out.scalars.wait()
+    values = out.scalars.get()
     assert values["finite"] is False
     after = list(trainer.model.parameters())
     # fused AdamW with found_inf: no parameter moved (NaN where it was NaN)
