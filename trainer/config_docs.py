@@ -45,7 +45,8 @@ NOTES: dict[str, str] = {
     "instruments.memory_lines": "`--memory-lines` sets it to true.",
     "runtime.threads": "On CPU the trainer uses `max(1, cores − data.num_workers)` threads "
     "([why](TRAINER.md#the-cli)).",
-    "distributed.sync": "`overlap` = DDP's bucketed all-reduce during backward; "
+    "distributed.sync": "Under torchrun only: a single process ignores the `distributed.*` "
+    "keys. `overlap` = DDP's bucketed all-reduce during backward; "
     "`after-backward` = no DDP, one blocking all-reduce per gradient after backward.",
     "distributed.straggler_rank": "Its `__getitem__` is slowed by "
     "`distributed.straggler_delay_ms` per batch.",
