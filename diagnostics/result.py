@@ -21,7 +21,7 @@ BREAKDOWN_KEYS = ("kernel", "memcpy", "memset", "runtime", "dataloader", "cpu_ex
 IDLE_KEYS = ("host_wait", "kernel_wait", "other")
 STEP_TIME_KEYS = ("mean", "p50", "p95")
 
-# summary key -> what it holds (units in the names; the README's table is this one).
+# summary key -> what it holds (units in the names; docs/ANALYSIS.md's table is this one).
 SUMMARY_KEYS: dict[str, str] = {
     "device": '"cuda" or "cpu": where the training ran',
     "steps": "steps measured: run step records (run folder) or ProfilerStep#N (trace)",
