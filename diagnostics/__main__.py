@@ -14,7 +14,6 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from diagnostics.cli_limits import LimitOptionError as _LimitOptionError
@@ -25,6 +24,7 @@ from diagnostics.cli_limits import (
     limits_from,
     resource_error,
 )
+from diagnostics.text_output import emit
 
 USAGE = (
     "usage: python -m diagnostics {analyze,report,rules} ...\n"
@@ -134,20 +134,6 @@ def render_text(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write_out(text: str, output: str | None) -> None:
-    if output is None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-        return
-    path = Path(output)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def analyze_main(argv: Sequence[str]) -> int:
     try:
         args = _analyze_parser().parse_args(list(argv))
@@ -182,7 +168,7 @@ def analyze_main(argv: Sequence[str]) -> int:
             if args.format == "json"
             else render_text(doc)
         )
-        _write_out(text, args.output)
+        emit(text, args.output)
     except (InputError, ThresholdsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -65,6 +65,24 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Path(result.stdout.strip().splitlines()[-1])
 
 
+# A distributed run small enough for 2 cores (add --nproc-per-node 2 and --steps): no
+# pre-training, no DataLoader workers, one checkpoint every 2 steps
+TINY_DIST_ARGS = (
+    "--device",
+    "cpu",
+    "--set",
+    "data.rows=240",
+    "--set",
+    "train.pretrain_steps=0",
+    "--set",
+    "train.batch_size=8",
+    "--set",
+    "train.checkpoint_every=2",
+    "--set",
+    "data.num_workers=0",
+)
+
+
 # One tiny real run per trainer scenario (the reports build for each; other suites may read
 # them too). Scenario presets are kept: no batch-size override, so small-batch stays small.
 SCENARIO_RUN_ARGS = (

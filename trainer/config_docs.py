@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
+from diagnostics.text_output import emit_or_exit_code
 from trainer.config import (
     DISTRIBUTED_PRESETS,
     DISTRIBUTED_SCENARIOS,
@@ -144,16 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("-o", "--output", help="write to this file instead of stdout")
     args = parser.parse_args(argv)
-    text = render_markdown()
-    if args.output:
-        try:
-            Path(args.output).write_text(text, encoding="utf-8")
-        except OSError as exc:
-            print(f"error: {args.output}: cannot write ({exc.strerror or exc})", file=sys.stderr)
-            return 2
-    else:
-        sys.stdout.write(text)
-    return 0
+    return emit_or_exit_code(render_markdown(), args.output)
 
 
 if __name__ == "__main__":

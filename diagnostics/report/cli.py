@@ -7,7 +7,6 @@ above ``--fail-on`` exists (a CI gate); 2 unusable input or options (one line on
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,6 +16,7 @@ from diagnostics.errors import InputError
 from diagnostics.report.formats import FORMAT_NAMES, render_report
 from diagnostics.report.pricing import GPU_PRICES, Pricing
 from diagnostics.severity import SEVERITY_ORDER
+from diagnostics.text_output import write_atomic
 
 SEVERITIES = tuple(SEVERITY_ORDER)
 
@@ -64,15 +64,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     add_limit_options(parser)
     return parser
-
-
-def _write(path: Path, content: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(content, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -125,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.output:
         out = Path(args.output)
         try:
-            _write(out, content)
+            write_atomic(out, content)
         except OSError as exc:
             print(f"error: {out}: cannot write the report ({exc.strerror or exc})", file=sys.stderr)
             return 2

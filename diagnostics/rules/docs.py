@@ -15,11 +15,11 @@ import inspect
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from diagnostics.rules.base import Rule
 from diagnostics.rules.registry import RULES
+from diagnostics.text_output import emit_or_exit_code
 from diagnostics.thresholds import Thresholds
 
 SECTIONS: tuple[str, ...] = ("What it finds", "Why it matters", "How to fix")
@@ -170,16 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--format", choices=("md",), default="md")
     parser.add_argument("-o", "--output", help="write to this file instead of stdout")
     args = parser.parse_args(argv)
-    text = render_markdown()
-    if args.output:
-        try:
-            Path(args.output).write_text(text, encoding="utf-8")
-        except OSError as exc:
-            print(f"error: {args.output}: cannot write ({exc.strerror or exc})", file=sys.stderr)
-            return 2
-    else:
-        sys.stdout.write(text)
-    return 0
+    return emit_or_exit_code(render_markdown(), args.output)
 
 
 if __name__ == "__main__":

@@ -8,24 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.conftest import run_trainer_cli
+from tests.conftest import TINY_DIST_ARGS, run_trainer_cli
 
-SMALL_RUN_ARGS = (
-    "--device",
-    "cpu",
-    "--steps",
-    "6",
-    "--set",
-    "data.rows=240",
-    "--set",
-    "train.pretrain_steps=0",
-    "--set",
-    "train.batch_size=8",
-    "--set",
-    "train.checkpoint_every=2",
-    "--set",
-    "data.num_workers=0",
-)
+SMALL_RUN_ARGS = (*TINY_DIST_ARGS, "--steps", "6")
 
 
 def make_run(runs_dir: Path, scenario: str, run_id: str, nproc: int = 2) -> Path:

@@ -19,27 +19,11 @@ import polars as pl
 import pytest
 
 from diagnostics.runs import RunFolder
-from tests.conftest import REPO_ROOT, run_trainer_cli
+from tests.conftest import REPO_ROOT, TINY_DIST_ARGS, run_trainer_cli
 from trainer.data import EpochSampler
 from trainer.dist_launch import aggregate
 
-# tiny and fast: no pre-training, no DataLoader workers, one checkpoint every 2 steps
-DIST_ARGS = (
-    "--scenario",
-    "healthy",
-    "--device",
-    "cpu",
-    "--set",
-    "data.rows=240",
-    "--set",
-    "train.pretrain_steps=0",
-    "--set",
-    "train.batch_size=8",
-    "--set",
-    "train.checkpoint_every=2",
-    "--set",
-    "data.num_workers=0",
-)
+DIST_ARGS = ("--scenario", "healthy", *TINY_DIST_ARGS)
 # long enough to be stopped part-way: each sample waits 15 ms, a batch of 8 then 120 ms
 SLOW_ARGS = (*DIST_ARGS, "--steps", "60", "--instruments", "off", "--nproc-per-node", "2")
 SLOW_ARGS += ("--set", "data.sample_latency_ms=15")
@@ -157,11 +141,14 @@ def test_bad_job_shapes_are_one_line_and_leave_nothing(tmp_path, extra, field):
 # --- real runs -----------------------------------------------------------------------------
 
 
-def _two_rank_run(runs_dir: Path, scenario: str, steps: int = 6) -> RunFolder:
+def _two_rank_run(
+    runs_dir: Path, scenario: str, steps: int = 6, patch: dict | None = None
+) -> RunFolder:
     args = [a if a != "healthy" else scenario for a in DIST_ARGS]
+    patched = ["--patch-json", json.dumps(patch)] if patch else []
     result = run_trainer_cli(
         ["run", *args, "--steps", str(steps), "--runs-dir", str(runs_dir)]
-        + ["--nproc-per-node", "2"],
+        + ["--nproc-per-node", "2", *patched],
         timeout_s=400,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -274,14 +261,7 @@ def test_exposed_communication_fires_and_its_patch_brings_back_overlap(exposed_t
     before = analyze(exposed_two_ranks.path)
     found = next(f for f in before.findings if f.rule == "exposed-communication")
     assert found.fix.config_patch == {"distributed.sync": "overlap"}
-    args = [a if a != "healthy" else "exposed-communication" for a in DIST_ARGS]
-    result = run_trainer_cli(
-        ["run", *args, "--steps", "6", "--runs-dir", str(tmp_path), "--nproc-per-node", "2"]
-        + ["--patch-json", json.dumps(found.fix.config_patch)],
-        timeout_s=400,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    fixed = RunFolder(result.stdout.strip().splitlines()[-1])
+    fixed = _two_rank_run(tmp_path, "exposed-communication", patch=found.fix.config_patch)
     assert fixed.manifest().config["distributed"]["sync"] == "overlap"
     exposed_before, transfer_before = _exposed(before)
     after = _exposed(analyze(fixed.path))
@@ -311,14 +291,7 @@ def test_straggler_fires_naming_the_rank_and_its_cause_and_the_fix_removes_it(
     # rank 0 waits about the injected 300 ms a batch inside the all-reduce
     assert 200.0 <= evidence["excess_ms_per_step"] <= 450.0
     assert found.fix.config_patch == {"distributed.straggler_delay_ms": 0.0}
-    args = [a if a != "healthy" else "straggler" for a in DIST_ARGS]
-    result = run_trainer_cli(
-        ["run", *args, "--steps", "6", "--runs-dir", str(tmp_path), "--nproc-per-node", "2"]
-        + ["--patch-json", json.dumps(found.fix.config_patch)],
-        timeout_s=400,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    fixed = RunFolder(result.stdout.strip().splitlines()[-1])
+    fixed = _two_rank_run(tmp_path, "straggler", patch=found.fix.config_patch)
     assert fixed.manifest().config["distributed"]["straggler_delay_ms"] == 0.0
     # Two ranks sharing two cores (and rank 0 checkpointing every 2 steps here) can still
     # keep one waiting for the other a little; the data straggler itself must be gone.
