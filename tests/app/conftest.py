@@ -6,6 +6,7 @@ the browser is Debian's /usr/bin/chromium driven through Playwright (never downl
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -157,13 +158,10 @@ def start_server(runs_dir: Path, log_path: Path) -> tuple[subprocess.Popen[bytes
     raise RuntimeError(f"streamlit did not become healthy:\n{log_path.read_text()[-3000:]}")
 
 
-@pytest.fixture(scope="module")
-def app_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppServer]:
-    """`streamlit run app.py` on a free port with an empty runs folder; stopped after."""
-    base = tmp_path_factory.mktemp("server")
-    runs_dir = base / "runs"
-    runs_dir.mkdir()
-    process, server = start_server(runs_dir, base / "streamlit.log")
+@contextlib.contextmanager
+def serving(runs_dir: Path, log_path: Path) -> Iterator[AppServer]:
+    """The app on ``runs_dir`` for the ``with`` block; stopped (killed if it lingers) after."""
+    process, server = start_server(runs_dir, log_path)
     try:
         yield server
     finally:
@@ -173,6 +171,16 @@ def app_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppServer]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@pytest.fixture(scope="module")
+def app_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppServer]:
+    """`streamlit run app.py` on a free port with an empty runs folder; stopped after."""
+    base = tmp_path_factory.mktemp("server")
+    runs_dir = base / "runs"
+    runs_dir.mkdir()
+    with serving(runs_dir, base / "streamlit.log") as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ two 2-rank runs (healthy vs straggler), made by the real trainer under torchrun.
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +13,7 @@ from playwright.sync_api import expect
 
 from diagnostics.analyze import analyze
 from diagnostics.views.ranks import RANK_TABLE_LABELS, straggler_ranks
-from tests.app.conftest import AppServer, screenshot, start_server
+from tests.app.conftest import AppServer, screenshot, serving
 from tests.app.dist_runs import make_run
 from tests.app.test_e2e import goto, wait_idle
 
@@ -36,16 +35,8 @@ def rank_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RankServer
     runs_dir.mkdir()
     healthy = make_run(runs_dir, "healthy", "healthy-2-ranks")
     straggler = make_run(runs_dir, "straggler", "straggler-2-ranks")
-    process, server = start_server(runs_dir, base / "streamlit.log")
-    try:
+    with serving(runs_dir, base / "streamlit.log") as server:
         yield RankServer(server, healthy, straggler)
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def no_error_on(page) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from tests.app.conftest import AppServer, screenshot, start_server
+from tests.app.conftest import AppServer, screenshot, serving
 from tests.app.test_e2e import goto, wait_idle
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -34,12 +34,8 @@ STREAMLIT_SUBPAGE_PROBE = re.compile(r"/[A-Za-z_]+/_stcore/(health|host-config)$
 def runs_server(trained_runs, tmp_path_factory) -> Iterator[AppServer]:
     """The app on the real runs of ``trained_runs`` (slow-loader and its re-run)."""
     log = tmp_path_factory.mktemp("views-server") / "streamlit.log"
-    process, server = start_server(trained_runs.runs_dir, log)
-    try:
+    with serving(trained_runs.runs_dir, log) as server:
         yield server
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
 
 
 def drill_tabs(page):
