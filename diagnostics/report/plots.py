@@ -10,35 +10,8 @@ in a finding's evidence) goes through :func:`safe_text` before it reaches plotly
 renders a subset of HTML in labels, so markup is escaped and shown literally. Plotly turns
 the entities back into characters with ``textContent``, so nothing in a name can run.
 
-Evidence-chart convention (shared with ``diagnostics/rules/evidence.py``'s ``chart()``)
--------------------------------------------------------------------------------------
-A rule that wants a chart beside its finding puts a ``"chart"`` entry in
-``Finding.evidence``; :func:`finding_figure` draws it (and returns ``None`` without one)::
-
-    evidence["chart"] = {
-        "kind": "line",                  # "line" | "bar" (required)
-        "title": "Data wait per step",   # figure title (required)
-        "x_label": "step",               # axis titles with units (required)
-        "y_label": "time (ms)",
-        "x": [1, 2, 3],                  # shared x values: numbers or strings (required)
-        "series": {                      # one series per entry, each as long as x (required)
-            "data wait (ms)": [40.0, 41.5, 39.8],
-            "compute (ms)": [12.0, 12.1, 11.9],
-        },
-        "highlight_x": [2],              # x values the finding is about, marked on the
-                                         # first series (spike steps, outlier steps)
-        # optional, for the renderer only:
-        "stacked": True,                 # bar: stack the series (default False: grouped)
-        "horizontal": False,             # bar: horizontal bars, x holds the labels
-        "log_y": False,                  # logarithmic value axis
-        "hlines": [{"y": 10.0, "label": "threshold"}],  # horizontal reference lines
-    }
-
-Values must be JSON-serialisable (plain lists of float/int/str/None; ``None`` is a gap).
-``x_title``/``y_title``/``y`` and ``markers: {"x": [...], "label": ...}`` are accepted as
-aliases of ``x_label``/``y_label``/``series``/``highlight_x``. A malformed chart (unknown
-kind, missing keys, lengths that disagree) gives ``None`` rather than an error, so a rule's
-chart can never break a page or a report.
+A finding's evidence chart (a :class:`diagnostics.chart.Chart`, contract in
+``docs/CHARTS.md``) is drawn by :func:`finding_figure`.
 """
 
 from __future__ import annotations
@@ -49,7 +22,7 @@ import plotly.graph_objects as go
 import polars as pl
 from plotly.subplots import make_subplots
 
-from diagnostics.report.evidence_chart import CHART_KINDS, finding_figure
+from diagnostics.report.evidence_chart import finding_figure
 from diagnostics.report.figure_style import (
     MAX_LABEL_CHARS,
     MAX_POINTS,
@@ -66,7 +39,6 @@ from diagnostics.report.figure_style import (
 )
 
 __all__ = [
-    "CHART_KINDS",
     "MAX_POINTS",
     "MIB",
     "breakdown_figure",

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar
 
+from diagnostics.chart import Chart
 from diagnostics.model import AnalysisInputs
 from diagnostics.severity import SEVERITY_ORDER
 from diagnostics.thresholds import Thresholds
@@ -43,7 +44,7 @@ class Finding:
     rule: str
     severity: Severity
     title: str
-    evidence: dict[str, Any]  # numbers, steps/time range, and chart data
+    evidence: dict[str, Any]  # numbers, steps/time range, and a Chart under "chart"
     recommendation: str
     fix: Fix
     estimated_saving_pct: float | None = None
@@ -53,7 +54,10 @@ class Finding:
             "rule": self.rule,
             "severity": str(self.severity),
             "title": self.title,
-            "evidence": self.evidence,
+            "evidence": {
+                key: value.to_dict() if isinstance(value, Chart) else value
+                for key, value in self.evidence.items()
+            },
             "recommendation": self.recommendation,
             "fix": {"code": self.fix.code, "config_patch": self.fix.config_patch},
             "estimated_saving_pct": self.estimated_saving_pct,

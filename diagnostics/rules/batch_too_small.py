@@ -30,6 +30,7 @@ from diagnostics.rules import examples as ex
 from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
 from diagnostics.rules.evidence import (
     GPU_MEMORY_KEYS,
+    chart,
     config_value,
     cuda_trace,
     first_positive_int,
@@ -99,15 +100,14 @@ class BatchTooSmall(Rule):
             "growth_factor": factor,
             "factor_allowed_by_memory": r(by_memory, 1),
             "factor_allowed_by_utilisation": r(by_util, 1),
-            "chart": {
-                "kind": "bar",
-                "title": "GPU headroom",
-                "x_label": "resource",
-                "y_label": "used (%)",
-                "x": ["GPU busy", "GPU memory"],
-                "series": {"used (%)": [r(util, 1), r(mem_pct, 1)]},
-                "highlight_x": [],
-            },
+            "chart": chart(
+                "bar",
+                "GPU headroom",
+                "resource",
+                "used (%)",
+                ["GPU busy", "GPU memory"],
+                {"used (%)": [r(util, 1), r(mem_pct, 1)]},
+            ),
         }
         batch_text = f"from {batch} to {batch * factor}" if isinstance(batch, int) else f"{factor}x"
         return [

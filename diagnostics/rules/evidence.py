@@ -1,12 +1,7 @@
 """Helpers the rules share to read their inputs and to shape evidence.
 
-Every finding's ``evidence`` holds its numbers plus, under ``"chart"``, enough data to draw
-its chart without the inputs::
-
-    {"kind": "line" | "bar", "title": str, "x_label": str, "y_label": str,
-     "x": [...], "series": {"name": [...], ...}, "highlight_x": [...]}
-
-``highlight_x`` marks the x values the finding is about (spike steps, outlier steps).
+Every finding's ``evidence`` holds its numbers plus, under ``"chart"``, a
+:class:`diagnostics.chart.Chart` built by :func:`chart` (the contract: ``docs/CHARTS.md``).
 """
 
 from __future__ import annotations
@@ -17,6 +12,7 @@ from typing import Any, Literal
 
 import polars as pl
 
+from diagnostics.chart import Chart, ChartKind
 from diagnostics.dotted import dotted_get
 from diagnostics.model import AnalysisInputs, RunData, TraceFacts
 from diagnostics.rules.stats import downsample
@@ -35,7 +31,7 @@ def first_positive_int(mapping: dict[str, Any], keys: tuple[str, ...]) -> int | 
 
 
 def chart(
-    kind: Literal["line", "bar"],
+    kind: ChartKind,
     title: str,
     x_label: str,
     y_label: str,
@@ -43,19 +39,21 @@ def chart(
     series: dict[str, Sequence[Any]],
     highlight_x: Sequence[Any] = (),
     max_points: int = 500,
-) -> dict[str, Any]:
-    return {
-        "kind": kind,
-        "title": title,
-        "x_label": x_label,
-        "y_label": y_label,
-        "x": [_plain(v) for v in downsample(list(x), max_points)],
-        "series": {
-            name: [_plain(v) for v in downsample(list(values), max_points)]
+) -> Chart:
+    """A finding's chart, at most ``max_points`` per series (findings stay small in JSON),
+    with numpy numbers made plain and NaN/inf as gaps; ChartError when the parts disagree."""
+    return Chart(
+        kind=kind,
+        title=title,
+        x_label=x_label,
+        y_label=y_label,
+        x=tuple(_plain(v) for v in downsample(list(x), max_points)),
+        series={
+            name: tuple(_plain(v) for v in downsample(list(values), max_points))
             for name, values in series.items()
         },
-        "highlight_x": [_plain(v) for v in highlight_x],
-    }
+        highlight_x=tuple(_plain(v) for v in highlight_x),
+    )
 
 
 def _plain(value: Any) -> Any:

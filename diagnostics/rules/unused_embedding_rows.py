@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
-from diagnostics.rules.evidence import config_value, r
+from diagnostics.rules.evidence import chart, config_value, r
 from diagnostics.thresholds import Thresholds
 
 # fp32 parameter + gradient + AdamW's two moments: 4 copies of each parameter in training.
@@ -113,15 +113,15 @@ class UnusedEmbeddingRows(Rule):
             "rows_after_pruning": used,
             # the training data feeds every step: the usage covers the run's whole range
             "steps": _step_range(inputs),
-            "chart": {
-                "kind": "bar",
-                "title": "Vocabulary rows",
-                "x_label": "rows",
-                "y_label": "count",
-                "x": ["used", "never used"],
-                "series": {"rows": [used, unused]},
-                "highlight_x": ["never used"],
-            },
+            "chart": chart(
+                "bar",
+                "Vocabulary rows",
+                "rows",
+                "count",
+                ["used", "never used"],
+                {"rows": [used, unused]},
+                highlight_x=["never used"],
+            ),
         }
         saved = (
             f", {params:,} parameters and about {memory / 2**20:.1f} MiB of training memory"

@@ -14,6 +14,7 @@ import polars as pl
 import pytest
 
 from diagnostics import views
+from diagnostics.chart import Chart
 from diagnostics.compare import MetricRow
 from diagnostics.errors import InputError
 from diagnostics.metrics import KeyMetrics
@@ -82,7 +83,7 @@ def test_evidence_rows_use_the_unit_in_the_key_and_skip_chart_series():
         "slope_bytes_per_step": 3 * 1024**2,
         "pin_memory": False,
         "spike_steps": [3, 4],
-        "chart": {"kind": "line", "x": list(range(100)), "series": {"a": list(range(100))}},
+        "chart": Chart("line", "a", "step", "a", tuple(range(100)), {"a": tuple(range(100))}),
         "per_step_ms": list(range(50)),  # a long series: left to the chart
     }
     rows = dict(views.evidence_rows(evidence))

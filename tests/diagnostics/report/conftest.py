@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from diagnostics.chart import Chart
 from diagnostics.rules.base import Severity
 from tests.diagnostics.report import fakes
 from tests.diagnostics.report.fakes import BREAKOUT, HOSTILE
@@ -41,15 +42,15 @@ def run_data(tmp_path):
 @pytest.fixture
 def mixed_findings():
     """Given out of order on purpose: low first, high last."""
-    chart = {
-        "kind": "line",
-        "title": "Data wait per step",
-        "x_label": "step",
-        "y_label": "time (ms)",
-        "x": [1, 2, 3],
-        "series": {"data wait (ms)": [40.0, 41.0, 39.0]},
-        "highlight_x": [2],
-    }
+    chart = Chart(
+        kind="line",
+        title="Data wait per step",
+        x_label="step",
+        y_label="time (ms)",
+        x=(1, 2, 3),
+        series={"data wait (ms)": (40.0, 41.0, 39.0)},
+        highlight_x=(2,),
+    )
     return (
         fakes.finding("small-batch", Severity.LOW, 5.0, patch={"train.batch_size": 64}),
         fakes.finding("missing-pin-memory", Severity.MEDIUM, 8.0),
@@ -85,14 +86,14 @@ def hostile_result(tmp_path):
         config=config,
         environment={"device": "cuda", "gpu_name": HOSTILE, "pytorch_version": BREAKOUT},
     )
-    chart = {
-        "kind": "bar",
-        "title": HOSTILE,
-        "x_label": BREAKOUT,
-        "y_label": "time (ms)",
-        "x": [HOSTILE, BREAKOUT],
-        "series": {HOSTILE: [1.0, 2.0]},
-    }
+    chart = Chart(
+        kind="bar",
+        title=HOSTILE,
+        x_label=BREAKOUT,
+        y_label="time (ms)",
+        x=(HOSTILE, BREAKOUT),
+        series={HOSTILE: (1.0, 2.0)},
+    )
     bad = fakes.finding(
         "host-device-sync",
         Severity.HIGH,

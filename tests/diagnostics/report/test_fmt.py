@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from diagnostics.chart import Chart
 from diagnostics.report import fmt
 
 
@@ -49,7 +50,7 @@ def test_labels_are_written_once_and_ranges_are_relative():
                 # absolute trace timestamps (µs since the epoch): a length, not "1451 h"
                 "time_range_us": [5_224_800_000_000.0, 5_224_801_250_000.0],
                 "idle_by_host_activity": {"dataloader": {"idle_us": 30_000.0, "share_pct": 85.7}},
-                "chart": {"kind": "line"},
+                "chart": Chart("line", "Copies", "step", "time (ms)", (1,), {"copy (ms)": (1.5,)}),
             }
         )
     )

@@ -3,6 +3,7 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
+from diagnostics.chart import CHART_KINDS, Chart
 from diagnostics.report import plots
 from diagnostics.rules.base import Finding, Fix, Severity
 from tests.diagnostics.report.frames import MIB, sample_frame, simple_steps, step_frame
@@ -185,60 +186,45 @@ def _finding(evidence):
     )
 
 
-def test_finding_figure_follows_the_chart_convention():
-    # The shape diagnostics/rules/evidence.py's chart() writes.
-    chart = {
-        "kind": "line",
+def _chart(kind="line", **changes):
+    parts = {
+        "kind": kind,
         "title": "Data wait per step",
         "x_label": "step",
         "y_label": "time (ms)",
-        "x": [1, 2, 3],
-        "series": {"data wait (ms)": [40.0, 41.5, None], HOSTILE: [1, 2, 3]},
-        "highlight_x": [2],
-        "hlines": [{"y": 10.0, "label": "threshold"}],
+        "x": (1, 2, 3),
+        "series": {"data wait (ms)": (40.0, 41.5, None), HOSTILE: (1, 2, 3)},
+        "highlight_x": (2,),
     }
-    fig = plots.finding_figure(_finding({"chart": chart}))
+    return Chart(**{**parts, **changes})
+
+
+@pytest.mark.parametrize("kind", CHART_KINDS)
+def test_finding_figure_draws_each_kind(kind):
+    fig = plots.finding_figure(_finding({"chart": _chart(kind)}))
     assert plots.figure_titles(fig) == ("Data wait per step", "step", "time (ms)")
-    assert list(_trace(fig, "data wait (ms)").y) == [40.0, 41.5, None]
+    drawn = _trace(fig, "data wait (ms)")
+    assert drawn.type == {"line": "scatter", "bar": "bar"}[kind]
+    assert list(drawn.x) == [1, 2, 3] and list(drawn.y) == [40.0, 41.5, None]
+    # the highlighted x sits on the first series' value there
     assert list(_trace(fig, "highlighted").x) == [2]
     assert list(_trace(fig, "highlighted").y) == [41.5]
     assert "<script>" not in fig.to_json()
-    assert len(fig.layout.shapes) == 1 and fig.layout.shapes[0].y0 == 10.0
-    # The same chart from a finding's dict (as in the JSON result) draws the same way.
-    as_dict = plots.finding_figure({"evidence": {"chart": chart}})
-    assert plots.series_names(as_dict) == plots.series_names(fig)
+    if kind == "bar":
+        assert fig.layout.barmode == "group"
 
 
-def test_finding_figure_accepts_the_alias_keys():
-    chart = {
-        "kind": "line",
-        "title": "Grad norm",
-        "x_title": "step",
-        "y_title": "grad norm",
-        "x": [1, 2, 3],
-        "y": {"grad norm": [1.0, 90.0, 1.0]},
-        "markers": {"x": [2], "label": "spike"},
-    }
+def test_finding_figure_labels_and_marks_categories():
+    chart = _chart(
+        "bar",
+        x=("Pageable", HOSTILE),
+        series={"HtoD (ms)": (8.0, 1.0)},
+        highlight_x=("Pageable", "not drawn"),  # an x the chart does not hold marks nothing
+    )
     fig = plots.finding_figure(_finding({"chart": chart}))
-    assert plots.figure_titles(fig) == ("Grad norm", "step", "grad norm")
-    assert list(_trace(fig, "spike").y) == [90.0]
-
-
-def test_finding_figure_horizontal_stacked_bars():
-    chart = {
-        "kind": "bar",
-        "title": "Copies",
-        "x": ["Pageable", "Pinned"],
-        "series": {"HtoD (ms)": [8.0, 1.0], "DtoH (ms)": [2.0, 0.5]},
-        "x_label": "memory kind",
-        "y_label": "time (ms)",
-        "stacked": True,
-        "horizontal": True,
-    }
-    fig = plots.finding_figure(_finding({"chart": chart}))
-    assert fig.layout.barmode == "stack"
-    assert fig.data[0].orientation == "h" and list(fig.data[0].y) == ["Pageable", "Pinned"]
-    assert plots.figure_titles(fig)[1:] == ("time (ms)", "memory kind")
+    assert list(fig.data[0].x) == ["Pageable", plots.safe_text(HOSTILE)]
+    assert list(_trace(fig, "highlighted").x) == ["Pageable"]
+    assert list(_trace(fig, "highlighted").y) == [8.0]
 
 
 @pytest.mark.parametrize(
@@ -246,14 +232,12 @@ def test_finding_figure_horizontal_stacked_bars():
     [
         {},
         {"chart": None},
-        {"chart": {"kind": "pie", "x": [1], "y": {"a": [1]}}},
-        {"chart": {"kind": "line", "x": [1, 2], "y": {"a": [1]}}},  # lengths disagree
-        {"chart": {"kind": "line", "x": [], "y": {"a": []}}},
-        {"chart": {"kind": "bar", "x": [1], "y": {"a": ["not a number"]}}},
-        {"chart": {"kind": "bar", "x": [1], "y": [1]}},
+        {"chart": _chart(x=(), series={"a": ()}, highlight_x=())},  # no points to draw
+        # the JSON form is not read: findings carry a Chart
+        {"chart": _chart().to_dict()},
     ],
 )
-def test_finding_figure_none_without_a_valid_chart(evidence):
+def test_finding_figure_none_without_a_chart(evidence):
     assert plots.finding_figure(_finding(evidence)) is None
 
 
