@@ -161,6 +161,20 @@ def trace(
     )
 
 
+def kernel(
+    name: str, calls: int, device_us: float, *, tensor_core: bool = False, fp16: bool = False
+) -> dict[str, Any]:
+    """One kernel-table row (TraceFacts.kernels); the rules classify it from its name."""
+    return {
+        "name": name,
+        "calls": calls,
+        "device_us": device_us,
+        "mean_us": device_us / calls,
+        "tensor_core": tensor_core,
+        "fp16": fp16,
+    }
+
+
 def series(n: int, **columns: Any) -> dict[str, list[Any]]:
     """Step-record columns for steps 1..n: a scalar repeats, a callable gets the step."""
     out: dict[str, list[Any]] = {"step": list(range(1, n + 1))}

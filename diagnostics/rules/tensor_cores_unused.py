@@ -217,19 +217,19 @@ class TensorCoresUnused(Rule):
                 trace=ex.trace(
                     compute_capability=(9, 0),
                     kernels=[
-                        _kernel(
+                        ex.kernel(
                             "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8_"
                             "stage3_warpsize2x2x1_ffma_aligna4_alignc4_execute_kernel__5x_cublas",
                             108,
                             165_000.0,
                         ),
-                        _kernel(
+                        ex.kernel(
                             "void cutlass::Kernel2<cutlass_80_simt_sgemm_256x128_8x4_nn"
                             "_align1>(cutlass_80_simt_sgemm_256x128_8x4_nn_align1::Params)",
                             90,
                             116_000.0,
                         ),
-                        _kernel("vectorized_elementwise_kernel", 400, 40_000.0),
+                        ex.kernel("vectorized_elementwise_kernel", 400, 40_000.0),
                     ],
                 )
             ),
@@ -248,23 +248,11 @@ class TensorCoresUnused(Rule):
             lambda: ex.inputs(
                 trace=ex.trace(
                     compute_capability=(6, 0),
-                    kernels=[_kernel("maxwell_sgemm_128x64_tn", 100, 6000.0)],
+                    kernels=[ex.kernel("maxwell_sgemm_128x64_tn", 100, 6000.0)],
                 )
             ),
         ),
     )
-
-
-def _kernel(name: str, calls: int, device_us: float, *, fp16: bool = False) -> dict[str, Any]:
-    """One kernel-table row as the examples need it (classified from its name by the rule)."""
-    return {
-        "name": name,
-        "calls": calls,
-        "device_us": device_us,
-        "mean_us": device_us / calls,
-        "tensor_core": False,
-        "fp16": fp16,
-    }
 
 
 def _one_gemm(name: str, *, fp16: bool = False, **trace: Any) -> Any:
@@ -273,8 +261,8 @@ def _one_gemm(name: str, *, fp16: bool = False, **trace: Any) -> Any:
     return ex.inputs(
         trace=ex.trace(
             kernels=[
-                _kernel(name, 100, 6000.0, fp16=fp16),
-                _kernel("vectorized_elementwise_kernel", 400, 4000.0),
+                ex.kernel(name, 100, 6000.0, fp16=fp16),
+                ex.kernel("vectorized_elementwise_kernel", 400, 4000.0),
             ],
             **trace,
         )

@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import polars as pl
 
-from diagnostics.facts.kernel_classes import PRECISION
-from diagnostics.model import AnalysisInputs, TraceFacts
+from diagnostics.facts.loss_scaling import fp16_without_scaler
+from diagnostics.model import AnalysisInputs
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
 from diagnostics.rules.evidence import chart, config_value, has_steps, numeric, r, run_device
@@ -44,7 +44,6 @@ from diagnostics.thresholds import Thresholds
 if TYPE_CHECKING:
     import numpy as np
 
-UNSCALE_OPS = ("_amp_foreach_non_finite_check_and_unscale_", "_amp_update_scale")
 # The first move after instability: a tenth of the learning rate, and never above AdamW's
 # own default (torch.optim.AdamW lr=1e-3) when the configured one is far beyond it.
 LR_FACTOR = 0.1
@@ -93,44 +92,6 @@ def _divergence(loss: np.ndarray, window: int, ratio: float) -> tuple[float, flo
     if best > 0 and last > ratio * best:
         return best, last
     return None
-
-
-def _formats(trace: TraceFacts) -> pl.DataFrame:
-    """The trace's kernels with their float format (kernel_classes.PRECISION)."""
-    return trace.kernels.with_columns(PRECISION.alias("_precision"))
-
-
-def fp16_without_scaler_in_trace(trace: TraceFacts | None) -> dict[str, Any] | None:
-    """fp16 (not bf16) ran but no GradScaler op did: evidence, else None.
-
-    fp16 is known from kernels named fp16 (``c10::Half``, ``_hsh_``, ``h884``...) or from
-    operators whose recorded input dtypes include ``c10::Half``. Kernels that say only
-    ``f16`` count as fp16 only when nothing in the trace (kernel or operator) is bf16: cuDNN
-    names its fused attention ``..._wgmma_f16_...`` for bf16 inputs too, and bf16 needs no
-    GradScaler.
-    """
-    if trace is None or trace.device != "cuda" or trace.kernels.height == 0:
-        return None
-    kernels = _formats(trace)
-    op_ops = trace.op_half_dtypes
-    op_dtypes = dict(op_ops.iter_rows()) if op_ops is not None and op_ops.height else {}
-    bf16_seen = bool((kernels["_precision"] == "bf16").any()) or "c10::BFloat16" in op_dtypes
-    fp16 = kernels.filter(pl.col("_precision").is_in(["fp16"] if bf16_seen else ["fp16", "half"]))
-    fp16_ops = int(op_dtypes.get("c10::Half", 0))
-    if fp16.height == 0 and fp16_ops == 0:
-        return None
-    op_names = trace.operators["name"].to_list() + kernels["name"].to_list()
-    if any(marker in name for name in op_names for marker in UNSCALE_OPS):
-        return None
-    top = fp16.sort("device_us", descending=True).head(5)
-    return {
-        "fp16_kernels": fp16.height,
-        "fp16_kernel_us": r(float(fp16["device_us"].sum()), 0),
-        "fp16_input_ops": fp16_ops,
-        "top_fp16_kernels": top["name"].to_list(),
-        "top_fp16_kernel_us": top["device_us"].to_list(),
-        "unscale_ops_found": 0,
-    }
 
 
 class UnstableGradients(Rule):
@@ -183,7 +144,7 @@ class UnstableGradients(Rule):
                 }
                 signals.append("fp16_without_grad_scaler")
                 fp16_unscaled = True
-        from_trace = fp16_without_scaler_in_trace(inputs.trace)
+        from_trace = fp16_without_scaler(inputs.trace)
         if from_trace is not None and not fp16_unscaled:
             evidence["fp16_without_grad_scaler"] = {"trace": from_trace}
             signals.append("fp16_without_grad_scaler")
@@ -340,41 +301,26 @@ class UnstableGradients(Rule):
         Example(
             "run: grad norm ~1 with spikes of 20 at steps 40 and 55",
             True,
-            lambda: ex.inputs(
-                run=ex.run(
-                    ex.series(
-                        60,
-                        loss=lambda s: 2.0 - s * 0.01,
-                        grad_norm=lambda s: 20.0 if s in (40, 55) else 1.0 + 0.05 * (s % 5),
-                    ),
-                    config={"train.lr": 1e-3},
-                    environment=ex.CPU_ENV,
-                )
+            lambda: _run(
+                60,
+                loss=lambda s: 2.0 - s * 0.01,
+                grad_norm=lambda s: 20.0 if s in (40, 55) else 1.0 + 0.05 * (s % 5),
+                config={"train.lr": 1e-3},
             ),
         ),
         Example(
             "run: loss turns NaN at step 30",
             True,
-            lambda: ex.inputs(
-                run=ex.run(
-                    ex.series(
-                        35,
-                        loss=lambda s: float("nan") if s >= 30 else 2.0,
-                        grad_norm=lambda s: float("nan") if s >= 30 else 1.0,
-                    ),
-                    environment=ex.CPU_ENV,
-                )
+            lambda: _run(
+                35,
+                loss=lambda s: float("nan") if s >= 30 else 2.0,
+                grad_norm=lambda s: float("nan") if s >= 30 else 1.0,
             ),
         ),
         Example(
             "run: loss steady at 1.0, then 3.0 over the last 20 steps (diverging)",
             True,
-            lambda: ex.inputs(
-                run=ex.run(
-                    ex.series(60, loss=lambda s: 1.0 if s <= 40 else 3.0, grad_norm=1.0),
-                    environment=ex.CPU_ENV,
-                )
-            ),
+            lambda: _run(60, loss=lambda s: 1.0 if s <= 40 else 3.0, grad_norm=1.0),
         ),
         Example(
             "run fp16: GradScaler halves its scale at steps 30, 40 and 50 (9% of steps)",
@@ -389,173 +335,99 @@ class UnstableGradients(Rule):
         Example(
             "run: smooth, decreasing loss and noisy but bounded grad norms",
             False,
-            lambda: ex.inputs(
-                run=ex.run(
-                    ex.series(
-                        80,
-                        loss=lambda s: 2.0 / (1 + 0.02 * s),
-                        grad_norm=lambda s: 1.0 + 0.3 * ((s * 7919) % 11) / 11,
-                    ),
-                    environment=ex.CPU_ENV,
-                )
+            lambda: _run(
+                80,
+                loss=lambda s: 2.0 / (1 + 0.02 * s),
+                grad_norm=lambda s: 1.0 + 0.3 * ((s * 7919) % 11) / 11,
             ),
         ),
+        # traces: the examples differ in the kernels' names and the ops beside them
         Example(
             "trace: fp16 GEMM kernels but no GradScaler ops",
             True,
-            lambda: ex.inputs(
-                trace=ex.trace(
-                    kernels=[
-                        {
-                            "name": "ampere_fp16_s16816gemm_fp16_128x128",
-                            "calls": 10,
-                            "device_us": 5000.0,
-                            "mean_us": 500.0,
-                            "tensor_core": True,
-                            "fp16": True,
-                        }
-                    ],
-                    operators=[
-                        {"name": "aten::mm", "calls": 10, "host_us": 100.0, "device_us": 5000.0}
-                    ],
-                )
-            ),
+            lambda: _traced(_FP16_GEMM, operators=[_op("aten::mm", 10, 100.0, 5000.0)]),
         ),
         Example(
             "trace: H200 fp16 kernels (c10::Half, nvjet hsh) but no GradScaler ops",
             True,
-            lambda: ex.inputs(
-                trace=ex.trace(
-                    compute_capability=(9, 0),
-                    kernels=[
-                        {
-                            "name": "nvjet_sm90_hsh_64x32_64x16_1x4_h_bz_NTT",
-                            "calls": 30,
-                            "device_us": 110.0,
-                            "mean_us": 3.7,
-                            "tensor_core": True,
-                            "fp16": True,
-                        },
-                        {
-                            "name": "void at::native::vectorized_elementwise_kernel<4, "
-                            "at::native::CUDAFunctor_add<c10::Half>>",
-                            "calls": 60,
-                            "device_us": 90.0,
-                            "mean_us": 1.5,
-                            "tensor_core": False,
-                            "fp16": True,
-                        },
-                    ],
-                )
+            lambda: _traced(
+                ex.kernel("nvjet_sm90_hsh_64x32_64x16_1x4_h_bz_NTT", 30, 110.0, tensor_core=True),
+                ex.kernel(_ELEMENTWISE.format("CUDAFunctor_add<c10::Half>"), 60, 90.0),
+                compute_capability=(9, 0),
             ),
         ),
         Example(
             "trace: H200 bf16 autocast (BFloat16 kernels, cuDNN attention named wgmma_f16)",
             False,
-            lambda: ex.inputs(
-                trace=ex.trace(
-                    compute_capability=(9, 0),
-                    kernels=[
-                        {
-                            "name": "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_"
-                            "f16_knob_7_64x128x64_4x1x1_cga1x1x1_kernel0_0",
-                            "calls": 18,
-                            "device_us": 2800.0,
-                            "mean_us": 155.0,
-                            "tensor_core": True,
-                            "fp16": True,
-                        },
-                        {
-                            "name": "void at::native::reduce_kernel<512, 1, at::native::ReduceOp"
-                            "<c10::BFloat16, at::native::func_wrapper_t<float>>>",
-                            "calls": 40,
-                            "device_us": 300.0,
-                            "mean_us": 7.5,
-                            "tensor_core": False,
-                            "fp16": True,
-                        },
-                        {
-                            "name": "void at::native::bfloat16_copy_kernel_cuda("
-                            "at::TensorIteratorBase&)",
-                            "calls": 40,
-                            "device_us": 200.0,
-                            "mean_us": 5.0,
-                            "tensor_core": False,
-                            "fp16": True,
-                        },
-                    ],
-                )
+            lambda: _traced(
+                _F16_ATTENTION,
+                ex.kernel(
+                    "void at::native::reduce_kernel<512, 1, at::native::ReduceOp"
+                    "<c10::BFloat16, at::native::func_wrapper_t<float>>>",
+                    40,
+                    300.0,
+                ),
+                ex.kernel(
+                    "void at::native::bfloat16_copy_kernel_cuda(at::TensorIteratorBase&)", 40, 200.0
+                ),
+                compute_capability=(9, 0),
             ),
         ),
         Example(
             "trace: ops with c10::Half inputs, kernel names without a format, no GradScaler",
             True,
-            lambda: ex.inputs(
-                trace=ex.trace(
-                    kernels=[{**_F16_ATTENTION_KERNEL, "name": "nvjet_sm90_64x32_64x16_NTT"}],
-                    op_half_dtypes=[{"dtype": "c10::Half", "ops": 120}],
-                )
+            lambda: _traced(
+                ex.kernel("nvjet_sm90_64x32_64x16_NTT", 18, 2800.0, tensor_core=True),
+                op_half_dtypes=[{"dtype": "c10::Half", "ops": 120}],
             ),
         ),
         Example(
             "trace: ops with c10::BFloat16 inputs, kernels named only f16 (bf16 autocast)",
             False,
-            lambda: ex.inputs(
-                trace=ex.trace(
-                    kernels=[_F16_ATTENTION_KERNEL],
-                    op_half_dtypes=[{"dtype": "c10::BFloat16", "ops": 120}],
-                )
+            lambda: _traced(
+                _F16_ATTENTION, op_half_dtypes=[{"dtype": "c10::BFloat16", "ops": 120}]
             ),
         ),
         Example(
             "trace: fp16 kernels with GradScaler's unscale op",
             False,
-            lambda: ex.inputs(
-                trace=ex.trace(
-                    kernels=[
-                        {
-                            "name": "ampere_fp16_s16816gemm_fp16_128x128",
-                            "calls": 10,
-                            "device_us": 5000.0,
-                            "mean_us": 500.0,
-                            "tensor_core": True,
-                            "fp16": True,
-                        }
-                    ],
-                    operators=[
-                        {
-                            "name": "aten::_amp_foreach_non_finite_check_and_unscale_",
-                            "calls": 5,
-                            "host_us": 50.0,
-                            "device_us": 20.0,
-                        }
-                    ],
-                )
+            lambda: _traced(
+                _FP16_GEMM,
+                operators=[_op("aten::_amp_foreach_non_finite_check_and_unscale_", 5, 50.0, 20.0)],
             ),
         ),
     )
 
 
-_F16_ATTENTION_KERNEL = {
-    # cuDNN's fused attention: "f16" in the name for fp16 and bf16 inputs alike (H200)
-    "name": "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x64_"
+_FP16_GEMM = ex.kernel("ampere_fp16_s16816gemm_fp16_128x128", 10, 5000.0, tensor_core=True)
+# cuDNN's fused attention: "f16" in the name for fp16 and bf16 inputs alike (H200)
+_F16_ATTENTION = ex.kernel(
+    "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x64_"
     "4x1x1_cga1x1x1_kernel0_0",
-    "calls": 18,
-    "device_us": 2800.0,
-    "mean_us": 155.0,
-    "tensor_core": True,
-    "fp16": False,
-}
+    18,
+    2800.0,
+    tensor_core=True,
+)
+_ELEMENTWISE = "void at::native::vectorized_elementwise_kernel<4, at::native::{}>"
+
+
+def _op(name: str, calls: int, host_us: float, device_us: float) -> dict[str, Any]:
+    return {"name": name, "calls": calls, "host_us": host_us, "device_us": device_us}
+
+
+def _traced(*kernels: dict[str, Any], **trace: Any) -> AnalysisInputs:
+    """A CUDA trace whose kernel table is ``kernels`` (examples)."""
+    return ex.inputs(trace=ex.trace(kernels=list(kernels), **trace))
+
+
+def _run(steps: int, config: dict[str, Any] | None = None, **series: Any) -> AnalysisInputs:
+    """A CPU run of ``steps`` step records with these columns (examples)."""
+    return ex.inputs(run=ex.run(ex.series(steps, **series), config=config, environment=ex.CPU_ENV))
 
 
 def _scaled_run(amp_scale: Callable[[int], float]) -> AnalysisInputs:
     """A healthy 60-step fp16 run whose GradScaler scale follows ``amp_scale`` (examples)."""
-    return ex.inputs(
-        run=ex.run(
-            ex.series(60, loss=lambda s: 2.0 - s * 0.01, grad_norm=1.0, amp_scale=amp_scale),
-            environment=ex.CPU_ENV,
-        )
-    )
+    return _run(60, loss=lambda s: 2.0 - s * 0.01, grad_norm=1.0, amp_scale=amp_scale)
 
 
 def _step_range(inputs: AnalysisInputs) -> list[int]:
