@@ -301,14 +301,19 @@ def comm_facts(events: pl.DataFrame, index: TraceIndex, steps: Steps) -> CommFac
         pl.col("ts").alias("start_us"),
         sel.END_US,
         loader=sel.DATALOADER,
+        collective=sel.DURATION & (comm_kind_expr() == CommKind.HOST_OP.value).fill_null(False),
         op=sel.HOST_OP
         & pl.col("dur").is_not_null()
         & (comm_kind_expr() != CommKind.HOST_OP.value).fill_null(True),
     )
-    # the DataLoader's __next__ and the operators inside it (collate, and the dataset's own
-    # work without workers) are the wait for data, not computation: a rank that loads
-    # slowly must not look like one that computes slowly
-    loop_ops = _without(on_loop.filter(pl.col("op")), on_loop.filter(pl.col("loader")))
+    # Not computation, though operators enclose them: the DataLoader's __next__ and what runs
+    # inside it (collate, and the dataset's own work without workers) is the wait for data,
+    # so a rank that loads slowly must not look like one that computes slowly; and a
+    # collective called on the loop's thread blocks it, so the autograd node (DDP's reducer
+    # hook) or forward annotation around the call does not hide the collective either.
+    loop_ops = _without(
+        on_loop.filter(pl.col("op")), on_loop.filter(pl.col("loader") | pl.col("collective"))
+    )
     segments = overlap_of(ranges.with_columns(pl.lit(0, pl.Int64).alias("device")), loop_ops)
     table = _collective_table(
         _outermost(ranges).select("name", "start_us", "end_us", pl.col("start_us").alias("_when")),
