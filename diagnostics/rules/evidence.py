@@ -124,10 +124,10 @@ def numeric(frame: pl.DataFrame, column: str) -> list[float]:
 
 
 def cpu_count(inputs: AnalysisInputs) -> int | None:
+    """The CPUs the run could use, from its environment record (a bare trace has none)."""
     if inputs.run is not None:
         for key in ("cpu_count_usable", "usable_cpus", "cpu_count"):
             value = inputs.run.environment.get(key)
             if isinstance(value, int) and value > 0:
                 return value
-    value = inputs.extra.get("cpu_count")
-    return value if isinstance(value, int) and value > 0 else None
+    return None

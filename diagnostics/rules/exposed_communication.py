@@ -162,7 +162,7 @@ class ExposedCommunication(Rule):
 
     @staticmethod
     def _waiting(inputs: AnalysisInputs, rank: int) -> float | None:
-        match = inputs.extra.get("collective_match")
+        match = inputs.collective_match
         if match is None:
             return None
         row = match.per_rank.filter(pl.col("rank") == rank)
