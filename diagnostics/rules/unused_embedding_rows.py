@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules import examples as ex
-from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
+from diagnostics.rules.base import Example, Finding, Fix, Need, Rule, Severity
 from diagnostics.rules.evidence import config_value, r
 from diagnostics.thresholds import Thresholds
 
@@ -74,16 +74,15 @@ class UnusedEmbeddingRows(Rule):
     id = "unused-embedding-rows"
     title = "Embedding rows the data never uses"
     severity = Severity.LOW
-    needs = frozenset({"run_config"})
+    needs = (
+        Need(
+            "the run's vocabulary usage record",
+            lambda inputs: vocab_usage(inputs) is not None,
+            "no vocabulary usage recorded: needs vocab_usage (vocab_size, used_token_ids) "
+            "in the run environment; traces carry no token ids",
+        ),
+    )
     threshold_names = ("embedding_unused_min_pct",)
-
-    def skip_reason(self, inputs: AnalysisInputs) -> str | None:
-        if vocab_usage(inputs) is None:
-            return (
-                "no vocabulary usage recorded: needs vocab_usage (vocab_size, used_token_ids) "
-                "in the run environment; traces carry no token ids"
-            )
-        return None
 
     def check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:
         usage = vocab_usage(inputs)
