@@ -203,13 +203,7 @@ def analyze_loaded(
         trace=facts,
         run=loaded.run,
         events=primary.events if primary is not None else None,
-        extra={
-            "cpu_count": environment.get("cpu_count"),
-            "rank_facts": rank_facts,
-            "collective_match": match,
-            "trace_metadata": rank_metadata,
-            "trace_run_steps": step_map,
-        },
+        collective_match=match,
     )
     outcome = run_rules(inputs, thresholds)
     skipped = outcome.skipped + tuple(

@@ -7,7 +7,7 @@ columns are listed beside it, with units in the names. Fields may be added; none
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -17,6 +17,7 @@ from diagnostics.metrics import KeyMetrics, compute_key_metrics
 from diagnostics.runs import RunFolder, RunManifest, RunStatus
 
 if TYPE_CHECKING:
+    from diagnostics.facts.comm_ranks import CollectiveMatch
     from diagnostics.facts.comms import CommFacts
 
 
@@ -120,12 +121,19 @@ class RunData:
 @dataclass(frozen=True)
 class AnalysisInputs:
     """What the rules see. Either part may be absent: a bare trace has no run, a run
-    recorded with instruments off has no trace."""
+    recorded with instruments off has no trace.
+
+    Every field is one a rule reads; what only the summary needs (the per-rank facts and
+    metadata, the trace-to-run step mapping) stays in ``diagnostics.analyze``. The run's own
+    records (CPU count, vocabulary usage) are read from ``run.environment``, their one source.
+    """
 
     trace: TraceFacts | None = None
     run: RunData | None = None
     events: pl.DataFrame | None = None  # the event table, for rules that need raw names
-    extra: dict[str, Any] = field(default_factory=dict)
+    # the primary rank's collectives matched across ranks (per-rank waiting versus
+    # transfer); None for a single rank (diagnostics.facts.ranks.rank_collectives)
+    collective_match: CollectiveMatch | None = None
 
     @cached_property
     def metrics(self) -> KeyMetrics:

@@ -7,7 +7,7 @@ import streamlit as st
 
 from app_ui import session
 from diagnostics import views
-from diagnostics.rules.docs import NEEDS_TEXT, SECTIONS, rule_reference
+from diagnostics.rules.docs import SECTIONS, rule_reference
 
 session.setup_page("Rules", ":material/menu_book:")
 st.title(":material/menu_book: What Pipeline Doctor checks")
@@ -23,7 +23,7 @@ st.table(
             "rule": [d.id for d in docs],
             "severity": [d.severity for d in docs],
             "title": [d.title for d in docs],
-            "reads": [", ".join(NEEDS_TEXT.get(n, n) for n in d.needs) for d in docs],
+            "needs": [d.needs_text for d in docs],
         }
     ),
     hide_index=True,

@@ -2,8 +2,8 @@
 
 A rule module defines one subclass of ``Rule`` with a stable ``id``, a ``title``, a
 docstring headed *What it finds* / *Why it matters* / *How to fix*, the ``needs`` it has
-(``trace``, ``run_steps``, ``run_samples``, ``run_config``, ``gpu``), the
-``threshold_names`` it reads from :class:`diagnostics.thresholds.Thresholds`, and
+(:class:`Need`: the one declaration of what it requires, which both gates it and documents
+it), the ``threshold_names`` it reads from :class:`diagnostics.thresholds.Thresholds`, and
 ``examples``: small inputs that must fire and must not fire, run by the test suite
 automatically.
 """
@@ -13,10 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, final
 
 from diagnostics.chart import Chart
 from diagnostics.model import AnalysisInputs
+from diagnostics.rules.evidence import cuda_trace, has_steps, run_device
 from diagnostics.severity import SEVERITY_ORDER
 from diagnostics.thresholds import Thresholds
 
@@ -79,17 +80,99 @@ class Example:
     build: Callable[[], AnalysisInputs]
 
 
+@dataclass(frozen=True)
+class Need:
+    """An input a rule cannot judge without. A rule's ``needs`` are checked in order: the
+    first unmet one skips the rule with its ``skip`` message, and the rule reference lists
+    each ``text``, so what gates a rule and what its page says cannot drift apart."""
+
+    text: str  # what is needed, for the docs: "a CUDA trace"
+    met: Callable[[AnalysisInputs], bool]
+    # why a rule without it is skipped; a callable words it by what the inputs do hold;
+    # None: "needs <text>"
+    skip: str | Callable[[AnalysisInputs], str] | None = None
+
+    def reason(self, inputs: AnalysisInputs) -> str | None:
+        """None when the need is met, else why the rule is skipped."""
+        if self.met(inputs):
+            return None
+        if self.skip is None:
+            return f"needs {self.text}"
+        return self.skip if isinstance(self.skip, str) else self.skip(inputs)
+
+
+def on_cuda(inputs: AnalysisInputs) -> bool:
+    """A CUDA trace, or a run that trained on a CUDA device."""
+    if cuda_trace(inputs) is not None:
+        return True
+    return inputs.run is not None and run_device(inputs.run) == "cuda"
+
+
+TRACE = Need("a trace", lambda inputs: inputs.trace is not None)
+
+
+def need_cuda_trace(why: str | None = None) -> Need:
+    """A trace of CUDA work; ``why`` says what only a GPU profile shows."""
+    return Need(
+        "a CUDA trace",
+        lambda inputs: cuda_trace(inputs) is not None,
+        f"needs a CUDA trace: {why}" if why else None,
+    )
+
+
+def need_cuda(what: str) -> Need:
+    """A CUDA trace or a CUDA run; ``what`` names the judgement in the skip message."""
+
+    def skip(inputs: AnalysisInputs) -> str:
+        if inputs.trace is None and inputs.run is None:
+            return "no trace and no run records to read"
+        if inputs.run is not None and run_device(inputs.run) == "cpu":
+            return f"the run trained on CPU: {what} needs a CUDA device"
+        return f"the trace has no GPU activity: {what} needs a CUDA trace"
+
+    return Need("a CUDA trace or a CUDA run", on_cuda, skip)
+
+
+def need_run_steps(*columns: str) -> Need:
+    """Run step records with a value in each of ``columns``."""
+    return Need(
+        f"run step records with {' and '.join(columns)}",
+        lambda inputs: has_steps(inputs.run, *columns),
+    )
+
+
+def need_any(*needs: Need, text: str | None = None, skip: str | None = None) -> Need:
+    """One of ``needs`` (e.g. run records or a trace); ``text`` and ``skip`` default to
+    theirs joined by "or"."""
+    return Need(
+        text or " or ".join(n.text for n in needs),
+        lambda inputs: any(n.met(inputs) for n in needs),
+        skip,
+    )
+
+
 class Rule:
     id: ClassVar[str]
     title: ClassVar[str]
     severity: ClassVar[Severity]
-    needs: ClassVar[frozenset[str]] = frozenset()
+    needs: ClassVar[tuple[Need, ...]] = ()
     examples: ClassVar[Sequence[Example]] = ()
     # names of the diagnostics.thresholds.Thresholds fields the rule reads (for the docs)
     threshold_names: ClassVar[tuple[str, ...]] = ()
 
+    @final
     def skip_reason(self, inputs: AnalysisInputs) -> str | None:
-        """Why this rule cannot judge these inputs, or None when it can."""
+        """Why this rule cannot judge these inputs, or None when it can: the first unmet
+        need, then :meth:`not_applicable`. Rules declare ``needs`` and never override this."""
+        for need in self.needs:
+            reason = need.reason(inputs)
+            if reason is not None:
+                return reason
+        return self.not_applicable(inputs)
+
+    def not_applicable(self, inputs: AnalysisInputs) -> str | None:
+        """With every need met: why the inputs still leave the rule nothing to judge (the
+        workers it would watch do not restart, say), or None."""
         return None
 
     def check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:

@@ -27,14 +27,13 @@ import polars as pl
 from diagnostics.metrics import median_share_pct, trace_gpu_utilization_pct
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules import examples as ex
-from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
+from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity, need_cuda
 from diagnostics.rules.evidence import (
     GPU_MEMORY_KEYS,
     chart,
     config_value,
     cuda_trace,
     first_positive_int,
-    gpu_skip_reason,
     has_steps,
     r,
     run_device,
@@ -60,7 +59,7 @@ class BatchTooSmall(Rule):
     id = "batch-too-small"
     title = "The batch is too small for the GPU"
     severity = Severity.MEDIUM
-    needs = frozenset({"trace", "run_steps", "run_samples", "run_config", "gpu"})
+    needs = (need_cuda("judging the batch against the GPU"),)
     threshold_names = (
         "gpu_util_low_pct",
         "gpu_util_p95_low_pct",
@@ -68,9 +67,6 @@ class BatchTooSmall(Rule):
         "batch_memory_low_pct",
         "dataloader_share_min_pct",
     )
-
-    def skip_reason(self, inputs: AnalysisInputs) -> str | None:
-        return gpu_skip_reason(inputs, "judging the batch against the GPU")
 
     def check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:
         measured = self._measure(inputs, thresholds)

@@ -1,7 +1,8 @@
 """The rule reference, generated from the rules themselves (``python -m diagnostics rules``).
 
 Each rule's docstring (the class's, else its module's) holds the sections *What it finds*,
-*Why it matters* and *How to fix*; the thresholds it reads come from
+*Why it matters* and *How to fix*; what it needs is the text of its ``Rule.needs`` (the
+declaration that also gates it); the thresholds it reads come from
 ``Rule.threshold_names`` and their defaults and sources from ``diagnostics.thresholds``.
 ``docs/RULES.md`` is this module's output, checked by a test to stay in sync.
 
@@ -23,13 +24,6 @@ from diagnostics.text_output import emit_or_exit_code
 from diagnostics.thresholds import Thresholds
 
 SECTIONS: tuple[str, ...] = ("What it finds", "Why it matters", "How to fix")
-NEEDS_TEXT = {
-    "trace": "a trace",
-    "run_steps": "run step records",
-    "run_samples": "run system samples",
-    "run_config": "the run's config",
-    "gpu": "a CUDA device",
-}
 
 
 @dataclass(frozen=True)
@@ -37,7 +31,7 @@ class RuleDoc:
     id: str
     title: str
     severity: str
-    needs: tuple[str, ...]
+    needs: tuple[str, ...]  # each need's text, in the order the rule checks them
     summary: str
     sections: dict[str, str]
     thresholds: tuple[tuple[str, Any, str, str], ...]  # name, default, doc, source
@@ -57,6 +51,10 @@ class RuleDoc:
             ],
             "examples": [{"name": n, "fires": f} for n, f in self.examples],
         }
+
+    @property
+    def needs_text(self) -> str:
+        return "; ".join(self.needs) or "nothing"
 
 
 def rule_docstring(rule: Rule) -> str:
@@ -99,7 +97,7 @@ def rule_doc(rule: Rule) -> RuleDoc:
         id=rule.id,
         title=rule.title,
         severity=str(rule.severity),
-        needs=tuple(sorted(rule.needs)),
+        needs=tuple(need.text for need in rule.needs),
         summary=summary,
         sections=sections,
         thresholds=tuple(known[name] for name in rule.threshold_names),
@@ -139,12 +137,11 @@ def render_markdown(rules: Sequence[Rule] = RULES) -> str:
     ]
     out += [f"| [`{d.id}`](#{d.id}) | {d.severity} | {_cell(d.title)} |" for d in docs]
     for d in docs:
-        needs = ", ".join(NEEDS_TEXT.get(n, n) for n in d.needs) or "nothing"
         out += [
             "",
             f"## {d.id}",
             "",
-            f"**{d.title}** · default severity `{d.severity}` · reads {needs}",
+            f"**{d.title}** · default severity `{d.severity}` · needs {d.needs_text}",
         ]
         out += ["", d.summary]
         for name in SECTIONS:

@@ -103,29 +103,16 @@ def cuda_trace(inputs: AnalysisInputs) -> TraceFacts | None:
     return trace if trace is not None and trace.device == "cuda" else None
 
 
-def gpu_skip_reason(inputs: AnalysisInputs, what: str) -> str | None:
-    """None when a CUDA trace or a CUDA run is present, else why a GPU rule cannot judge."""
-    if cuda_trace(inputs) is not None:
-        return None
-    if inputs.run is not None and run_device(inputs.run) == "cuda":
-        return None
-    if inputs.trace is None and inputs.run is None:
-        return "no trace and no run records to read"
-    if inputs.run is not None and run_device(inputs.run) == "cpu":
-        return f"the run trained on CPU: {what} needs a CUDA device"
-    return f"the trace has no GPU activity: {what} needs a CUDA trace"
-
-
 def numeric(frame: pl.DataFrame, column: str) -> list[float]:
     """A column as floats with nulls as NaN (for the numpy statistics)."""
     return [float("nan") if v is None else float(v) for v in frame[column].to_list()]
 
 
 def cpu_count(inputs: AnalysisInputs) -> int | None:
+    """The CPUs the run could use, from its environment record (a bare trace has none)."""
     if inputs.run is not None:
         for key in ("cpu_count_usable", "usable_cpus", "cpu_count"):
             value = inputs.run.environment.get(key)
             if isinstance(value, int) and value > 0:
                 return value
-    value = inputs.extra.get("cpu_count")
-    return value if isinstance(value, int) and value > 0 else None
+    return None

@@ -13,6 +13,7 @@ from typing import Any
 
 import polars as pl
 
+from diagnostics.facts.comm_ranks import CollectiveMatch
 from diagnostics.model import AnalysisInputs, RunData, TraceFacts
 from diagnostics.runs import (
     MEMORY_LINE_SCHEMA,
@@ -223,6 +224,7 @@ def inputs(
     trace: TraceFacts | None = None,
     run: RunData | None = None,
     events: pl.DataFrame | None = None,
-    **extra: Any,
+    *,
+    collective_match: CollectiveMatch | None = None,
 ) -> AnalysisInputs:
-    return AnalysisInputs(trace=trace, run=run, events=events, extra=dict(extra))
+    return AnalysisInputs(trace=trace, run=run, events=events, collective_match=collective_match)

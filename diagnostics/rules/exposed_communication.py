@@ -36,7 +36,7 @@ from diagnostics.facts.comm_ranks import MATCHED_SCHEMA, RANK_COMM_SCHEMA, Colle
 from diagnostics.facts.comms import COLLECTIVE_SCHEMA, COMM_STEP_SCHEMA, CommFacts
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules import examples as ex
-from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
+from diagnostics.rules.base import TRACE, Example, Finding, Fix, Need, Rule, Severity
 from diagnostics.rules.evidence import chart, config_value, r
 from diagnostics.thresholds import Thresholds
 
@@ -67,18 +67,24 @@ class ExposedCommunication(Rule):
     id = "exposed-communication"
     title = "Communication is not overlapped with compute"
     severity = Severity.MEDIUM
-    needs = frozenset({"trace"})
+    needs = (
+        TRACE,
+        Need(
+            "communication in the trace (NCCL kernels or collectives)",
+            lambda inputs: inputs.trace is not None and inputs.trace.comms is not None,
+            "the trace holds no communication (no NCCL kernels or collectives)",
+        ),
+        Need(
+            "profiled steps to measure the communication against",
+            lambda inputs: (
+                inputs.trace is not None
+                and inputs.trace.comms is not None
+                and inputs.trace.comms.exposed_pct is not None
+            ),
+            "the trace has no profiled steps to measure communication against",
+        ),
+    )
     threshold_names = ("exposed_comm_min_pct",)
-
-    def skip_reason(self, inputs: AnalysisInputs) -> str | None:
-        if inputs.trace is None:
-            return "needs a trace"
-        comms = inputs.trace.comms
-        if comms is None:
-            return "the trace holds no communication (no NCCL kernels or collectives)"
-        if comms.exposed_pct is None:
-            return "the trace has no profiled steps to measure communication against"
-        return None
 
     def check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:
         assert inputs.trace is not None and inputs.trace.comms is not None
@@ -162,7 +168,7 @@ class ExposedCommunication(Rule):
 
     @staticmethod
     def _waiting(inputs: AnalysisInputs, rank: int) -> float | None:
-        match = inputs.extra.get("collective_match")
+        match = inputs.collective_match
         if match is None:
             return None
         row = match.per_rank.filter(pl.col("rank") == rank)

@@ -28,7 +28,7 @@ import polars as pl
 
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules import examples as ex
-from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
+from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity, need_cuda_trace
 from diagnostics.rules.evidence import chart, cuda_trace, r
 from diagnostics.thresholds import Thresholds
 
@@ -54,13 +54,8 @@ class HostDeviceSync(Rule):
     id = "host-device-sync"
     title = "The host waits for the GPU inside the step"
     severity = Severity.MEDIUM
-    needs = frozenset({"trace", "gpu"})
+    needs = (need_cuda_trace("synchronisation calls are only visible in a GPU profile"),)
     threshold_names = ("sync_share_min_pct",)
-
-    def skip_reason(self, inputs: AnalysisInputs) -> str | None:
-        if cuda_trace(inputs) is None:
-            return "needs a CUDA trace: synchronisation calls are only visible in a GPU profile"
-        return None
 
     def check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:
         trace = cuda_trace(inputs)

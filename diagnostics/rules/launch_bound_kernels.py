@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 from diagnostics.metrics import trace_gpu_utilization_pct
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules import examples as ex
-from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
+from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity, need_cuda_trace
 from diagnostics.rules.evidence import chart, config_value, cuda_trace, r
 from diagnostics.thresholds import Thresholds
 
@@ -44,13 +44,8 @@ class LaunchBoundKernels(Rule):
     id = "launch-bound-kernels"
     title = "Kernels are shorter than their launches"
     severity = Severity.MEDIUM
-    needs = frozenset({"trace", "gpu"})
+    needs = (need_cuda_trace("kernel launches are only visible in a GPU profile"),)
     threshold_names = ("short_kernel_share_min_pct", "gpu_util_low_pct", "launch_delay_outlier_us")
-
-    def skip_reason(self, inputs: AnalysisInputs) -> str | None:
-        if cuda_trace(inputs) is None:
-            return "needs a CUDA trace: kernel launches are only visible in a GPU profile"
-        return None
 
     def check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:
         trace = cuda_trace(inputs)

@@ -27,8 +27,8 @@ import polars as pl
 from diagnostics.metrics import trace_gpu_utilization_pct
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules import examples as ex
-from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
-from diagnostics.rules.evidence import chart, cuda_trace, gpu_skip_reason, r, run_device
+from diagnostics.rules.base import Example, Finding, Fix, Need, Rule, Severity, need_cuda
+from diagnostics.rules.evidence import chart, cuda_trace, r, run_device
 from diagnostics.thresholds import Thresholds
 
 # What the host did during a GPU idle gap -> the rule whose fix removes that cause.
@@ -62,27 +62,27 @@ for i, batch in enumerate(loader):
 """
 
 
+def gpu_samples(inputs: AnalysisInputs) -> pl.DataFrame:
+    """A CUDA run's system samples that carry an NVML utilisation reading."""
+    run = inputs.run
+    if run is None or run_device(run) != "cuda" or run.samples.height == 0:
+        return pl.DataFrame()
+    return run.samples.filter(pl.col("gpu_util_pct").is_not_null())
+
+
 class LowGpuUtilization(Rule):
     id = "low-gpu-utilization"
     title = "The GPU is idle for much of each step"
     severity = Severity.HIGH
-    needs = frozenset({"trace", "run_samples", "gpu"})
+    needs = (
+        need_cuda("GPU utilisation"),
+        Need(
+            "without a CUDA trace, the run's NVML utilisation samples",
+            lambda inputs: cuda_trace(inputs) is not None or gpu_samples(inputs).height > 0,
+            "the CUDA run has no NVML utilisation samples (NVML unavailable?) and no trace",
+        ),
+    )
     threshold_names = ("gpu_util_low_pct", "gpu_util_p95_low_pct", "gpu_util_min_samples")
-
-    def skip_reason(self, inputs: AnalysisInputs) -> str | None:
-        reason = gpu_skip_reason(inputs, "GPU utilisation")
-        if reason is not None:
-            return reason
-        if cuda_trace(inputs) is None and not self._gpu_samples(inputs).height:
-            return "the CUDA run has no NVML utilisation samples (NVML unavailable?) and no trace"
-        return None
-
-    @staticmethod
-    def _gpu_samples(inputs: AnalysisInputs) -> pl.DataFrame:
-        run = inputs.run
-        if run is None or run_device(run) != "cuda" or run.samples.height == 0:
-            return pl.DataFrame()
-        return run.samples.filter(pl.col("gpu_util_pct").is_not_null())
 
     def check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:
         trace = cuda_trace(inputs)
@@ -183,7 +183,7 @@ class LowGpuUtilization(Rule):
     def _from_samples(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:
         import numpy as np
 
-        samples = self._gpu_samples(inputs)
+        samples = gpu_samples(inputs)
         if samples.height < thresholds.gpu_util_min_samples:
             return []
         util = samples["gpu_util_pct"].to_numpy().astype(float)

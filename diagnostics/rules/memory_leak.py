@@ -33,7 +33,16 @@ import polars as pl
 
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules import examples as ex
-from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
+from diagnostics.rules.base import (
+    Example,
+    Finding,
+    Fix,
+    Need,
+    Rule,
+    Severity,
+    need_any,
+    need_run_steps,
+)
 from diagnostics.rules.evidence import (
     GPU_MEMORY_KEYS,
     HOST_MEMORY_KEYS,
@@ -116,21 +125,34 @@ class MemoryLeak(Rule):
     id = "memory-leak"
     title = "Memory grows steadily across steps"
     severity = Severity.HIGH
-    needs = frozenset({"run_steps", "run_samples", "trace"})
+    needs = (
+        need_any(
+            need_run_steps("rss_bytes"),
+            need_run_steps("cuda_allocated_bytes"),
+            Need(
+                "a trace's memory events over its steps",
+                lambda inputs: (
+                    inputs.trace is not None
+                    and inputs.trace.memory.height > 0
+                    and inputs.trace.steps.height > 0
+                ),
+            ),
+            text=(
+                "run step records with rss_bytes or cuda_allocated_bytes, or a trace's memory "
+                "events over its steps"
+            ),
+            skip=(
+                "no memory over steps: needs run step records (rss/cuda allocated) or trace "
+                "memory events"
+            ),
+        ),
+    )
     threshold_names = (
         "leak_warmup_share",
         "leak_min_increasing_share",
         "leak_min_growth_pct",
         "leak_min_steps",
     )
-
-    def skip_reason(self, inputs: AnalysisInputs) -> str | None:
-        if has_steps(inputs.run, "rss_bytes") or has_steps(inputs.run, "cuda_allocated_bytes"):
-            return None
-        trace = inputs.trace
-        if trace is not None and trace.memory.height and trace.steps.height:
-            return None
-        return "no memory over steps: needs run step records (rss/cuda allocated) or trace memory events"
 
     def check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:
         series = self._series(inputs)

@@ -23,14 +23,13 @@ import polars as pl
 
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules import examples as ex
-from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
+from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity, need_cuda
 from diagnostics.rules.evidence import (
     GPU_MEMORY_KEYS,
     chart,
     config_value,
     cuda_trace,
     first_positive_int,
-    gpu_skip_reason,
     has_steps,
     numeric,
     r,
@@ -58,11 +57,8 @@ class MemoryNearCapacity(Rule):
     id = "memory-near-capacity"
     title = "GPU memory is nearly full"
     severity = Severity.MEDIUM
-    needs = frozenset({"trace", "run_steps", "run_samples", "gpu"})
+    needs = (need_cuda("device memory capacity"),)
     threshold_names = ("memory_capacity_high_pct",)
-
-    def skip_reason(self, inputs: AnalysisInputs) -> str | None:
-        return gpu_skip_reason(inputs, "device memory capacity")
 
     def check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:
         measured = self._measure(inputs)

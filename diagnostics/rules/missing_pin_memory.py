@@ -25,7 +25,7 @@ import polars as pl
 
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules import examples as ex
-from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
+from diagnostics.rules.base import Example, Finding, Fix, Need, Rule, Severity, on_cuda
 from diagnostics.rules.evidence import (
     chart,
     config_value,
@@ -58,17 +58,18 @@ class MissingPinMemory(Rule):
     id = "missing-pin-memory"
     title = "Host-to-device copies come from pageable memory"
     severity = Severity.MEDIUM
-    needs = frozenset({"trace", "run_config", "gpu"})
+    needs = (
+        Need(
+            "a CUDA trace or a CUDA run",
+            on_cuda,
+            lambda inputs: (
+                "the run trained on CPU: there is no host-to-device copy to pin"
+                if inputs.run is not None and run_device(inputs.run) == "cpu"
+                else "no CUDA activity: pinned memory only matters for host-to-device copies"
+            ),
+        ),
+    )
     threshold_names = ("pageable_h2d_min_bytes",)
-
-    def skip_reason(self, inputs: AnalysisInputs) -> str | None:
-        if cuda_trace(inputs) is not None:
-            return None
-        if inputs.run is not None and run_device(inputs.run) == "cuda":
-            return None
-        if inputs.run is not None and run_device(inputs.run) == "cpu":
-            return "the run trained on CPU: there is no host-to-device copy to pin"
-        return "no CUDA activity: pinned memory only matters for host-to-device copies"
 
     def check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:
         trace = cuda_trace(inputs)

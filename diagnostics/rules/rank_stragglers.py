@@ -31,7 +31,7 @@ import polars as pl
 from diagnostics.facts.ranks import RANKS_SCHEMA
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules import examples as ex
-from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
+from diagnostics.rules.base import Example, Finding, Fix, Need, Rule, Severity
 from diagnostics.rules.evidence import chart, config_value, r
 from diagnostics.thresholds import Thresholds
 
@@ -116,18 +116,21 @@ class RankStragglers(Rule):
     id = "rank-stragglers"
     title = "A rank is slower than the others"
     severity = Severity.MEDIUM
-    needs = frozenset({"trace"})
+    needs = (
+        Need(
+            "traces of two or more ranks of one job",
+            lambda inputs: (
+                inputs.trace is not None
+                and inputs.trace.ranks is not None
+                and inputs.trace.ranks.height >= 2
+            ),
+        ),
+    )
     threshold_names = (
         "straggler_slowdown_pct",
         "straggler_late_share_pct",
         "straggler_cause_min_share_pct",
     )
-
-    def skip_reason(self, inputs: AnalysisInputs) -> str | None:
-        ranks = inputs.trace.ranks if inputs.trace is not None else None
-        if ranks is None or ranks.height < 2:
-            return "needs traces of two or more ranks of one job"
-        return None
 
     @staticmethod
     def _late_rank(

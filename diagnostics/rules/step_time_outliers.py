@@ -38,7 +38,7 @@ import polars as pl
 
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules import examples as ex
-from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
+from diagnostics.rules.base import Example, Finding, Fix, Need, Rule, Severity
 from diagnostics.rules.evidence import chart, config_value, has_steps, numeric, r
 from diagnostics.rules.stats import median, robust_sigma_outliers
 from diagnostics.thresholds import Thresholds
@@ -192,7 +192,15 @@ class StepTimeOutliers(Rule):
     id = "step-time-outliers"
     title = "Some steps keep taking far longer than the rest"
     severity = Severity.LOW
-    needs = frozenset({"run_steps", "trace"})
+    needs = (
+        Need(
+            f"at least {MIN_STEPS} steps of step-time records",
+            lambda inputs: (
+                (has_steps(inputs.run, "step_time_ms") and inputs.run.steps.height >= MIN_STEPS)
+                or (inputs.trace is not None and inputs.trace.steps.height >= MIN_STEPS)
+            ),
+        ),
+    )
     threshold_names = (
         "step_outlier_sigma",
         "step_outlier_min_ratio",
@@ -200,13 +208,6 @@ class StepTimeOutliers(Rule):
         "step_outlier_min_excess_pct",
         "step_outlier_cpu_wait_share",
     )
-
-    def skip_reason(self, inputs: AnalysisInputs) -> str | None:
-        if has_steps(inputs.run, "step_time_ms") and inputs.run.steps.height >= MIN_STEPS:
-            return None
-        if inputs.trace is not None and inputs.trace.steps.height >= MIN_STEPS:
-            return None
-        return f"needs at least {MIN_STEPS} steps of step-time records"
 
     def check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:
         run = inputs.run

@@ -34,7 +34,7 @@ import polars as pl
 from diagnostics.facts.kernel_classes import CUDA_CORE_GEMM, TENSOR_CORE
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules import examples as ex
-from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
+from diagnostics.rules.base import Example, Finding, Fix, Need, Rule, Severity, need_cuda_trace
 from diagnostics.rules.evidence import chart, cuda_trace, r
 from diagnostics.thresholds import Thresholds
 
@@ -66,21 +66,20 @@ class TensorCoresUnused(Rule):
     id = "tensor-cores-unused"
     title = "Tensor Cores sit idle: matmuls run in fp32"
     severity = Severity.MEDIUM
-    needs = frozenset({"trace", "gpu"})
+    needs = (
+        need_cuda_trace("kernel names show whether Tensor Cores ran"),
+        Need(
+            "the GPU's compute capability",
+            lambda inputs: inputs.trace is not None and inputs.trace.compute_capability is not None,
+            "the trace does not record the GPU's compute capability",
+        ),
+    )
     threshold_names = (
         "tensor_core_min_capability",
         "tensor_core_eligible_min_pct",
         "tensor_core_used_max_pct",
         "tensor_core_bf16_step_ratio",
     )
-
-    def skip_reason(self, inputs: AnalysisInputs) -> str | None:
-        trace = cuda_trace(inputs)
-        if trace is None:
-            return "needs a CUDA trace: kernel names show whether Tensor Cores ran"
-        if trace.compute_capability is None:
-            return "the trace does not record the GPU's compute capability"
-        return None
 
     def check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:
         trace = cuda_trace(inputs)

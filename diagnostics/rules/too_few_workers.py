@@ -33,7 +33,16 @@ import polars as pl
 from diagnostics.metrics import median_share_pct, steady_steps
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules import examples as ex
-from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
+from diagnostics.rules.base import (
+    Example,
+    Finding,
+    Fix,
+    Need,
+    Rule,
+    Severity,
+    need_any,
+    need_run_steps,
+)
 from diagnostics.rules.evidence import chart, config_value, cpu_count, has_steps, numeric, r
 from diagnostics.rules.stats import median
 from diagnostics.thresholds import Thresholds
@@ -99,25 +108,27 @@ class TooFewWorkers(Rule):
     id = "too-few-workers"
     title = "The training step waits for the DataLoader"
     severity = Severity.HIGH
-    needs = frozenset({"run_steps", "trace", "run_config"})
+    needs = (
+        need_any(
+            need_run_steps("data_wait_ms", "step_time_ms"),
+            Need(
+                "a trace's DataLoader time per step",
+                lambda inputs: (
+                    inputs.trace is not None
+                    and inputs.trace.breakdown.height > 0
+                    and "dataloader_us" in inputs.trace.breakdown.columns
+                ),
+            ),
+            text="run step records with data_wait_ms and step_time_ms, or a trace's DataLoader time",
+            skip="no DataLoader timing: needs run step records with data_wait_ms or trace steps",
+        ),
+    )
     threshold_names = (
         "dataloader_share_min_pct",
         "dataloader_wait_min_ms",
         "cores_reserved_for_main",
         "worker_headroom",
     )
-
-    def skip_reason(self, inputs: AnalysisInputs) -> str | None:
-        if has_steps(inputs.run, "data_wait_ms", "step_time_ms"):
-            return None
-        trace = inputs.trace
-        if (
-            trace is not None
-            and trace.breakdown.height
-            and "dataloader_us" in trace.breakdown.columns
-        ):
-            return None
-        return "no DataLoader timing: needs run step records with data_wait_ms or trace steps"
 
     def check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:
         if has_steps(inputs.run, "data_wait_ms", "step_time_ms"):

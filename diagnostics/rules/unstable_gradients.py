@@ -36,7 +36,16 @@ import polars as pl
 from diagnostics.facts.loss_scaling import fp16_without_scaler
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules import examples as ex
-from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
+from diagnostics.rules.base import (
+    Example,
+    Finding,
+    Fix,
+    Rule,
+    Severity,
+    need_any,
+    need_cuda_trace,
+    need_run_steps,
+)
 from diagnostics.rules.evidence import chart, config_value, has_steps, numeric, r, run_device
 from diagnostics.rules.stats import rolling_median_before, rolling_robust_z
 from diagnostics.thresholds import Thresholds
@@ -98,7 +107,18 @@ class UnstableGradients(Rule):
     id = "unstable-gradients"
     title = "Training is numerically unstable"
     severity = Severity.HIGH
-    needs = frozenset({"run_steps", "run_config", "trace"})
+    needs = (
+        need_any(
+            need_run_steps("loss"),
+            need_run_steps("grad_norm"),
+            need_cuda_trace(),
+            text="run step records with loss or grad_norm, or a CUDA trace",
+            skip=(
+                "no loss or gradient-norm records (a bare trace has none) and no CUDA trace to "
+                "check for fp16 without loss scaling"
+            ),
+        ),
+    )
     threshold_names = (
         "grad_spike_z",
         "grad_warmup_steps",
@@ -109,16 +129,6 @@ class UnstableGradients(Rule):
         "scaler_skip_share_max_pct",
         "scaler_scale_min",
     )
-
-    def skip_reason(self, inputs: AnalysisInputs) -> str | None:
-        if has_steps(inputs.run, "loss") or has_steps(inputs.run, "grad_norm"):
-            return None
-        if inputs.trace is not None and inputs.trace.device == "cuda":
-            return None
-        return (
-            "no loss or gradient-norm records (a bare trace has none) and no CUDA trace to "
-            "check for fp16 without loss scaling"
-        )
 
     def check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:
         signals: list[str] = []

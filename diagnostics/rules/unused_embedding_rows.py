@@ -2,9 +2,8 @@
 
 What it finds
     The share of the token vocabulary the training data never produces, from the run's
-    vocabulary usage record (``vocab_usage`` in the run environment, or in the analysis
-    extras: ``vocab_size``, ``used_token_ids``, optionally ``embedding_dim``,
-    ``embedding_matrices``), with the embedding parameters and the training memory that
+    vocabulary usage record (``vocab_usage`` in the run environment: ``vocab_size``,
+    ``used_token_ids``, optionally ``embedding_dim``, ``embedding_matrices``), with the embedding parameters and the training memory that
     pruning the unused rows would save. The vocabulary size and embedding width fall back
     to the config's ``data.vocab_size`` and ``model.hidden_size``.
 
@@ -28,7 +27,7 @@ from typing import Any, ClassVar
 
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules import examples as ex
-from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
+from diagnostics.rules.base import Example, Finding, Fix, Need, Rule, Severity
 from diagnostics.rules.evidence import chart, config_value, r
 from diagnostics.thresholds import Thresholds
 
@@ -52,9 +51,8 @@ model = BertModel(BertConfig(vocab_size=len(kept), pad_token_id=int(lookup[speci
 
 
 def vocab_usage(inputs: AnalysisInputs) -> dict[str, Any] | None:
-    raw = inputs.extra.get("vocab_usage")
-    if raw is None and inputs.run is not None:
-        raw = inputs.run.environment.get("vocab_usage")
+    # the trainer records it in the run manifest's environment; a trace carries no token ids
+    raw = inputs.run.environment.get("vocab_usage") if inputs.run is not None else None
     if not isinstance(raw, dict) or not isinstance(raw.get("used_token_ids"), int):
         return None
     usage = dict(raw)
@@ -76,16 +74,15 @@ class UnusedEmbeddingRows(Rule):
     id = "unused-embedding-rows"
     title = "Embedding rows the data never uses"
     severity = Severity.LOW
-    needs = frozenset({"run_config"})
+    needs = (
+        Need(
+            "the run's vocabulary usage record",
+            lambda inputs: vocab_usage(inputs) is not None,
+            "no vocabulary usage recorded: needs vocab_usage (vocab_size, used_token_ids) "
+            "in the run environment; traces carry no token ids",
+        ),
+    )
     threshold_names = ("embedding_unused_min_pct",)
-
-    def skip_reason(self, inputs: AnalysisInputs) -> str | None:
-        if vocab_usage(inputs) is None:
-            return (
-                "no vocabulary usage recorded: needs vocab_usage (vocab_size, used_token_ids) "
-                "in the run environment; traces carry no token ids"
-            )
-        return None
 
     def check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:
         usage = vocab_usage(inputs)

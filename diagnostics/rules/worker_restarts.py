@@ -27,7 +27,7 @@ import polars as pl
 
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules import examples as ex
-from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
+from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity, need_run_steps
 from diagnostics.rules.evidence import chart, config_value, has_steps, numeric, r
 from diagnostics.thresholds import Thresholds
 
@@ -56,14 +56,12 @@ class WorkerRestarts(Rule):
     id = "worker-restarts"
     title = "DataLoader workers restart at every epoch"
     severity = Severity.LOW
-    needs = frozenset({"run_steps", "run_config"})
+    needs = (need_run_steps("epoch", "data_wait_ms"),)
     threshold_names = ("epoch_start_wait_ratio", "epoch_start_wait_min_ms")
 
-    def skip_reason(self, inputs: AnalysisInputs) -> str | None:
+    def not_applicable(self, inputs: AnalysisInputs) -> str | None:
         run = inputs.run
-        if not has_steps(run, "epoch", "data_wait_ms"):
-            return "needs run step records with epoch and data_wait_ms"
-        assert run is not None
+        assert run is not None  # needs run step records
         workers = config_value(run, "data.num_workers")
         if not isinstance(workers, int) or workers == 0:
             return "the DataLoader has no worker processes to restart (num_workers is 0 or unknown)"

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from diagnostics.analyze import analyze
+from tests.diagnostics.rules.test_rank_stragglers import _write_ranks
 
 TRACES = Path(__file__).resolve().parents[3].parent / "shared" / "traces"
 
@@ -65,3 +66,20 @@ def test_single_process_trace_is_skipped_with_a_reason():
     assert "no communication" in reasons["exposed-communication"]
     assert result.summary["comm_source"] is None
     assert result.summary["comm_exposed_pct"] is None
+
+
+def test_ranks_matched_across_files_reach_the_rule_as_waiting(tmp_path: Path):
+    # two copies of the real rank-3 trace, rank 1 reaching every collective 1 ms late: rank 0
+    # (the primary) waits inside each collective, and analyze hands the rule that match
+    _write_ranks(TRACES / "hta_a100_rank3_of_8.json.gz", tmp_path, 2, 1, 1000.0)
+    result = analyze(tmp_path)
+    finding = _finding(result)
+    assert finding is not None and finding.evidence["rank"] == 0
+    per_rank = {row["rank"]: row for row in result.summary["comm_ranks"]["per_rank"]}
+    assert per_rank[0]["wait_pct"] > 0.0
+    assert finding.evidence["comm_wait_pct"] == pytest.approx(per_rank[0]["wait_pct"], abs=0.05)
+    # the same trace alone has no match: no waiting is claimed, and all exposed time counts
+    alone = _finding(_analysed("hta_a100_rank3_of_8.json.gz"))
+    assert alone.evidence["comm_wait_pct"] is None
+    # waiting is rank-stragglers' to fix: only the exposed transfer is offered as saving
+    assert finding.estimated_saving_pct < alone.estimated_saving_pct
