@@ -191,6 +191,11 @@ def series(n: int, **columns: Any) -> dict[str, list[Any]]:
     return out
 
 
+def cpu_run(steps: int, config: Mapping[str, Any] | None = None, **columns: Any) -> AnalysisInputs:
+    """Inputs of a CPU run with ``steps`` step records of these columns (``series``)."""
+    return inputs(run=run(series(steps, **columns), config=config, environment=CPU_ENV))
+
+
 def run(
     steps: Rows | None = None,
     *,

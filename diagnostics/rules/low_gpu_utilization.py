@@ -283,6 +283,6 @@ class LowGpuUtilization(Rule):
         Example(
             "run on CPU: skipped, no GPU to measure",
             False,
-            lambda: ex.inputs(run=ex.run(ex.series(5, step_time_ms=10.0), environment=ex.CPU_ENV)),
+            lambda: ex.cpu_run(5, step_time_ms=10.0),
         ),
     )

@@ -367,84 +367,67 @@ class StepTimeOutliers(Rule):
         Example(
             "run: every 7th step waits 150 ms more for its batch (a recurring stall)",
             True,
-            lambda: ex.inputs(
-                run=ex.run(
-                    ex.series(
-                        60,
-                        step_time_ms=lambda s: 200.0 if s % 7 == 0 else 50.0 + (s % 3),
-                        data_wait_ms=lambda s: 151.0 if s % 7 == 0 else 1.0,
-                        compute_ms=40.0,
-                    ),
-                    config={"train.checkpoint_every": 1000},
-                    environment=ex.CPU_ENV,
-                )
-            ),
+            lambda: _every_7th(step_time_ms=200.0, data_wait_ms=(151.0, 1.0), compute_ms=40.0),
         ),
         Example(
             "run: steady 50 ms steps with 2 ms noise",
             False,
-            lambda: ex.inputs(
-                run=ex.run(
-                    ex.series(40, step_time_ms=lambda s: 50.0 + (s * 7 % 5) * 0.5),
-                    environment=ex.CPU_ENV,
-                )
-            ),
+            lambda: ex.cpu_run(40, step_time_ms=lambda s: 50.0 + (s * 7 % 5) * 0.5),
         ),
         Example(
             "run: the slow steps are the checkpoint steps (a known cause, left out)",
             False,
-            lambda: ex.inputs(
-                run=ex.run(
-                    ex.series(60, step_time_ms=lambda s: 300.0 if s % 10 == 0 else 50.0),
-                    config={"train.checkpoint_every": 10},
-                    environment=ex.CPU_ENV,
-                )
+            lambda: ex.cpu_run(
+                60,
+                config={"train.checkpoint_every": 10},
+                step_time_ms=lambda s: 300.0 if s % 10 == 0 else 50.0,
             ),
         ),
         Example(
             "run: every 7th step is slow, and all of its extra time is spent waiting for a CPU "
             "another process had (a busy shared host, not the pipeline)",
             False,
-            lambda: ex.inputs(
-                run=ex.run(
-                    ex.series(
-                        60,
-                        step_time_ms=lambda s: 120.0 if s % 7 == 0 else 50.0 + (s % 3),
-                        cpu_wait_ms=lambda s: 71.0 if s % 7 == 0 else 1.0,
-                        compute_ms=lambda s: 118.0 if s % 7 == 0 else 48.0 + (s % 3),
-                    ),
-                    config={"train.checkpoint_every": 1000},
-                    environment=ex.CPU_ENV,
-                )
+            lambda: _every_7th(
+                step_time_ms=120.0,
+                cpu_wait_ms=(71.0, 1.0),
+                compute_ms=(118.0, lambda s: 48.0 + (s % 3)),
             ),
         ),
         Example(
             "run: every 7th step is slow and waits a little for a CPU, but most of the extra "
             "time is the wait for its batch",
             True,
-            lambda: ex.inputs(
-                run=ex.run(
-                    ex.series(
-                        60,
-                        step_time_ms=lambda s: 200.0 if s % 7 == 0 else 50.0 + (s % 3),
-                        cpu_wait_ms=lambda s: 21.0 if s % 7 == 0 else 1.0,
-                        data_wait_ms=lambda s: 131.0 if s % 7 == 0 else 1.0,
-                        compute_ms=40.0,
-                    ),
-                    config={"train.checkpoint_every": 1000},
-                    environment=ex.CPU_ENV,
-                )
+            lambda: _every_7th(
+                step_time_ms=200.0,
+                cpu_wait_ms=(21.0, 1.0),
+                data_wait_ms=(131.0, 1.0),
+                compute_ms=40.0,
             ),
         ),
         Example(
             "run: one burst of five slow steps (not recurring)",
             False,
-            lambda: ex.inputs(
-                run=ex.run(
-                    ex.series(60, step_time_ms=lambda s: 300.0 if 30 <= s < 35 else 50.0),
-                    config={"train.checkpoint_every": 1000},
-                    environment=ex.CPU_ENV,
-                )
+            lambda: ex.cpu_run(
+                60,
+                config={"train.checkpoint_every": 1000},
+                step_time_ms=lambda s: 300.0 if 30 <= s < 35 else 50.0,
             ),
         ),
+    )
+
+
+def _every_7th(step_time_ms: float, **parts: Any) -> AnalysisInputs:
+    """60 steps of 50-52 ms where every 7th takes ``step_time_ms``; each part is a value for
+    every step or (every 7th step's, the others') values, the latter a value or a function
+    of the step (examples)."""
+
+    def column(value: Any) -> Any:
+        slow, usual = value if isinstance(value, tuple) else (value, value)
+        return lambda s: slow if s % 7 == 0 else (usual(s) if callable(usual) else usual)
+
+    return ex.cpu_run(
+        60,
+        config={"train.checkpoint_every": 1000},
+        step_time_ms=column((step_time_ms, lambda s: 50.0 + (s % 3))),
+        **{name: column(value) for name, value in parts.items()},
     )

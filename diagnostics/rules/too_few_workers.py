@@ -289,23 +289,18 @@ class TooFewWorkers(Rule):
         Example(
             "run: 40 ms of an 50 ms step waits on a single-process loader",
             True,
-            lambda: ex.inputs(
-                run=ex.run(
-                    ex.series(20, step_time_ms=50.0, data_wait_ms=40.0),
-                    config={"data.num_workers": 0, "train.batch_size": 32},
-                    environment=ex.CPU_ENV,
-                )
+            lambda: ex.cpu_run(
+                20,
+                step_time_ms=50.0,
+                data_wait_ms=40.0,
+                config={"data.num_workers": 0, "train.batch_size": 32},
             ),
         ),
         Example(
             "run: 0.2 ms of a 50 ms step waits: workers keep up",
             False,
-            lambda: ex.inputs(
-                run=ex.run(
-                    ex.series(20, step_time_ms=50.0, data_wait_ms=0.2),
-                    config={"data.num_workers": 4},
-                    environment=ex.CPU_ENV,
-                )
+            lambda: ex.cpu_run(
+                20, step_time_ms=50.0, data_wait_ms=0.2, config={"data.num_workers": 4}
             ),
         ),
         Example(

@@ -311,7 +311,7 @@ class UnstableGradients(Rule):
         Example(
             "run: grad norm ~1 with spikes of 20 at steps 40 and 55",
             True,
-            lambda: _run(
+            lambda: ex.cpu_run(
                 60,
                 loss=lambda s: 2.0 - s * 0.01,
                 grad_norm=lambda s: 20.0 if s in (40, 55) else 1.0 + 0.05 * (s % 5),
@@ -321,7 +321,7 @@ class UnstableGradients(Rule):
         Example(
             "run: loss turns NaN at step 30",
             True,
-            lambda: _run(
+            lambda: ex.cpu_run(
                 35,
                 loss=lambda s: float("nan") if s >= 30 else 2.0,
                 grad_norm=lambda s: float("nan") if s >= 30 else 1.0,
@@ -330,7 +330,7 @@ class UnstableGradients(Rule):
         Example(
             "run: loss steady at 1.0, then 3.0 over the last 20 steps (diverging)",
             True,
-            lambda: _run(60, loss=lambda s: 1.0 if s <= 40 else 3.0, grad_norm=1.0),
+            lambda: ex.cpu_run(60, loss=lambda s: 1.0 if s <= 40 else 3.0, grad_norm=1.0),
         ),
         Example(
             "run fp16: GradScaler halves its scale at steps 30, 40 and 50 (9% of steps)",
@@ -345,7 +345,7 @@ class UnstableGradients(Rule):
         Example(
             "run: smooth, decreasing loss and noisy but bounded grad norms",
             False,
-            lambda: _run(
+            lambda: ex.cpu_run(
                 80,
                 loss=lambda s: 2.0 / (1 + 0.02 * s),
                 grad_norm=lambda s: 1.0 + 0.3 * ((s * 7919) % 11) / 11,
@@ -430,14 +430,9 @@ def _traced(*kernels: dict[str, Any], **trace: Any) -> AnalysisInputs:
     return ex.inputs(trace=ex.trace(kernels=list(kernels), **trace))
 
 
-def _run(steps: int, config: dict[str, Any] | None = None, **series: Any) -> AnalysisInputs:
-    """A CPU run of ``steps`` step records with these columns (examples)."""
-    return ex.inputs(run=ex.run(ex.series(steps, **series), config=config, environment=ex.CPU_ENV))
-
-
 def _scaled_run(amp_scale: Callable[[int], float]) -> AnalysisInputs:
     """A healthy 60-step fp16 run whose GradScaler scale follows ``amp_scale`` (examples)."""
-    return _run(60, loss=lambda s: 2.0 - s * 0.01, grad_norm=1.0, amp_scale=amp_scale)
+    return ex.cpu_run(60, loss=lambda s: 2.0 - s * 0.01, grad_norm=1.0, amp_scale=amp_scale)
 
 
 def _step_range(inputs: AnalysisInputs) -> list[int]:

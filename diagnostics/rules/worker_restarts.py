@@ -148,67 +148,44 @@ class WorkerRestarts(Rule):
         Example(
             "run: 3 epochs of 10 steps, each epoch start waits 300 ms against 2 ms",
             True,
-            lambda: ex.inputs(
-                run=ex.run(
-                    ex.series(
-                        30,
-                        epoch=lambda s: (s - 1) // 10,
-                        data_wait_ms=lambda s: 300.0 if s in (1, 11, 21) else 2.0,
-                        step_time_ms=lambda s: 100.0 + (300.0 if s in (1, 11, 21) else 2.0),
-                    ),
-                    config={"data": {"num_workers": 2, "persistent_workers": False}},
-                    environment=ex.CPU_ENV,
-                )
-            ),
+            lambda: _three_epochs(epoch_start_wait_ms=300.0, persistent_workers=False),
         ),
         Example(
             "run: persistent workers, epoch starts wait like any other step",
             False,
-            lambda: ex.inputs(
-                run=ex.run(
-                    ex.series(
-                        30,
-                        epoch=lambda s: (s - 1) // 10,
-                        data_wait_ms=2.0,
-                        step_time_ms=102.0,
-                    ),
-                    config={"data": {"num_workers": 2, "persistent_workers": True}},
-                    environment=ex.CPU_ENV,
-                )
-            ),
+            lambda: _three_epochs(epoch_start_wait_ms=2.0, persistent_workers=True),
         ),
         Example(
             "run: sharded dataset (persistent_workers ignored), epoch starts wait 300 ms",
             True,
-            lambda: ex.inputs(
-                run=ex.run(
-                    ex.series(
-                        30,
-                        epoch=lambda s: (s - 1) // 10,
-                        data_wait_ms=lambda s: 300.0 if s in (1, 11, 21) else 2.0,
-                        step_time_ms=lambda s: 100.0 + (300.0 if s in (1, 11, 21) else 2.0),
-                    ),
-                    config={
-                        "data": {"num_workers": 2, "persistent_workers": True, "dataset": "sharded"}
-                    },
-                    environment=ex.CPU_ENV,
-                )
+            lambda: _three_epochs(
+                epoch_start_wait_ms=300.0, persistent_workers=True, dataset="sharded"
             ),
         ),
         Example(
             "run: workers off, epoch starts no slower than the rest",
             False,
-            lambda: ex.inputs(
-                run=ex.run(
-                    ex.series(
-                        30,
-                        epoch=lambda s: (s - 1) // 10,
-                        data_wait_ms=lambda s: 3.0 if s % 10 == 1 else 2.0,
-                        step_time_ms=102.0,
-                    ),
-                    config={"data": {"num_workers": 2, "persistent_workers": False}},
-                    environment=ex.CPU_ENV,
-                )
+            lambda: _three_epochs(
+                epoch_start_wait_ms=3.0, persistent_workers=False, step_time_ms=102.0
             ),
         ),
+    )
+
+
+def _three_epochs(
+    epoch_start_wait_ms: float, step_time_ms: float | None = None, **data: Any
+) -> AnalysisInputs:
+    """3 epochs of 10 steps with 2 workers: each epoch's first step waits
+    ``epoch_start_wait_ms`` for its batch, the others 2 ms; a step is 100 ms plus its wait
+    unless ``step_time_ms`` says otherwise (examples)."""
+
+    def wait(s: int) -> float:
+        return epoch_start_wait_ms if s % 10 == 1 else 2.0
+
+    return ex.cpu_run(
+        30,
+        config={"data": {"num_workers": 2, **data}},
+        epoch=lambda s: (s - 1) // 10,
+        data_wait_ms=wait,
+        step_time_ms=(lambda s: 100.0 + wait(s)) if step_time_ms is None else step_time_ms,
     )
