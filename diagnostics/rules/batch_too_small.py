@@ -20,6 +20,7 @@ How to fix
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import polars as pl
@@ -175,46 +176,12 @@ class BatchTooSmall(Rule):
         Example(
             "run on CUDA: batch 2, NVML p95 20%, peak 2 of 80 GiB, no data wait",
             True,
-            lambda: ex.inputs(
-                run=ex.run(
-                    ex.series(
-                        20,
-                        step_time_ms=10.0,
-                        data_wait_ms=0.1,
-                        cuda_allocated_bytes=2**30,
-                        cuda_peak_bytes=2 * 2**30,
-                    ),
-                    config={"train.batch_size": 2},
-                    environment={**ex.CUDA_ENV, "gpu_memory_bytes": 80 * 2**30},
-                    samples={
-                        "wall_time": [i * 0.1 for i in range(20)],
-                        "gpu_index": [0] * 20,
-                        "gpu_util_pct": [15.0 + i % 5 for i in range(20)],
-                    },
-                )
-            ),
+            lambda: _small_batch_run(data_wait_ms=0.1, gpu_util_pct=lambda i: 15.0 + i % 5),
         ),
         Example(
             "run on CUDA: GPU idle because the loader starves it (too-few-workers comes first)",
             False,
-            lambda: ex.inputs(
-                run=ex.run(
-                    ex.series(
-                        20,
-                        step_time_ms=10.0,
-                        data_wait_ms=6.0,
-                        cuda_allocated_bytes=2**30,
-                        cuda_peak_bytes=2 * 2**30,
-                    ),
-                    config={"train.batch_size": 2},
-                    environment={**ex.CUDA_ENV, "gpu_memory_bytes": 80 * 2**30},
-                    samples={
-                        "wall_time": [i * 0.1 for i in range(20)],
-                        "gpu_index": [0] * 20,
-                        "gpu_util_pct": [15.0] * 20,
-                    },
-                )
-            ),
+            lambda: _small_batch_run(data_wait_ms=6.0, gpu_util_pct=lambda i: 15.0),
         ),
         Example(
             "trace: GPU 90% busy",
@@ -231,4 +198,26 @@ class BatchTooSmall(Rule):
                 )
             ),
         ),
+    )
+
+
+def _small_batch_run(data_wait_ms: float, gpu_util_pct: Callable[[int], float]) -> Any:
+    """20 steps of 10 ms at batch 2 on an 80 GiB GPU, peak 2 GiB; 20 NVML samples (examples)."""
+    return ex.inputs(
+        run=ex.run(
+            ex.series(
+                20,
+                step_time_ms=10.0,
+                data_wait_ms=data_wait_ms,
+                cuda_allocated_bytes=2**30,
+                cuda_peak_bytes=2 * 2**30,
+            ),
+            config={"train.batch_size": 2},
+            environment={**ex.CUDA_ENV, "gpu_memory_bytes": 80 * 2**30},
+            samples={
+                "wall_time": [i * 0.1 for i in range(20)],
+                "gpu_index": [0] * 20,
+                "gpu_util_pct": [gpu_util_pct(i) for i in range(20)],
+            },
+        )
     )

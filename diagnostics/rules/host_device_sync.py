@@ -136,51 +136,13 @@ class HostDeviceSync(Rule):
         Example(
             "trace: 2 ms of each 10 ms step in cudaStreamSynchronize",
             True,
-            lambda: ex.inputs(
-                trace=ex.trace(
-                    sync_per_step={
-                        "step": [1, 2, 3, 4, 5],
-                        "sync_us": [2000.0] * 5,
-                        "sync_count": [3] * 5,
-                    },
-                    syncs=[{"name": "cudaStreamSynchronize", "count": 15, "total_us": 10_000.0}],
-                    idle_gaps=[
-                        {
-                            "device": 0,
-                            "stream": 7,
-                            "start_us": 0.0,
-                            "end_us": 5000.0,
-                            "dur_us": 5000.0,
-                            "idle_kind": "host_wait",
-                            "host_activity": "sync",
-                        }
-                    ],
-                )
-            ),
+            lambda: _synced(2000.0, idle_us=5000.0, idle_kind="host_wait", host_activity="sync"),
         ),
         Example(
             "trace: host blocked 2 ms per step but the GPU stays busy (no idle during syncs)",
             False,
-            lambda: ex.inputs(
-                trace=ex.trace(
-                    sync_per_step={
-                        "step": [1, 2, 3, 4, 5],
-                        "sync_us": [2000.0] * 5,
-                        "sync_count": [3] * 5,
-                    },
-                    syncs=[{"name": "cudaStreamSynchronize", "count": 15, "total_us": 10_000.0}],
-                    idle_gaps=[
-                        {
-                            "device": 0,
-                            "stream": 7,
-                            "start_us": 0.0,
-                            "end_us": 100.0,
-                            "dur_us": 100.0,
-                            "idle_kind": "kernel_wait",
-                            "host_activity": "cpu_ops",
-                        }
-                    ],
-                )
+            lambda: _synced(
+                2000.0, idle_us=100.0, idle_kind="kernel_wait", host_activity="cpu_ops"
             ),
         ),
         Example(
@@ -197,4 +159,30 @@ class HostDeviceSync(Rule):
                 )
             ),
         ),
+    )
+
+
+def _synced(sync_us: float, *, idle_us: float, idle_kind: str, host_activity: str) -> Any:
+    """5 steps each blocking ``sync_us`` in 3 cudaStreamSynchronize calls, and one idle gap
+    on the GPU of ``idle_us`` of the given kind and host activity (examples)."""
+    return ex.inputs(
+        trace=ex.trace(
+            sync_per_step={
+                "step": [1, 2, 3, 4, 5],
+                "sync_us": [sync_us] * 5,
+                "sync_count": [3] * 5,
+            },
+            syncs=[{"name": "cudaStreamSynchronize", "count": 15, "total_us": 10_000.0}],
+            idle_gaps=[
+                {
+                    "device": 0,
+                    "stream": 7,
+                    "start_us": 0.0,
+                    "end_us": idle_us,
+                    "dur_us": idle_us,
+                    "idle_kind": idle_kind,
+                    "host_activity": host_activity,
+                }
+            ],
+        )
     )
