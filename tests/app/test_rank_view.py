@@ -242,4 +242,7 @@ def test_a_rank_without_records_yet_is_listed_empty(runs, tmp_path):
     assert view.rank_row(1)["steps"] == 0 and view.rank_row(1)["step_time_ms"] is None
     assert view.rank_row(0)["step_time_ms"] is not None
     assert view.slowest_rank == 0
-    assert [line.name for line in rank_steps_figure(view).data] == ["rank 0"]
+    # one line, rank 0's (named a straggler too when the healthy run's analysis says so:
+    # two ranks on two cores, rank 0 checkpointing every 2 steps)
+    lines = [line.name for line in rank_steps_figure(view).data]
+    assert [name.split(" (")[0] for name in lines] == ["rank 0"]
