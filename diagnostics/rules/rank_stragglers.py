@@ -286,7 +286,7 @@ class RankStragglers(Rule):
         ),
         Example(
             "2 ranks in lockstep: rank 1 is last in only two of three collectives, but "
-            "caused 97% of the waiting; rank 0 waits 300 ms a step for its data",
+            "caused 97% of the waiting: it waits 303 ms a step for its data, rank 0 314 ms for it",
             True,
             lambda: _ranks(
                 step_time_ms_mean=[432.0, 420.0],
