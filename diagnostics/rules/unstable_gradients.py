@@ -27,7 +27,6 @@ How to fix
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -46,12 +45,12 @@ from diagnostics.rules.base import (
     need_cuda_trace,
     need_run_steps,
 )
-from diagnostics.rules.evidence import chart, config_value, has_steps, numeric, r, run_device
-from diagnostics.rules.stats import rolling_median_before, rolling_robust_z
+from diagnostics.rules.evidence import chart, config_value, has_steps, numeric, run_device
+from diagnostics.rules.training_signals import SignalLimits, phase_signals
 from diagnostics.thresholds import Thresholds
 
 if TYPE_CHECKING:
-    import numpy as np
+    pass
 
 # The first move after instability: a tenth of the learning rate, and never above AdamW's
 # own default (torch.optim.AdamW lr=1e-3) when the configured one is far beyond it.
@@ -88,21 +87,6 @@ def _phases(steps: pl.DataFrame) -> list[tuple[str, pl.DataFrame]]:
     ]
 
 
-def _divergence(loss: np.ndarray, window: int, ratio: float) -> tuple[float, float] | None:
-    """(best earlier windowed median, last windowed median) when the last is ratio x worse."""
-    import numpy as np
-
-    finite = loss[np.isfinite(loss)]
-    if finite.size < 2 * window:
-        return None
-    medians = np.array([np.median(finite[i - window : i]) for i in range(window, finite.size + 1)])
-    last = float(medians[-1])
-    best = float(medians[:-window].min()) if medians.size > window else float(medians[0])
-    if best > 0 and last > ratio * best:
-        return best, last
-    return None
-
-
 class UnstableGradients(Rule):
     id = "unstable-gradients"
     title = "Training is numerically unstable"
@@ -136,9 +120,20 @@ class UnstableGradients(Rule):
         offending: set[int] = set()
         run = inputs.run
         fp16_unscaled = False
+        t = thresholds
+        limits = SignalLimits(
+            grad_window_steps=t.grad_window_steps,
+            grad_warmup_steps=t.grad_warmup_steps,
+            grad_spike_z=t.grad_spike_z,
+            grad_spike_min_ratio=t.grad_spike_min_ratio,
+            loss_window_steps=t.loss_window_steps,
+            loss_divergence_ratio=t.loss_divergence_ratio,
+            scaler_skip_share_max_pct=t.scaler_skip_share_max_pct,
+            scaler_scale_min=t.scaler_scale_min,
+        )
         if run is not None and run.steps.height:
             for phase, steps in _phases(run.steps):
-                found = self._phase_signals(steps, thresholds)
+                found = phase_signals(steps, limits)
                 for key, value in found.items():
                     if value:
                         evidence.setdefault(key, {})[phase] = value
@@ -200,76 +195,6 @@ class UnstableGradients(Rule):
                 estimated_saving_pct=None,
             )
         ]
-
-    def _phase_signals(self, steps: pl.DataFrame, t: Thresholds) -> dict[str, Any]:
-        import numpy as np
-
-        step_ids = np.asarray(steps["step"].to_list())
-        loss = np.asarray(numeric(steps, "loss"))
-        grad = np.asarray(numeric(steps, "grad_norm"))
-        scale = np.asarray(numeric(steps, "amp_scale"))
-        has_scale = bool(np.isfinite(scale).any())
-        # a step whose scale then halved was skipped by GradScaler (its inf/NaN is expected)
-        skipped = np.zeros(step_ids.size, dtype=bool)
-        if has_scale:
-            skipped[:-1] = np.isfinite(scale[1:]) & (scale[1:] < scale[:-1])
-        bad_loss = np.array(
-            [v is not None and not math.isfinite(v) for v in steps["loss"].to_list()]
-        )
-        bad_grad = (
-            np.array([v is not None and not math.isfinite(v) for v in steps["grad_norm"].to_list()])
-            & ~skipped
-        )
-        out: dict[str, Any] = {}
-        nonfinite = step_ids[bad_loss | bad_grad]
-        if nonfinite.size:
-            out["non_finite"] = {
-                "count": int(nonfinite.size),
-                "first_step": int(nonfinite[0]),
-                "steps": nonfinite[:50].tolist(),
-            }
-        z = rolling_robust_z(grad, t.grad_window_steps, t.grad_warmup_steps)
-        base = rolling_median_before(grad, t.grad_window_steps)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            spikes = (z > t.grad_spike_z) & (grad > t.grad_spike_min_ratio * base) & ~skipped
-        if spikes.any():
-            idx = np.flatnonzero(spikes)
-            out["grad_spikes"] = {
-                "count": int(idx.size),
-                "steps": step_ids[idx][:50].tolist(),
-                "max_z": r(float(np.nanmax(z[idx])), 1),
-                "max_ratio_to_median": r(float(np.nanmax(grad[idx] / base[idx])), 1),
-                "median_grad_norm": r(float(np.nanmedian(grad[np.isfinite(grad)])), 3),
-                "warmup_steps": t.grad_warmup_steps,
-                "window_steps": t.grad_window_steps,
-            }
-        div = _divergence(loss, t.loss_window_steps, t.loss_divergence_ratio)
-        if div is not None:
-            out["divergence"] = {
-                "best_windowed_loss": r(div[0], 4),
-                "last_windowed_loss": r(div[1], 4),
-                "ratio": r(div[1] / div[0], 2),
-                "steps": [int(step_ids[-t.loss_window_steps]), int(step_ids[-1])],
-            }
-        if has_scale:
-            after = slice(min(t.grad_warmup_steps, step_ids.size), None)
-            considered = int(skipped[after].size)
-            n_skipped = int(skipped[after].sum())
-            share = 100.0 * n_skipped / considered if considered else 0.0
-            if considered and share > t.scaler_skip_share_max_pct:
-                out["scaler_skipped_steps"] = {
-                    "count": n_skipped,
-                    "share_pct": r(share, 1),
-                    "steps": step_ids[after][skipped[after]][:50].tolist(),
-                }
-            finite_scale = scale[np.isfinite(scale)]
-            if finite_scale.size and float(finite_scale[-1]) < t.scaler_scale_min:
-                out["scale_collapse"] = {
-                    "first_scale": float(finite_scale[0]),
-                    "last_scale": float(finite_scale[-1]),
-                    "steps": [int(step_ids[0]), int(step_ids[-1])],
-                }
-        return out
 
     @staticmethod
     def _patch(inputs: AnalysisInputs, kinds: list[str], fp16_unscaled: bool) -> dict[str, Any]:
