@@ -57,6 +57,17 @@ def run_trainer_cli(args: list[str] | tuple[str, ...], timeout_s: float = 180.0)
     )
 
 
+def start_trainer_cli(args: list[str] | tuple[str, ...]) -> subprocess.Popen[str]:
+    """``python -m trainer ...`` started in the background from the repo root (text pipes)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "trainer", *args],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     runs_dir = tmp_path_factory.mktemp("tiny_runs")

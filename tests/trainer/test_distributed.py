@@ -19,7 +19,7 @@ import polars as pl
 import pytest
 
 from diagnostics.runs import RunFolder
-from tests.conftest import REPO_ROOT, TINY_DIST_ARGS, run_trainer_cli
+from tests.conftest import TINY_DIST_ARGS, run_trainer_cli, start_trainer_cli
 from trainer.data import EpochSampler
 from trainer.dist_launch import aggregate
 
@@ -27,16 +27,6 @@ DIST_ARGS = ("--scenario", "healthy", *TINY_DIST_ARGS)
 # long enough to be stopped part-way: each sample waits 15 ms, a batch of 8 then 120 ms
 SLOW_ARGS = (*DIST_ARGS, "--steps", "60", "--instruments", "off", "--nproc-per-node", "2")
 SLOW_ARGS += ("--set", "data.sample_latency_ms=15")
-
-
-def _popen(args: list[str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "trainer", *args],
-        cwd=REPO_ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
 
 
 def _wait_for_steps(
@@ -308,7 +298,7 @@ def test_distributed_scenarios_need_two_ranks(tmp_path):
 
 
 def test_cancel_stops_every_rank_at_one_step_and_resume_finishes(tmp_path):
-    proc = _popen(["run", *SLOW_ARGS, "--steps", "12", "--runs-dir", str(tmp_path)])
+    proc = start_trainer_cli(["run", *SLOW_ARGS, "--steps", "12", "--runs-dir", str(tmp_path)])
     run_dir = None
     deadline = time.monotonic() + 120
     while run_dir is None and time.monotonic() < deadline:
@@ -339,7 +329,7 @@ def test_cancel_stops_every_rank_at_one_step_and_resume_finishes(tmp_path):
 
 def test_sigterm_preempts_every_rank_with_a_checkpoint(tmp_path):
     run_id = "preempted-job"
-    proc = _popen(["run", *SLOW_ARGS, "--runs-dir", str(tmp_path), "--run-id", run_id])
+    proc = start_trainer_cli(["run", *SLOW_ARGS, "--runs-dir", str(tmp_path), "--run-id", run_id])
     run_dir = tmp_path / run_id
     _wait_for_steps(proc, run_dir, 2)
     proc.send_signal(signal.SIGTERM)
@@ -374,7 +364,7 @@ def test_the_runtime_budget_stops_every_rank_at_one_step(tmp_path):
 
 def test_a_rank_that_dies_fails_the_run_with_its_reason(tmp_path):
     run_id = "rank-dies"
-    proc = _popen(["run", *SLOW_ARGS, "--runs-dir", str(tmp_path), "--run-id", run_id])
+    proc = start_trainer_cli(["run", *SLOW_ARGS, "--runs-dir", str(tmp_path), "--run-id", run_id])
     run_dir = tmp_path / run_id
     _wait_for_steps(proc, run_dir, 2)
     ranks = RunFolder(run_dir).manifest().extra["distributed"]["ranks"]
@@ -393,8 +383,8 @@ def test_two_nodes_meet_on_loopback(tmp_path):
     common = [*DIST_ARGS, "--steps", "4", "--instruments", "off", "--runs-dir", str(tmp_path)]
     common += ["--run-id", "two-nodes", "--nproc-per-node", "1", "--nnodes", "2"]
     common += ["--rdzv-endpoint", endpoint]
-    node1 = _popen(["run", *common, "--node-rank", "1"])
-    node0 = _popen(["run", *common, "--node-rank", "0"])
+    node1 = start_trainer_cli(["run", *common, "--node-rank", "1"])
+    node0 = start_trainer_cli(["run", *common, "--node-rank", "0"])
     code0, out0, err0 = _finish(node0, 400)
     code1, out1, err1 = _finish(node1, 400)
     assert (code0, code1) == (0, 0), (err0[-2000:], err1[-2000:])

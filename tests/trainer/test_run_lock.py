@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from diagnostics.runs import HEARTBEAT_STALE_AFTER_S, LOCK_FILE, RunFolder, RunWriter
-from tests.conftest import REPO_ROOT
+from tests.conftest import start_trainer_cli
 from trainer.config import build_config
 from trainer.run_lock import RunLock, RunLocked
 
@@ -72,16 +72,6 @@ def test_a_lock_from_another_host_is_trusted_while_the_run_beats(tmp_path):
     RunLock.acquire(writer.path).release()
 
 
-def _start(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "trainer", *args],
-        cwd=REPO_ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
 def _one_winner(procs: list[subprocess.Popen[str]]) -> tuple[tuple[str, str], tuple[str, str]]:
     """(stdout, stderr) of the process that ran and of the one refused."""
     results = [(proc.wait(timeout=300), *proc.communicate()) for proc in procs]
@@ -97,7 +87,7 @@ def test_two_resumes_of_one_run_at_once_one_runs_the_other_is_refused(tmp_path):
     writer = RunWriter.create(tmp_path, config.to_dict(), {}, run_id="twice", total_steps=4)
     writer.finalise("preempted", "SIGTERM received: checkpointed for resume")
     _write_lock(writer.path, _dead_pid(), socket.gethostname())  # left by a kill -9
-    procs = [_start("resume", str(writer.path)) for _ in range(2)]
+    procs = [start_trainer_cli(["resume", str(writer.path)]) for _ in range(2)]
     (won_out, _), (lost_out, lost_err) = _one_winner(procs)
     assert won_out.strip().splitlines()[-1] == str(writer.path)
     assert lost_out == ""
@@ -114,7 +104,7 @@ def test_two_resumes_of_one_run_at_once_one_runs_the_other_is_refused(tmp_path):
 def test_the_same_run_id_started_twice_at_once_one_runs_the_other_is_refused(tmp_path):
     args = ["run", "--runs-dir", str(tmp_path), "--run-id", "dup", "--device", "cpu"]
     args += ["--steps", "2", *TINY_ARGS]
-    procs = [_start(*args) for _ in range(2)]
+    procs = [start_trainer_cli(args) for _ in range(2)]
     (won_out, _), (lost_out, lost_err) = _one_winner(procs)
     assert won_out.strip().splitlines()[-1] == str(tmp_path / "dup")
     assert lost_out == ""
