@@ -63,9 +63,10 @@ def main(argv: list[str]) -> int:
         print("usage: findings_snapshot.py OUTPUT.txt [SHARED_DIR]", file=sys.stderr)
         return 2
     shared = Path(argv[2]) if len(argv) > 2 else SHARED
-    out = [line for path in inputs(shared) for line in findings_lines(path)]
+    paths = inputs(shared)
+    out = [line for path in paths for line in findings_lines(path)]
     Path(argv[1]).write_text("\n".join(out) + "\n", encoding="utf-8")
-    print(f"{len(out)} lines from {len(inputs(shared))} inputs -> {argv[1]}")
+    print(f"{len(out)} lines from {len(paths)} inputs -> {argv[1]}")
     return 0
 
 

@@ -44,6 +44,7 @@ from diagnostics.runs import (
     _LineAppender,
     rank_file,
 )
+from trainer.logs import setup_logging
 from trainer.stopping import AGREED, Stop, StopKind
 
 log = logging.getLogger("trainer")
@@ -234,19 +235,6 @@ class RankWriter:
         )
 
 
-def _setup_rank_logging(run_dir: Path, rank: int) -> None:
-    logger = logging.getLogger("trainer")
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
-    for handler in list(logger.handlers):
-        logger.removeHandler(handler)
-    fmt = logging.Formatter(f"%(asctime)s %(levelname)s [rank {rank}] %(message)s", "%H:%M:%S")
-    log_file = run_dir / rank_file(LOG_FILE, rank)
-    for handler in (logging.StreamHandler(), logging.FileHandler(log_file)):
-        handler.setFormatter(fmt)
-        logger.addHandler(handler)
-
-
 def _init(config: Any) -> tuple[DistContext, str]:
     global _CONTEXT
     from trainer.runtime import resolve_device
@@ -304,7 +292,7 @@ def worker_main(run_dir: Path, resume: bool) -> int:
 
     config = TrainerConfig.from_dict(RunFolder(run_dir).manifest().config)
     rank = int(os.environ.get("RANK", "0"))
-    _setup_rank_logging(run_dir, rank)
+    setup_logging(run_dir / rank_file(LOG_FILE, rank), role=f"rank {rank}")
     writer = RankWriter(run_dir, rank)
     stop = StopRequests()
     stop.install()

@@ -18,7 +18,6 @@ from typing import Any, ClassVar, final
 from diagnostics.chart import Chart
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules.evidence import cuda_trace, has_steps, run_device
-from diagnostics.severity import SEVERITY_ORDER
 from diagnostics.thresholds import Thresholds
 
 
@@ -26,10 +25,6 @@ class Severity(StrEnum):
     HIGH = "high"
     MEDIUM = "medium"
     LOW = "low"
-
-    @property
-    def rank(self) -> int:
-        return SEVERITY_ORDER[self.value]
 
 
 @dataclass(frozen=True)

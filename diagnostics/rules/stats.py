@@ -97,8 +97,7 @@ def increasing_share(values: Sequence[float]) -> float:
 
     arr = np.asarray(values, dtype=float)
     arr = arr[np.isfinite(arr)]
-    if arr.size > THEIL_SEN_MAX_POINTS:
-        arr = arr[np.linspace(0, arr.size - 1, THEIL_SEN_MAX_POINTS).astype(int)]
+    arr = np.asarray(downsample(arr, THEIL_SEN_MAX_POINTS), dtype=float)
     i, j = np.triu_indices(arr.size, k=1)
     signs = np.sign(arr[j] - arr[i])
     differ = signs[signs != 0]
