@@ -191,11 +191,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # torch only now: the checks above stay instant, and cuda is the last one needing it
     import torch
 
-    from trainer.runtime import choose_threads, resolve_device, run_notes
+    from trainer.runtime import checked_device, choose_threads, run_notes
 
-    if config.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device", "cuda requested but no CUDA device is available", "auto, cpu")
-    device = resolve_device(config.device)
+    device = checked_device(config.device)
     # the size preset follows the device, known only now (still before the run folder exists)
     config, patch = config_from_args(args, resolved_device=device)
     requested_size = "auto" if unresolved.model.size == "auto" else config.model.size
@@ -391,7 +389,10 @@ def _launch(
     args: argparse.Namespace, config: TrainerConfig, patch: dict[str, Any] | None, runs_dir: Path
 ) -> int:
     from trainer.dist_launch import LaunchSpec, launch_run
+    from trainer.runtime import checked_device
 
+    # the ranks' size preset follows the device too (model.size=auto), as for one process
+    config, patch = config_from_args(args, resolved_device=checked_device(config.device))
     spec = LaunchSpec(
         nproc_per_node=1 if args.nproc_per_node is None else args.nproc_per_node,
         nnodes=1 if args.nnodes is None else args.nnodes,

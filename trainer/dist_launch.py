@@ -210,11 +210,9 @@ def launch_run(
 
     from diagnostics.runs import RunWriter, new_run_id
     from trainer.run_io import environment
-    from trainer.runtime import resolve_device, run_notes
+    from trainer.runtime import checked_device, run_notes
 
-    if config.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device", "cuda requested but no CUDA device is available", "auto, cpu")
-    device = resolve_device(config.device)
+    device = checked_device(config.device)
     if device == "cuda" and torch.cuda.device_count() < spec.nproc_per_node:
         raise ConfigError(
             "--nproc-per-node",

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer.config import TrainerConfig
+from trainer.config import ConfigError, TrainerConfig
 
 
 class StopRequests:
@@ -53,6 +53,13 @@ def resolve_device(requested: str) -> str:
     if requested == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return requested
+
+
+def checked_device(requested: str) -> str:
+    """The device a run gets ("cpu"/"cuda"); ConfigError when cuda is asked for and absent."""
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device", "cuda requested but no CUDA device is available", "auto, cpu")
+    return resolve_device(requested)
 
 
 def run_notes(config: TrainerConfig, device: str) -> list[str]:

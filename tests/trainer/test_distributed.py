@@ -169,6 +169,8 @@ def test_two_processes_on_cpu(healthy_two_ranks):
         (1, 1, 0),
     ]
     assert run.world_size() == 2
+    # model.size=auto follows the resolved device for ranks too (gpu preset on CUDA)
+    assert run.manifest().config["model"]["size"] == "cpu"
     steps = run.rank_steps()
     assert steps.group_by("rank").agg(pl.col("step").sort()).sort("rank")["step"].to_list() == [
         list(range(1, 7)),
