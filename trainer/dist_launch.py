@@ -209,6 +209,7 @@ def launch_run(
     import torch
 
     from diagnostics.runs import RunWriter, new_run_id
+    from trainer.distributed import rank_threads
     from trainer.run_io import environment
     from trainer.runtime import checked_device, run_notes
 
@@ -223,7 +224,7 @@ def launch_run(
     run_dir = runs_dir / run_id
     if spec.node_rank != 0:
         return run_dir, *supervise(run_dir, spec, None, resume=False)
-    env = environment(device, 1 if device == "cpu" else 2)
+    env = environment(device, rank_threads(config, device))
     writer = RunWriter.create(
         runs_dir,
         config.to_dict(),

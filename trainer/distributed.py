@@ -235,6 +235,12 @@ class RankWriter:
         )
 
 
+def rank_threads(config: Any, device: str) -> int:
+    """Torch threads per rank: runtime.threads, else one on CPU (the ranks already fill the
+    cores) and two beside a GPU."""
+    return config.runtime.threads or (1 if device == "cpu" else 2)
+
+
 def _init(config: Any) -> tuple[DistContext, str]:
     global _CONTEXT
     from trainer.runtime import resolve_device
@@ -249,8 +255,7 @@ def _init(config: Any) -> tuple[DistContext, str]:
         backend = "nccl"
     else:
         backend = "gloo"
-    # one intra-op thread per rank on CPU: the ranks already fill the cores
-    torch.set_num_threads(config.runtime.threads or (1 if backend == "gloo" else 2))
+    torch.set_num_threads(rank_threads(config, device))
     dist.init_process_group(backend, timeout=PROCESS_GROUP_TIMEOUT)
     stop_group = dist.new_group(backend="gloo") if backend == "nccl" else None
     _CONTEXT = DistContext(
