@@ -59,7 +59,6 @@ class DistContext:
     rank: int
     world_size: int
     local_rank: int
-    local_world_size: int
     node_rank: int
     backend: str
     stop_group: Any = None  # gloo group for the stop flag (nccl would need a device sync)
@@ -262,7 +261,6 @@ def _init(config: Any) -> tuple[DistContext, str]:
         rank=rank,
         world_size=world,
         local_rank=local_rank,
-        local_world_size=int(env.get("LOCAL_WORLD_SIZE", world)),
         node_rank=int(env.get("GROUP_RANK", 0)),
         backend=backend,
         stop_group=stop_group,

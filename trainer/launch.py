@@ -163,7 +163,7 @@ def _tail(path: Path, lines: int = 20) -> str:
 
 
 def job_arguments(
-    nproc_per_node: int = 1, nnodes: int = 1, rdzv_endpoint: str | None = None, node_rank: int = 0
+    nproc_per_node: int = 1, nnodes: int = 1, rdzv_endpoint: str | None = None
 ) -> list[str]:
     """The trainer's torchrun options for a job shape ([] for one process on one node).
 
@@ -178,7 +178,8 @@ def job_arguments(
         host, _, port = (rdzv_endpoint or "").rpartition(":")
         if not host or not port.isdigit():
             raise ValueError("rendezvous endpoint: HOST:PORT of node 0, reachable by every node")
-        arguments += ["--nnodes", str(nnodes), "--node-rank", str(node_rank)]
+        # node 0's command; other_node_command gives each other node its own rank
+        arguments += ["--nnodes", str(nnodes), "--node-rank", "0"]
         arguments += ["--rdzv-endpoint", str(rdzv_endpoint)]
     return arguments
 
