@@ -6,7 +6,9 @@ The rule:
 - else a shared token from ``PIPELINE_DOCTOR_TOKEN`` (at least 16 characters), typed once
   per browser session and compared in constant time;
 - else, bound to a loopback address only: open, as a local tool (the default of
-  scripts/app.sh);
+  scripts/app.sh), to sessions that really come from this machine: a request that carries
+  a proxy's forwarding header or a non-loopback client address is refused (a reverse proxy
+  on the same machine must not hand the open tool to everyone);
 - else, on any other address: refused, unless ``PIPELINE_DOCTOR_ALLOW_ANONYMOUS=1``, which
   serves read-only (no Launch, no Cancel) with a warning in the log.
 """
@@ -123,6 +125,42 @@ def decide(
         f"refusing to serve on {where} without authentication: set {TOKEN_ENV} (a shared "
         "token), configure [auth] in .streamlit/secrets.toml (OpenID Connect), bind to "
         f"127.0.0.1, or set {ALLOW_ANONYMOUS_ENV}=1 to serve read-only without it",
+    )
+
+
+# Headers a reverse proxy adds (RFC 7239 and the common de-facto ones): their presence means
+# the browser is on another machine even though the connection comes from loopback.
+FORWARDING_HEADERS = ("forwarded", "x-forwarded-for", "x-forwarded-host", "x-real-ip")
+
+
+def forwarded_by(headers: Mapping[str, str] | None, client_ip: str | None) -> str | None:
+    """Why this request is not from this machine (a forwarding header, a client address
+    that is not loopback), or None when it is. The local tool's openness rests on the
+    loopback bind; a proxy on the same machine would otherwise hand it to anyone."""
+    lowered = {str(k).lower() for k in (headers or {})}
+    for header in FORWARDING_HEADERS:
+        if header in lowered:
+            return f"the request came through a proxy (it carries {header.title()})"
+    if client_ip and not is_loopback(client_ip):
+        return f"the request came from {client_ip}, another machine"
+    return None
+
+
+def for_session(
+    decision: Access, headers: Mapping[str, str] | None, client_ip: str | None
+) -> Access:
+    """The server-wide decision applied to one browser session: the open local tool is
+    refused to a session that reached it through a proxy or from another machine."""
+    if decision.mode != "local":
+        return decision
+    why = forwarded_by(headers, client_ip)
+    if why is None:
+        return decision
+    return Access(
+        "refused",
+        f"This server has no sign-in and is meant for this machine only, but {why}. "
+        f"Set {TOKEN_ENV} (a shared token) or [auth] in .streamlit/secrets.toml "
+        "(OpenID Connect) to serve it behind a proxy.",
     )
 
 

@@ -31,7 +31,24 @@ def _secrets() -> Mapping[str, Any] | None:
 
 
 def current() -> access.Access:
-    return access.decide(st.get_option("server.address"), os.environ, _secrets())
+    """The access rule for this browser session (the server's, then this request's)."""
+    server_wide = access.decide(st.get_option("server.address"), os.environ, _secrets())
+    return access.for_session(server_wide, _request_headers(), _client_ip())
+
+
+def _request_headers() -> Mapping[str, str]:
+    try:
+        return dict(st.context.headers)
+    except Exception:  # no request behind this script run (AppTest, a bare script)
+        return {}
+
+
+def _client_ip() -> str | None:
+    try:
+        address = st.context.ip_address
+    except Exception:
+        return None
+    return address if isinstance(address, str) else None  # AppTest has no real client
 
 
 def _oidc_logged_in() -> bool:

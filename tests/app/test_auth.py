@@ -59,6 +59,31 @@ def test_who_may_use_the_app(address, environ, secrets, mode):
     assert access.decide(address, environ, secrets).mode == mode
 
 
+@pytest.mark.parametrize(
+    ("headers", "client_ip", "mode"),
+    [
+        ({}, "127.0.0.1", "local"),
+        ({"Host": "127.0.0.1:8501"}, "::1", "local"),
+        ({}, None, "local"),  # no request behind the run (a script): the bind decides
+        ({"X-Forwarded-For": "203.0.113.7"}, "127.0.0.1", "refused"),  # nginx on the box
+        ({"forwarded": "for=203.0.113.7"}, "127.0.0.1", "refused"),
+        ({"X-Real-IP": "203.0.113.7"}, "127.0.0.1", "refused"),
+        ({}, "10.0.0.9", "refused"),  # a port forward from another machine
+    ],
+)
+def test_the_local_tool_is_only_for_sessions_from_this_machine(headers, client_ip, mode):
+    decided = access.for_session(access.decide("127.0.0.1", {}), headers, client_ip)
+    assert decided.mode == mode
+    if mode == "refused":
+        assert access.TOKEN_ENV in decided.message and "\n" not in decided.message
+
+
+def test_a_proxied_session_keeps_the_sign_in_it_was_given():
+    # with a token or OIDC the proxy is fine: the session still has to sign in
+    token = access.decide("127.0.0.1", {access.TOKEN_ENV: TOKEN})
+    assert access.for_session(token, {"X-Forwarded-For": "203.0.113.7"}, "127.0.0.1") is token
+
+
 def test_token_comparison():
     assert access.token_matches(TOKEN, TOKEN)
     assert not access.token_matches(TOKEN[:-1], TOKEN)
@@ -298,3 +323,26 @@ def test_serve_with_the_anonymous_opt_in_warns_and_serves(tmp_path):
         process.terminate()
         _, stderr = process.communicate(timeout=30)
     assert "WARNING: serving on 0.0.0.0 WITHOUT authentication" in stderr
+
+
+def test_in_chromium_a_proxied_request_to_the_local_tool_sees_no_run(app_server, browser):
+    """The open local tool behind a reverse proxy on the same machine: the connection comes
+    from loopback, but the proxy's header says the browser is elsewhere."""
+    writer = RunWriter.create(
+        app_server.runs_dir, {"scenario": "healthy"}, {}, run_id="run-visible-locally"
+    )
+    writer.finalise("completed")
+    direct = browser.new_context()
+    proxied = browser.new_context(extra_http_headers={"X-Forwarded-For": "203.0.113.7"})
+    try:
+        page = direct.new_page()
+        page.goto(f"{app_server.url}/Runs")
+        # the table is drawn on a canvas; its accessible cells carry the text
+        page.get_by_text("run-visible-locally").first.wait_for(state="attached", timeout=60_000)
+        page = proxied.new_page()
+        page.goto(f"{app_server.url}/Runs")
+        page.get_by_text("came through a proxy").wait_for(timeout=60_000)
+        assert "run-visible-locally" not in page.content()
+    finally:
+        direct.close()
+        proxied.close()
