@@ -182,10 +182,67 @@ def load(path: Path, device: torch.device | str = "cpu") -> dict[str, Any]:
         raise CheckpointError(
             f"{path.name}: checkpoint format {found!r}, this trainer reads {CHECKPOINT_FORMAT}"
         )
-    missing = {"position", "model", "optimizer", "scaler", "rng"} - set(state)
+    missing = set(_FIELD_CHECKS) - set(state)
     if missing:
         raise CheckpointError(f"{path.name}: missing {', '.join(sorted(missing))}")
+    for field, (ok, expected) in _FIELD_CHECKS.items():
+        if not ok(state[field]):
+            found = type(state[field]).__name__
+            raise CheckpointError(f"{path.name}: {field} is {found}, expected {expected}")
     return state
+
+
+def _position_ok(value: Any) -> bool:
+    from trainer.loop import Position
+
+    fields = vars(Position())
+    return (
+        isinstance(value, dict)
+        and set(value) == set(fields)
+        and all(type(value[k]) is type(default) for k, default in fields.items())
+    )
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+# What apply() reads, checked on load: a file that passes is applied whole or not at all
+# (a partly applied state would leave a model no checkpoint describes).
+_FIELD_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "position": (_position_ok, "the training position's fields"),
+    "model": (lambda v: isinstance(v, dict), "a state dict"),
+    "optimizer": (lambda v: isinstance(v, dict) and "param_groups" in v, "a state dict"),
+    "scaler": (lambda v: isinstance(v, dict), "a state dict"),
+    "rng": (lambda v: isinstance(v, dict), "the RNG states"),
+    "total_loss": (_number, "a number"),
+    "nonfinite_steps": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an int"),
+    "first_nonfinite_step": (lambda v: v is None or isinstance(v, int), "an int or None"),
+    "evaluations": (lambda v: isinstance(v, list), "a list"),
+}
+
+
+def check_fits(trainer: Trainer, state: dict[str, Any]) -> str | None:
+    """Why ``state`` cannot be applied to ``trainer``'s model and optimiser (a tensor of
+    another shape, a missing or extra parameter, another number of parameter groups), or
+    None when it can."""
+    own = trainer.model.state_dict()
+    theirs = state["model"]
+    if set(own) != set(theirs):
+        differing = sorted(set(own) ^ set(theirs))
+        return f"model parameters differ ({', '.join(differing[:3])}...)"
+    for key, tensor in own.items():
+        other = theirs[key]
+        if not isinstance(other, torch.Tensor) or other.shape != tensor.shape:
+            shape = tuple(other.shape) if isinstance(other, torch.Tensor) else type(other).__name__
+            return f"model parameter {key} is {shape}, the model's is {tuple(tensor.shape)}"
+    groups = trainer.optimizer.state_dict()["param_groups"]
+    saved = state["optimizer"]["param_groups"]
+    if not isinstance(saved, list) or [
+        len(g.get("params", ())) for g in saved if isinstance(g, dict)
+    ] != [len(g["params"]) for g in groups]:
+        return "optimizer parameter groups differ from the model's"
+    return None
 
 
 def apply(trainer: Trainer, state: dict[str, Any], name: str) -> None:
@@ -223,13 +280,20 @@ def set_aside(path: Path) -> Path:
 
 
 def load_latest_intact(
-    run_dir: Path, device: torch.device | str, note: Callable[[str], None] | None = None
+    run_dir: Path,
+    device: torch.device | str,
+    note: Callable[[str], None] | None = None,
+    fits: Callable[[dict[str, Any]], str | None] | None = None,
 ) -> Restored:
-    """The newest checkpoint that loads; each newer one that does not is set aside."""
+    """The newest checkpoint that loads (and, given ``fits``, that fits the model: ``fits``
+    says why not, or None); each newer one that does not is set aside."""
     problems: list[str] = []
     for path in reversed(checkpoints(run_dir)):
         try:
             state = load(path, device)
+            misfit = fits(state) if fits is not None else None
+            if misfit is not None:
+                raise CheckpointError(f"{path.name}: {misfit}")
         except CheckpointError as exc:
             set_aside(path)
             problems.append(str(exc))

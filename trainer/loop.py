@@ -207,7 +207,12 @@ class Trainer:
 
     def restore_latest_checkpoint(self) -> None:
         """Continues from the newest intact checkpoint; unusable newer ones are set aside."""
-        restored = checkpoint.load_latest_intact(self.run_dir, self.device, self.writer.add_note)
+        restored = checkpoint.load_latest_intact(
+            self.run_dir,
+            self.device,
+            self.writer.add_note,
+            fits=lambda state: checkpoint.check_fits(self, state),
+        )
         if restored.set_aside:
             where = restored.path.name if restored.path else "the start (no intact checkpoint)"
             self.resume_note = f"resumed from {where}; set aside as unreadable: " + "; ".join(

@@ -72,9 +72,13 @@ def _state(step: int) -> dict:
         "format": checkpoint.CHECKPOINT_FORMAT,
         "position": {"step": step, "phase": "finetune", "epoch": 0, "batch_in_epoch": step},
         "model": {"w": torch.full((2,), float(step))},
-        "optimizer": {},
+        "optimizer": {"state": {}, "param_groups": []},
         "scaler": {},
         "rng": checkpoint.capture_rng(cuda=False),
+        "total_loss": 1.5,
+        "nonfinite_steps": 0,
+        "first_nonfinite_step": None,
+        "evaluations": [],
     }
 
 
@@ -133,3 +137,43 @@ def test_resume_with_a_crafted_checkpoint_refuses_it_and_runs_no_code(tmp_path):
     notes = json.loads((writer.path / "run.json").read_text())["notes"]
     assert any(note.startswith("checkpoint step_00000001.pt: not loadable") for note in notes)
     assert "set aside as step_00000001.pt.corrupt" in run.log_tail()
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"total_loss": "1.5"}, "total_loss is str, expected a number"),
+        ({"position": {"step": 8}}, "position is dict, expected the training position's fields"),
+        ({"evaluations": None}, "evaluations is NoneType, expected a list"),
+        ({"optimizer": {"state": {}}}, "optimizer is dict, expected a state dict"),
+    ],
+)
+def test_a_newest_checkpoint_whose_fields_cannot_apply_is_set_aside(tmp_path, change, problem):
+    (tmp_path / "checkpoints").mkdir()
+    torch.save(_state(4), checkpoint.checkpoint_path(tmp_path, 4))
+    torch.save({**_state(8), **change}, checkpoint.checkpoint_path(tmp_path, 8))
+    notes: list[str] = []
+    restored = checkpoint.load_latest_intact(tmp_path, "cpu", notes.append)
+    assert restored.state["position"]["step"] == 4
+    assert restored.set_aside == (f"step_00000008.pt: {problem}",)
+
+
+def test_a_checkpoint_that_does_not_fit_the_model_is_set_aside():
+    """check_fits against a real model and optimiser: what load_state_dict would refuse
+    half-way through (it copies the matching tensors before it raises)."""
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
+    trainer = type("T", (), {"model": model, "optimizer": torch.optim.SGD(model.parameters())})
+    good = {"model": model.state_dict(), "optimizer": trainer.optimizer.state_dict()}
+    assert checkpoint.check_fits(trainer, good) is None
+    wide = {**good, "model": {**good["model"], "0.weight": torch.zeros(4, 3)}}
+    assert (
+        checkpoint.check_fits(trainer, wide)
+        == "model parameter 0.weight is (4, 3), the model's is (2, 3)"
+    )
+    fewer = {**good, "model": {k: v for k, v in good["model"].items() if k != "1.bias"}}
+    assert checkpoint.check_fits(trainer, fewer).startswith("model parameters differ (1.bias")
+    groups = {**good, "optimizer": {"state": {}, "param_groups": [{"params": [0, 1]}]}}
+    assert (
+        checkpoint.check_fits(trainer, groups)
+        == "optimizer parameter groups differ from the model's"
+    )

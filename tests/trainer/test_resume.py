@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from diagnostics.runs import RunFolder
 from tests.conftest import REPO_ROOT, run_trainer_cli
@@ -180,6 +181,14 @@ def test_a_preempted_run_with_a_torn_newest_checkpoint_resumes_from_the_one_befo
     marker = runs["dir"] / "pwned"
     crafted = run_dir / "checkpoints" / "step_99999999.pt"
     crafted.write_bytes(pickle.dumps(_Payload(marker), protocol=2))
+    # two that load but cannot be applied: a field apply() reads is gone, a tensor has
+    # another shape (applied, either would fail the run or leave a half-restored model)
+    state = torch.load(intact, weights_only=True)
+    without_loss = {k: v for k, v in state.items() if k != "total_loss"}
+    torch.save(without_loss, run_dir / "checkpoints" / "step_99999990.pt")
+    name, tensor = next(iter(state["model"].items()))
+    misshaped = {**state, "model": {**state["model"], name: tensor.reshape(-1)[:-1]}}
+    torch.save(misshaped, run_dir / "checkpoints" / "step_99999991.pt")
     result = run_trainer_cli(["resume", str(run_dir)], timeout_s=240)
     assert result.returncode == 0, result.stderr[-3000:]
     assert not marker.exists()
@@ -190,8 +199,13 @@ def test_a_preempted_run_with_a_torn_newest_checkpoint_resumes_from_the_one_befo
     assert f"resumed from {intact.name} at step 4" in run.log_tail()
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir() if "corrupt" in p.name) == [
         f"{newest.name}.corrupt",
+        "step_99999990.pt.corrupt",
+        "step_99999991.pt.corrupt",
         "step_99999999.pt.corrupt",
     ]
+    notes = json.loads((run_dir / "run.json").read_text())["notes"]
+    assert any("step_99999990.pt: missing total_loss" in note for note in notes), notes
+    assert any(f"step_99999991.pt: model parameter {name} is" in note for note in notes), notes
     assert _losses(run) == _losses(runs["reference"])
 
 
