@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from tests.app.conftest import AppServer, screenshot, serving
+from tests.app.conftest import SCREENSHOTS, AppServer, screenshot, serving
 from tests.app.test_e2e import goto, wait_idle
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -56,16 +56,25 @@ def walk_views(page, prefix: str, tmp_path: Path) -> dict:
     """Opens every drill-down tab, checks it drew, saves a screenshot; returns the export."""
     page.get_by_role("heading", name="Drill down").scroll_into_view_if_needed()
     shots = {}
+    draw_s = {}
     for name in TABS:
+        started = time.monotonic()
         open_tab(page, name)
         panel = tab_panel(page)
         if name in ("Overview", "Memory", "Timeline"):
             expect(panel.locator(".js-plotly-plot").first).to_be_visible()
         if name in ("Operators", "Kernels"):
             expect(panel.locator('[data-testid="stDataFrame"]').first).to_be_visible()
+        if name == "Export":
+            expect(panel.get_by_role("button", name=re.compile("Download step"))).to_be_visible()
+        # from the click to the tab's chart or table on screen, the app idle again
+        draw_s[name] = round(time.monotonic() - started, 2)
         panel.scroll_into_view_if_needed()
         shots[name] = screenshot(page, f"views-{prefix}-{name.lower()}", full_page=False)
     assert all(path.exists() for path in shots.values())
+    # the figures docs/VIEWS.md quotes (wall time in this browser, on this machine)
+    print(f"{prefix}: draw time per tab (s): {draw_s}")
+    (SCREENSHOTS.parent / f"view-draw-times-{prefix}.json").write_text(json.dumps(draw_s))
     # Export: the step's slice downloads as Chrome-trace JSON
     open_tab(page, "Export")
     expect(page.get_by_text("ui.perfetto.dev").first).to_be_visible()
