@@ -1,0 +1,134 @@
+"""A trace's event table kept on disk, read one step's window at a time.
+
+An uploaded trace's drill-down lives in the server for as long as the browser session
+looks at it. Its tables (operators, kernels, memory, steps) are small; the event table is
+not (~0.2 KB per event, so ~1 GB at the default 5 million-event budget). So the analysis
+child writes each trace's events and flows to Arrow IPC files, sorted by ``ts`` and cut
+into record batches of ``BATCH_ROWS``, with each batch's first start and last end. The
+server then reads only the batches that overlap the chosen step (Arrow's random access to
+a batch, no memory map): its memory is the small tables plus one step.
+
+``pl.scan_ipc(...).filter(...)`` would be the obvious reader, but polars 2.1 maps and
+touches the whole file for it (a 35 MiB table added 46 MiB to the reader's RSS for a
+5% window), which is what this module avoids.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from diagnostics.errors import InputError
+from diagnostics.trace.schema import LoadedTrace, TraceMetadata
+
+# Rows per record batch: ~3 MB of events, so a step's read overshoots by a few MB at most.
+BATCH_ROWS = 16_384
+_ROW = "_row"
+
+
+@dataclass(frozen=True)
+class _Batches:
+    path: str
+    starts_us: tuple[float, ...]  # per batch: the smallest ts
+    ends_us: tuple[float, ...]  # per batch: the largest ts + dur
+
+
+def _write(frame: pl.DataFrame, path: Path) -> _Batches:
+    # sorted for the batch bounds; _row restores the loader's order on the way back, so a
+    # step's views see exactly the rows, in the order, that the in-memory trace gives them
+    frame = frame.with_row_index(_ROW).sort("ts", maintain_order=True)
+    end = pl.col("ts") + (pl.col("dur").fill_null(0.0) if "dur" in frame.columns else 0.0)
+    starts, ends = [], []
+    table = frame.to_arrow()
+    with pa.OSFile(str(path), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
+        for offset in range(0, frame.height, BATCH_ROWS):
+            part = frame.slice(offset, BATCH_ROWS)
+            bounds = part.select(pl.col("ts").min().alias("s"), end.max().alias("e")).row(0)
+            starts.append(float(bounds[0]) if bounds[0] is not None else float("inf"))
+            ends.append(float(bounds[1]) if bounds[1] is not None else float("-inf"))
+            for batch in table.slice(offset, BATCH_ROWS).to_batches():
+                writer.write_batch(batch)
+    return _Batches(str(path), tuple(starts), tuple(ends))
+
+
+def _read(
+    batches: _Batches, empty: pl.DataFrame, start_us: float, end_us: float, label: str
+) -> pl.DataFrame:
+    wanted = [
+        i
+        for i, (s, e) in enumerate(zip(batches.starts_us, batches.ends_us, strict=True))
+        if s <= end_us and e >= start_us
+    ]
+    if not wanted:
+        return empty.with_row_index(_ROW)
+    try:
+        with pa.OSFile(batches.path, "rb") as source:
+            reader = ipc.open_file(source)
+            table = pa.Table.from_batches([reader.get_batch(i) for i in wanted])
+    except (OSError, pa.ArrowInvalid):
+        raise InputError(
+            label,
+            "this upload's step data is no longer on the server (uploads are kept for a "
+            "while, then removed); upload the trace again",
+        ) from None
+    frame = pl.from_arrow(table)
+    assert isinstance(frame, pl.DataFrame)
+    return frame.cast(dict(empty.schema))
+
+
+@dataclass(frozen=True)
+class StoredTrace:
+    """Stands in for a LoadedTrace whose events and flows are in IPC files."""
+
+    metadata: TraceMetadata
+    events: _Batches
+    flows: _Batches
+    event_schema: dict[str, pl.DataType]
+    flow_schema: dict[str, pl.DataType]
+
+    @property
+    def rank(self) -> int:
+        return self.metadata.rank
+
+    def window(self, start_us: float, end_us: float, label: str = "") -> LoadedTrace:
+        """The events and flows that overlap [start_us, end_us] (a superset: whole batches
+        filtered to the window, as the drill-down's views filter again)."""
+        end = pl.col("ts") + pl.col("dur").fill_null(0.0)
+        where = label or os.path.basename(self.metadata.path)
+        events = _read(
+            self.events, pl.DataFrame(schema=self.event_schema), start_us, end_us, where
+        ).filter((pl.col("ts") <= end_us) & (end >= start_us))
+        flows = _read(
+            self.flows, pl.DataFrame(schema=self.flow_schema), start_us, end_us, where
+        ).filter(pl.col("ts").is_between(start_us, end_us))
+        events = events.sort(_ROW).drop(_ROW)
+        flows = flows.sort(_ROW).drop(_ROW)
+        return LoadedTrace(events=events, metadata=self.metadata, flows=flows)
+
+
+def store_trace(trace: LoadedTrace, folder: Path, stem: str) -> StoredTrace:
+    """Writes the trace's events and flows under ``folder`` as ``<stem>.events.arrow`` and
+    ``<stem>.flows.arrow``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return StoredTrace(
+        metadata=trace.metadata,
+        events=_write(trace.events, folder / f"{stem}.events.arrow"),
+        flows=_write(trace.flows, folder / f"{stem}.flows.arrow"),
+        event_schema=dict(trace.events.schema),
+        flow_schema=dict(trace.flows.schema),
+    )
+
+
+def window(
+    trace: LoadedTrace | StoredTrace, start_us: float, end_us: float, label: str = ""
+) -> LoadedTrace:
+    """The part of either kind of trace that a step's views read (an in-memory trace is
+    handed over whole: the views filter it themselves)."""
+    if isinstance(trace, StoredTrace):
+        return trace.window(start_us, end_us, label)
+    return trace
