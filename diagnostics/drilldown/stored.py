@@ -3,14 +3,16 @@
 An uploaded trace's drill-down lives in the server for as long as the browser session
 looks at it. Its tables (operators, kernels, memory, steps) are small; the event table is
 not (~0.2 KB per event, so ~1 GB at the default 5 million-event budget). So the analysis
-child writes each trace's events and flows to Arrow IPC files, sorted by ``ts`` and cut
-into record batches of ``BATCH_ROWS``, with each batch's first start and last end. The
-server then reads only the batches that overlap the chosen step (Arrow's random access to
-a batch, no memory map): its memory is the small tables plus one step.
+child writes each trace's events and flows as Arrow IPC files, sorted by ``ts`` and cut
+into parts of ``BATCH_ROWS`` (one file each), with each part's first start and last end.
+The server then reads only the parts that overlap the chosen step: its
+memory is the small tables plus one step.
 
-``pl.scan_ipc(...).filter(...)`` would be the obvious reader, but polars 2.1 maps and
-touches the whole file for it (a 35 MiB table added 46 MiB to the reader's RSS for a
-5% window), which is what this module avoids.
+``pl.scan_ipc(...).filter(...)`` on one file would be the obvious reader, but polars 2.1
+maps and touches the whole file for it (a 35 MiB table added 46 MiB to the reader's RSS
+for a 5% window), and polars writes one record batch per file, so Arrow's random access
+to batches would need pyarrow in the child, whose numpy/OpenBLAS start-up alone fails
+under a small address-space limit. One file per part avoids both.
 """
 
 from __future__ import annotations
@@ -20,40 +22,37 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
-import pyarrow as pa
-import pyarrow.ipc as ipc
 
 from diagnostics.errors import InputError
 from diagnostics.trace.schema import LoadedTrace, TraceMetadata
 
-# Rows per record batch: ~3 MB of events, so a step's read overshoots by a few MB at most.
-BATCH_ROWS = 16_384
+# Rows per part: ~2 MB of events, so a step's read overshoots by a few MB at most, and the
+# default 5 million-event budget makes ~600 small files.
+BATCH_ROWS = 8_192
 _ROW = "_row"
 
 
 @dataclass(frozen=True)
 class _Batches:
-    path: str
+    folder: str  # part i is <folder>/<i>.arrow
     starts_us: tuple[float, ...]  # per batch: the smallest ts
     ends_us: tuple[float, ...]  # per batch: the largest ts + dur
 
 
-def _write(frame: pl.DataFrame, path: Path) -> _Batches:
-    # sorted for the batch bounds; _row restores the loader's order on the way back, so a
+def _write(frame: pl.DataFrame, folder: Path) -> _Batches:
+    # sorted for the parts' bounds; _row restores the loader's order on the way back, so a
     # step's views see exactly the rows, in the order, that the in-memory trace gives them
     frame = frame.with_row_index(_ROW).sort("ts", maintain_order=True)
     end = pl.col("ts") + (pl.col("dur").fill_null(0.0) if "dur" in frame.columns else 0.0)
+    folder.mkdir(parents=True, exist_ok=True)
     starts, ends = [], []
-    table = frame.to_arrow()
-    with pa.OSFile(str(path), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
-        for offset in range(0, frame.height, BATCH_ROWS):
-            part = frame.slice(offset, BATCH_ROWS)
-            bounds = part.select(pl.col("ts").min().alias("s"), end.max().alias("e")).row(0)
-            starts.append(float(bounds[0]) if bounds[0] is not None else float("inf"))
-            ends.append(float(bounds[1]) if bounds[1] is not None else float("-inf"))
-            for batch in table.slice(offset, BATCH_ROWS).to_batches():
-                writer.write_batch(batch)
-    return _Batches(str(path), tuple(starts), tuple(ends))
+    for n, offset in enumerate(range(0, frame.height, BATCH_ROWS)):
+        part = frame.slice(offset, BATCH_ROWS)
+        bounds = part.select(pl.col("ts").min().alias("s"), end.max().alias("e")).row(0)
+        starts.append(float(bounds[0]) if bounds[0] is not None else float("inf"))
+        ends.append(float(bounds[1]) if bounds[1] is not None else float("-inf"))
+        part.write_ipc(folder / f"{n}.arrow")
+    return _Batches(str(folder), tuple(starts), tuple(ends))
 
 
 def _read(
@@ -67,18 +66,14 @@ def _read(
     if not wanted:
         return empty.with_row_index(_ROW)
     try:
-        with pa.OSFile(batches.path, "rb") as source:
-            reader = ipc.open_file(source)
-            table = pa.Table.from_batches([reader.get_batch(i) for i in wanted])
-    except (OSError, pa.ArrowInvalid):
+        parts = [pl.read_ipc(Path(batches.folder) / f"{i}.arrow") for i in wanted]
+    except OSError:
         raise InputError(
             label,
             "this upload's step data is no longer on the server (uploads are kept for a "
             "while, then removed); upload the trace again",
         ) from None
-    frame = pl.from_arrow(table)
-    assert isinstance(frame, pl.DataFrame)
-    return frame.cast(dict(empty.schema))
+    return pl.concat(parts).cast(dict(empty.schema))
 
 
 @dataclass(frozen=True)
@@ -112,13 +107,13 @@ class StoredTrace:
 
 
 def store_trace(trace: LoadedTrace, folder: Path, stem: str) -> StoredTrace:
-    """Writes the trace's events and flows under ``folder`` as ``<stem>.events.arrow`` and
-    ``<stem>.flows.arrow``."""
+    """Writes the trace's events and flows under ``folder``, in ``<stem>.events/`` and
+    ``<stem>.flows/``."""
     folder.mkdir(parents=True, exist_ok=True)
     return StoredTrace(
         metadata=trace.metadata,
-        events=_write(trace.events, folder / f"{stem}.events.arrow"),
-        flows=_write(trace.flows, folder / f"{stem}.flows.arrow"),
+        events=_write(trace.events, folder / f"{stem}.events"),
+        flows=_write(trace.flows, folder / f"{stem}.flows"),
         event_schema=dict(trace.events.schema),
         flow_schema=dict(trace.flows.schema),
     )
