@@ -13,7 +13,9 @@ from collections.abc import Sequence
 import streamlit as st
 
 from app_ui.render import PLOTLY_CONFIG
+from app_ui.safe_text import md_text
 from diagnostics.drilldown import PERFETTO_STEPS, DrillDown, search
+from diagnostics.errors import InputError
 from diagnostics.report import drill_plots, plots
 
 TABS = ("Overview", "Operators", "Kernels", "Memory", "Timeline", "Export")
@@ -77,7 +79,12 @@ def _timeline(drill: DrillDown, key_prefix: str) -> None:
     step = _step_choice(drill, key_prefix, "timeline")
     if step is None:
         return
-    figure = drill_plots.timeline_figure(drill.timeline(step))
+    try:  # an upload's steps are read from its step folder, which may have been pruned
+        timeline = drill.timeline(step)
+    except InputError as exc:
+        st.error(md_text(str(exc)), icon=":material/error:")
+        return
+    figure = drill_plots.timeline_figure(timeline)
     st.plotly_chart(figure, config=PLOTLY_CONFIG, key=f"{key_prefix}-timeline")
     st.caption(
         "Events closer than a pixel are drawn as one bar (hover for how many and the "

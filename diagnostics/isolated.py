@@ -9,7 +9,9 @@ Whatever ends the child (a refusal, a MemoryError, an abort, a kill, the timeout
 parent raises one :class:`~diagnostics.errors.InputError` line naming the limit, and
 carries on.
 
-The child hands its AnalysisResult back as a pickle in a private temporary folder: the
+For an upload (:func:`analyze_upload_isolated`) the child also identifies each file and
+builds its drill-down, writing each event table to the upload's step folder, so the server
+never loads a trace. The child hands its AnalysisResult (or UploadSet) back as a pickle in a private temporary folder: the
 child is our own code, the data it read is already reduced to the result, and the result's
 size is bounded by the input budgets (diagnostics.trace.budget).
 """
@@ -28,13 +30,14 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from diagnostics.errors import InputError
 from diagnostics.trace.budget import Limits, human_bytes
 
 if TYPE_CHECKING:
     from diagnostics.result import AnalysisResult
+    from diagnostics.upload_analysis import Mode, UploadSet
 
 # Address space, not resident memory: polars' thread pool reserves ~1 GB of address space
 # it never touches (216k events: 1.4 GB VmPeak for 238 MB RSS). 8 GiB holds the largest
@@ -137,6 +140,29 @@ def analyze_files_isolated(
         "display_names": names,
     }
     return _isolated(request, source, limits, child)
+
+
+def analyze_upload_isolated(
+    paths: Sequence[str | os.PathLike[str]],
+    *,
+    display_names: Sequence[str],
+    mode: Mode | None,
+    store: str | os.PathLike[str],
+    limits: Limits | None = None,
+    child: ChildLimits | None = None,
+) -> UploadSet:
+    """``diagnostics.upload_analysis.analyse_upload_files`` in the bounded child: every
+    trace of an upload is loaded there, never in the server, which gets back the identities,
+    the analysis and drill-down tables whose event tables are in ``store``. Errors as for
+    :func:`analyze_files_isolated`."""
+    names = [str(n) for n in display_names]
+    request = {
+        "paths": [str(Path(p).resolve()) for p in paths],
+        "display_names": names,
+        "upload": {"mode": mode, "store": str(Path(store).resolve())},
+    }
+    source = names[0] if len(names) == 1 else ", ".join(names)
+    return cast("UploadSet", _isolated(request, source, limits, child))
 
 
 def analyze_isolated(
@@ -267,7 +293,17 @@ def child_main(request_path: str) -> int:
             "max_decompressed_bytes": int(request["max_decompressed_bytes"]),
             "max_events": int(request["max_events"]),
         }
-        if "paths" in request:
+        if "upload" in request:
+            from diagnostics.upload_analysis import analyse_upload_files
+
+            result = analyse_upload_files(
+                request["paths"],
+                display_names=request["display_names"],
+                mode=request["upload"]["mode"],
+                store=request["upload"]["store"],
+                limits=Limits(**budgets),
+            )
+        elif "paths" in request:
             result = analyze_files(
                 request["paths"], display_names=request["display_names"], **budgets
             )

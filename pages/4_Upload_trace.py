@@ -16,8 +16,8 @@ from app_ui import uploads as uploads_ui
 from app_ui.safe_text import md_code, md_text
 from diagnostics import views
 from diagnostics.errors import InputError
-from diagnostics.isolated import analyze_files_isolated
-from diagnostics.views.upload_set import ACCEPTED_EXTENSIONS, analyse_upload_set
+from diagnostics.isolated import analyze_upload_isolated
+from diagnostics.views.upload_set import ACCEPTED_EXTENSIONS, analyse_upload_set, release
 
 session.setup_page("Upload trace", ":material/upload_file:")
 st.title(":material/upload_file: Upload a trace")
@@ -41,6 +41,8 @@ uploads = st.file_uploader(
     "as the ranks of one job.",
 )
 if not uploads:
+    if st.session_state["upload_analysis"] is not None:  # its step folder goes with it
+        release(st.session_state["upload_analysis"][1])
     st.session_state["upload_analysis"] = None
     st.session_state["saved_upload_dir"] = None
     st.info(
@@ -55,9 +57,11 @@ answer = st.session_state["upload_mode"]
 mode = answer[1] if answer and answer[0] == key else None
 cached = st.session_state["upload_analysis"]
 if cached is None or cached[0] != (key, mode):
+    if cached is not None:  # replaced: its step folder goes with it
+        release(cached[1])
     with st.spinner(f"Analysing {len(files)} trace file{'s' if len(files) > 1 else ''}…"):
         try:
-            cached = ((key, mode), analyse_upload_set(files, analyze_files_isolated, mode), None)
+            cached = ((key, mode), analyse_upload_set(files, analyze_upload_isolated, mode), None)
         except InputError as exc:
             cached = ((key, mode), None, str(exc))
     st.session_state["upload_analysis"] = cached

@@ -2,14 +2,17 @@
 Timeline, Export (what torch-tb-profiler's views showed), as pure polars tables.
 
 ``build_drilldown(trace)`` computes every table once from the loader's event table;
-``DrillDown.timeline(step)`` and ``DrillDown.step_export(step)`` work on one step when asked.
+``DrillDown.timeline(step)`` and ``DrillDown.step_export(step)`` work on one step when asked,
+from the trace in memory (run folders) or from its event table on disk (uploads:
+``DrillDown.stored`` and diagnostics.drilldown.stored), reading only that step's window.
 Figures are drawn by diagnostics.report.drill_plots; pages only lay them out.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import polars as pl
 
@@ -23,6 +26,7 @@ from diagnostics.drilldown.memory import (
 )
 from diagnostics.drilldown.operators import operator_view, search
 from diagnostics.drilldown.overview import step_breakdown_table
+from diagnostics.drilldown.stored import StoredTrace, store_trace, window
 from diagnostics.drilldown.timeline import Timeline, step_timeline, step_window
 from diagnostics.facts.breakdown import step_breakdown
 from diagnostics.facts.linking import build_index
@@ -34,6 +38,7 @@ from diagnostics.trace.schema import LoadedTrace
 __all__ = [
     "PERFETTO_STEPS",
     "DrillDown",
+    "StoredTrace",
     "Timeline",
     "build_drilldown",
     "drilldowns_of",
@@ -45,7 +50,7 @@ __all__ = [
 @dataclass(frozen=True)
 class DrillDown:
     label: str  # "rank 3 · file.json.gz": which trace this is
-    trace: LoadedTrace
+    trace: LoadedTrace | StoredTrace  # in memory, or on disk and read one step at a time
     steps: pl.DataFrame  # step, start_us, end_us, dur_us, host_start_us, host_end_us
     breakdown: pl.DataFrame  # facts.breakdown per step (for the per-step bars)
     overview: pl.DataFrame  # category, mean_ms, pct
@@ -66,14 +71,24 @@ class DrillDown:
     def step_ids(self) -> list[int]:
         return [int(s) for s in self.steps["step"].to_list()]
 
+    def _step(self, step: int) -> tuple[LoadedTrace, float, float]:
+        start_us, end_us = step_window(self.steps, step)
+        return window(self.trace, start_us, end_us, self.label), start_us, end_us
+
     def timeline(self, step: int) -> Timeline:
-        return step_timeline(
-            self.trace.events, self.steps, step, thread_names=self.trace.metadata.thread_names
-        )
+        part, _, _ = self._step(step)
+        return step_timeline(part.events, self.steps, step, thread_names=part.metadata.thread_names)
 
     def step_export(self, step: int) -> bytes:
-        start_us, end_us = step_window(self.steps, step)
-        return step_slice_json(self.trace, start_us, end_us)
+        part, start_us, end_us = self._step(step)
+        return step_slice_json(part, start_us, end_us)
+
+    def stored(self, folder: Path, stem: str) -> DrillDown:
+        """This drill-down with its event table written under ``folder`` (see
+        diagnostics.drilldown.stored): what an upload's drill-down keeps in the server."""
+        if isinstance(self.trace, StoredTrace):
+            return self
+        return replace(self, trace=store_trace(self.trace, folder, stem))
 
 
 def build_drilldown(trace: LoadedTrace, label: str | None = None) -> DrillDown:

@@ -8,8 +8,10 @@ An archive is untrusted input, so unpacking is bounded and flat:
 - only regular files are read (no links, devices or FIFOs); members that are not traces
   (``.json``/``.json.gz``) are skipped, and so are nested archives;
 - the number of members read is bounded (``MAX_ARCHIVE_MEMBERS``) and so are the bytes
-  written, counted as they are written rather than trusted from the headers
-  (``MAX_ARCHIVE_EXTRACTED_BYTES``): a zip bomb stops at the budget with a one-line error.
+  written, counted as they are written rather than trusted from the headers, against the
+  input's decompressed-byte budget (``Limits.max_decompressed_bytes``, diagnostics.trace.
+  budget), one :class:`ArchiveBudget` for all archives of an upload: a zip bomb, or several
+  archives each under the limit, stop at the budget with a one-line error naming it.
 
 Each trace keeps the name ``<archive>/<member path>`` for messages, so the user sees which
 file of which archive a problem is about. The decompressed size of each trace's JSON is
@@ -26,15 +28,13 @@ from pathlib import Path, PurePosixPath
 from typing import IO, BinaryIO
 
 from diagnostics.errors import InputError
+from diagnostics.trace.budget import ENV_MAX_DECOMPRESSED_MB, Limits, human_bytes
 
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz")
 TRACE_SUFFIXES = (".json", ".json.gz")
 # Every member an archive may list (traces, folders, other files): enough for a few hundred
 # rank files, few enough that listing them costs nothing.
 MAX_ARCHIVE_MEMBERS = 1024
-# Bytes written out of one archive, all members together: 64 ranks of ~50 MB JSON with room
-# to spare. Its own limit until the loader's whole-input budget covers archives too.
-MAX_ARCHIVE_EXTRACTED_BYTES = 8 * 2**30
 _CHUNK = 1024 * 1024
 
 
@@ -63,11 +63,21 @@ def _safe_name(member: str, taken: set[str]) -> str:
     return candidate
 
 
-class _Budget:
-    def __init__(self, archive: str, max_members: int, max_bytes: int):
-        self.archive, self.max_members, self.max_bytes = archive, max_members, max_bytes
-        self.members = 0
+class ArchiveBudget:
+    """Bytes unpacked out of all archives of one input, against its byte budget.
+
+    Members are counted as written (a .json.gz member as its compressed bytes, which the
+    loader then counts again, inflated, against the same limit)."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
         self.written = 0
+
+
+class _Archive:
+    def __init__(self, archive: str, max_members: int, budget: ArchiveBudget):
+        self.archive, self.max_members, self.budget = archive, max_members, budget
+        self.members = 0
 
     def member(self) -> None:
         self.members += 1
@@ -77,14 +87,16 @@ class _Budget:
             )
 
     def copy(self, source: IO[bytes], target: Path, member: str) -> None:
+        budget = self.budget
         with target.open("wb") as out:
             while chunk := source.read(_CHUNK):
-                self.written += len(chunk)
-                if self.written > self.max_bytes:
+                budget.written += len(chunk)
+                if budget.written > budget.max_bytes:
                     raise InputError(
                         self.archive,
-                        f"unpacks to more than {self.max_bytes / 2**30:.1f} GiB (stopped in "
-                        f"{member}); upload fewer or smaller traces",
+                        f"unpacks to more than {human_bytes(budget.max_bytes)} (stopped in "
+                        f"{member}; all archives of the upload together), the limit (raise "
+                        f"{ENV_MAX_DECOMPRESSED_MB} to read it)",
                     )
                 out.write(chunk)
 
@@ -110,29 +122,35 @@ def extract_traces(
     folder: Path,
     *,
     max_members: int = MAX_ARCHIVE_MEMBERS,
-    max_bytes: int = MAX_ARCHIVE_EXTRACTED_BYTES,
+    max_bytes: int | None = None,
+    budget: ArchiveBudget | None = None,
 ) -> list[tuple[str, Path]]:
-    """The archive's trace files written flat into ``folder``: [(display name, path)]."""
+    """The archive's trace files written flat into ``folder``: [(display name, path)].
+
+    ``budget`` is shared by every archive of one input; without it this archive alone may
+    unpack ``max_bytes`` (default: the input byte budget from the environment)."""
     folder.mkdir(parents=True, exist_ok=True)
-    budget = _Budget(name, max_members, max_bytes)
+    if budget is None:
+        budget = ArchiveBudget(max_bytes or Limits.from_env().max_decompressed_bytes)
+    reader = _Archive(name, max_members, budget)
     taken: set[str] = set()
     out: list[tuple[str, Path]] = []
     with _opened(name, handle) as archive:
         if isinstance(archive, zipfile.ZipFile):
             infos = archive.infolist()
             if len(infos) > max_members:
-                budget.member()  # raises with the count message
+                reader.member()  # raises with the count message
             for info in infos:
-                budget.member()
+                reader.member()
                 if info.is_dir() or not _is_trace_member(info.filename):
                     continue
                 target = folder / _safe_name(info.filename, taken)
                 with archive.open(info) as source:
-                    budget.copy(source, target, info.filename)
+                    reader.copy(source, target, info.filename)
                 out.append((f"{name}/{info.filename}", target))
         else:
             for member in archive:
-                budget.member()
+                reader.member()
                 if not member.isreg() or not _is_trace_member(member.name):
                     continue
                 source = archive.extractfile(member)
@@ -140,7 +158,7 @@ def extract_traces(
                     continue
                 target = folder / _safe_name(member.name, taken)
                 with source:
-                    budget.copy(source, target, member.name)
+                    reader.copy(source, target, member.name)
                 out.append((f"{name}/{member.name}", target))
     if not out:
         raise InputError(name, "holds no trace files (.json, .json.gz)")

@@ -7,14 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from diagnostics.analyze import analyze_files
 from diagnostics.errors import InputError
 from diagnostics.trace.loader import load_trace_file
+from diagnostics.upload_analysis import analyse_upload_files
 from diagnostics.views.upload_set import (
     analyse_upload_set,
     check_names,
     identity,
     mismatches,
+    release,
 )
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
@@ -87,22 +88,32 @@ def test_check_names_accepts_traces_and_archives_in_any_case():
 
 def test_mismatched_files_wait_for_an_answer_then_separate(tmp_path):
     files = uploads(V100, h200("gpu-healthy"))
-    asked = analyse_upload_set(files, analyze_files, temp_root=tmp_path)
+    copies, steps = tmp_path / "copies", tmp_path / "steps"
+    copies.mkdir()
+    asked = analyse_upload_set(files, analyse_upload_files, temp_root=copies, store_root=steps)
     assert asked.needs_answer and asked.results == ()
     assert asked.identities["gpu"].to_list() == ["Tesla V100-DGXS-32GB", "NVIDIA H200"]
-    assert list(tmp_path.iterdir()) == []  # the private copy is gone
+    assert list(copies.iterdir()) == []  # the private copy is gone
+    assert list(steps.iterdir()) == []  # a question keeps no step folder
 
-    separate = analyse_upload_set(files, analyze_files, mode="separate", temp_root=tmp_path)
+    separate = analyse_upload_set(
+        files, analyse_upload_files, mode="separate", temp_root=copies, store_root=steps
+    )
     assert [r.label for r in separate.results] == [V100.name, h200("gpu-healthy").name]
     for result in separate.results:
         assert result.result.source["kind"] == "trace"
         assert len(result.drilldowns) == 1
-    assert list(tmp_path.iterdir()) == []
+    assert list(copies.iterdir()) == []
+    # one step folder, which release() removes when the session's upload is replaced
+    assert [p.name for p in steps.iterdir()] == [Path(separate.store).name]
+    assert separate.results[0].drilldowns[0].timeline(separate.results[0].drilldowns[0].step_ids[0])
+    release(separate)
+    assert list(steps.iterdir()) == []
 
 
 def test_agreeing_files_are_analysed_as_ranks_at_once(tmp_path):
     files = uploads(h200("gpu-healthy"), h200("gpu-leak"))
-    done = analyse_upload_set(files, analyze_files, temp_root=tmp_path)
+    done = analyse_upload_set(files, analyse_upload_files, temp_root=tmp_path, store_root=tmp_path)
     assert not done.needs_answer and done.mode == "ranks"
     (only,) = done.results
     assert only.result.source["kind"] == "ranks" and len(only.result.source["ranks"]) == 2

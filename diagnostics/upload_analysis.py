@@ -1,0 +1,187 @@
+"""What an upload's analysis child does: identify each file, ask or analyse, drill down.
+
+Several uploaded traces may or may not be ranks of one job. Each file is described by what
+its trace says about itself (GPU model, PyTorch version, distributedInfo, job labels, when
+it was recorded). Files that disagree are not merged as ranks silently: without a ``mode``
+the answer is the question (``UploadSet.mismatches``), and no analysis runs.
+
+``analyse_upload_files`` runs inside the bounded child (diagnostics.isolated), so no trace
+is ever loaded in the server: it reads one file at a time for its identity row and its
+drill-down tables, writes that file's event table to the upload's ``store`` folder
+(diagnostics.drilldown.stored), drops it, and only then runs the chosen analysis. What it
+returns is small: tables, findings, and paths into ``store``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import polars as pl
+
+from diagnostics.analyze import analyze_files
+from diagnostics.drilldown import DrillDown, build_drilldown
+from diagnostics.trace.budget import Budget, Limits
+from diagnostics.trace.loader import load_trace_file
+from diagnostics.trace.schema import LoadedTrace
+
+Mode = Literal["ranks", "separate"]
+# Ranks of one job record at the same time; profiler windows of one long job can be hours
+# apart. Files recorded further apart than this are not one job.
+MAX_JOB_SPREAD_S = 24 * 3600.0
+# Top-level keys some schedulers write that name the job (MAST/TorchX, Slurm-like labels).
+JOB_KEYS = ("mast_job_name", "tw_job", "job_name", "job_id")
+HOST_KEYS = ("host_name", "hostname")
+
+IDENTITY_SCHEMA: dict[str, pl.DataType] = {
+    "file": pl.String,
+    "rank": pl.Int64,  # distributedInfo.rank; null when the trace does not say
+    "world_size": pl.Int64,
+    "gpu": pl.String,
+    "pytorch": pl.String,
+    "job": pl.String,
+    "host": pl.String,
+    "recorded": pl.String,  # UTC start, to the second
+    "span_ms": pl.Float64,
+    "events": pl.Int64,
+}
+
+
+@dataclass(frozen=True)
+class UploadResult:
+    label: str  # "all files as ranks" or the file's name
+    result: Any  # diagnostics.result.AnalysisResult
+    drilldowns: tuple[DrillDown, ...]  # one per file, their event tables on disk
+
+
+@dataclass(frozen=True)
+class UploadSet:
+    identities: pl.DataFrame  # IDENTITY_SCHEMA, one row per file
+    mismatches: tuple[str, ...]  # why the files may not be one job (empty: they agree)
+    mode: Mode | None  # how they were analysed; None while the question is open
+    results: tuple[UploadResult, ...]  # empty while the question is open
+    store: str | None = None  # the folder the drill-downs read their steps from
+
+    @property
+    def needs_answer(self) -> bool:
+        return self.mode is None and bool(self.mismatches)
+
+
+def _gpu_name(trace: LoadedTrace) -> str | None:
+    props = trace.metadata.device_properties
+    if not props:
+        return None
+    used = trace.events.filter(pl.col("device").is_not_null())["device"].unique().to_list()
+    by_id = {p.get("id"): p.get("name") for p in props}
+    names = sorted({by_id[d] for d in used if by_id.get(d)})
+    return ", ".join(names) if names else props[0].get("name")
+
+
+def _first(extra: dict[str, Any], keys: Sequence[str]) -> str | None:
+    for key in keys:
+        if extra.get(key):
+            return str(extra[key])
+    return None
+
+
+def identity(name: str, trace: LoadedTrace) -> dict[str, Any]:
+    """One IDENTITY_SCHEMA row: what a trace says about the job that recorded it."""
+    meta, events = trace.metadata, trace.events
+    dist = meta.distributed_info or {}
+    start = events["ts"].min() if events.height else None
+    end = (events["ts"] + events["dur"].fill_null(0.0)).max() if events.height else None
+    recorded = None
+    if start is not None:
+        seconds = float(start) / 1e6 + meta.clock_offset_s
+        recorded = dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return {
+        "file": name,
+        "rank": dist.get("rank") if isinstance(dist.get("rank"), int) else None,
+        "world_size": dist.get("world_size") if isinstance(dist.get("world_size"), int) else None,
+        "gpu": _gpu_name(trace),
+        "pytorch": meta.pytorch_version,
+        "job": _first(meta.extra, JOB_KEYS),
+        "host": _first(meta.extra, HOST_KEYS),
+        "recorded": recorded,
+        "span_ms": (float(end) - float(start)) / 1000.0 if start is not None else None,
+        "events": events.height,
+        "_start_s": float(start) / 1e6 + meta.clock_offset_s if start is not None else None,
+    }
+
+
+def _differs(rows: list[dict[str, Any]], key: str, what: str) -> str | None:
+    values = {row[key] for row in rows if row[key] is not None}
+    if len(values) <= 1:
+        return None
+    listed = "; ".join(f"{row['file']}: {row[key]}" for row in rows if row[key] is not None)
+    return f"{what} differ ({listed})"
+
+
+def mismatches(rows: list[dict[str, Any]]) -> tuple[str, ...]:
+    """Why these files may not be ranks of one job, one line per reason."""
+    if len(rows) < 2:
+        return ()
+    reasons = [
+        _differs(rows, "gpu", "GPU models"),
+        _differs(rows, "pytorch", "PyTorch versions"),
+        _differs(rows, "world_size", "World sizes (distributedInfo)"),
+        _differs(rows, "job", "Job names"),
+    ]
+    starts = sorted(row["_start_s"] for row in rows if row["_start_s"] is not None)
+    if len(starts) >= 2 and starts[-1] - starts[0] > MAX_JOB_SPREAD_S:
+        days = (starts[-1] - starts[0]) / 86400.0
+        listed = "; ".join(f"{row['file']}: {row['recorded']}" for row in rows)
+        reasons.append(f"Recorded {days:,.0f} days apart ({listed})")
+    return tuple(reason for reason in reasons if reason)
+
+
+def identity_table(rows: list[dict[str, Any]]) -> pl.DataFrame:
+    return pl.DataFrame(
+        [{k: row[k] for k in IDENTITY_SCHEMA} for row in rows], schema=IDENTITY_SCHEMA
+    )
+
+
+def analyse_upload_files(
+    paths: Sequence[str | Path],
+    *,
+    display_names: Sequence[str],
+    mode: Mode | None,
+    store: str | Path,
+    limits: Limits | None = None,
+) -> UploadSet:
+    """The upload's identities, and unless the files disagree with no ``mode`` given, its
+    analysis (one for all files as ranks, or one per file) with a drill-down per file whose
+    event table is under ``store``. Raises InputError; budgets hold for all files together.
+    """
+    limits = limits or Limits.from_env()
+    names = list(display_names)
+    budget = Budget(limits)
+    rows, drills = [], []
+    for i, (path, name) in enumerate(zip(paths, names, strict=True)):
+        trace = load_trace_file(path, display_name=name, budget=budget)
+        rows.append(identity(name, trace))
+        # built while the trace is loaded anyway; dropped if the question is asked
+        drills.append(build_drilldown(trace, name).stored(Path(store), f"file-{i}"))
+        del trace
+    reasons = mismatches(rows)
+    table = identity_table(rows)
+    if reasons and mode is None:
+        return UploadSet(table, reasons, None, (), str(store))
+    budgets = {
+        "max_decompressed_bytes": limits.max_decompressed_bytes,
+        "max_events": limits.max_events,
+    }
+    chosen: Mode = mode or "ranks"
+    if chosen == "ranks":
+        label = "all files as ranks of one job" if len(names) > 1 else names[0]
+        result = analyze_files(list(paths), display_names=names, **budgets)
+        results = (UploadResult(label, result, tuple(drills)),)
+    else:
+        results = tuple(
+            UploadResult(name, analyze_files([path], display_names=[name], **budgets), (drill,))
+            for name, path, drill in zip(names, paths, drills, strict=True)
+        )
+    return UploadSet(table, reasons, chosen, results, str(store))
