@@ -7,6 +7,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from diagnostics import percent
+
 MISSING = "—"
 
 
@@ -41,7 +43,7 @@ def seconds(value_s: float | None) -> str:
 
 
 def pct(value: float | None, digits: int = 1) -> str:
-    return MISSING if _missing(value) else f"{float(value):.{digits}f} %"
+    return percent.pct(value, digits)
 
 
 def ratio(value: float | None) -> str:

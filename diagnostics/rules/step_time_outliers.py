@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 import polars as pl
 
 from diagnostics.model import AnalysisInputs
+from diagnostics.percent import pct
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import Example, Finding, Fix, Need, Rule, Severity
 from diagnostics.rules.evidence import chart, config_value, has_steps, numeric, r
@@ -308,7 +309,7 @@ class StepTimeOutliers(Rule):
                 severity=self.severity,
                 title=(
                     f"{len(slow)} slow steps in {count} separate episodes, from {words}: "
-                    f"{excess_pct:.1f} % of step time"
+                    f"{pct(excess_pct)} of step time"
                 ),
                 evidence=evidence,
                 recommendation=(

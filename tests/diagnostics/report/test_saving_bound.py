@@ -17,11 +17,17 @@ from types import SimpleNamespace
 
 import pytest
 
+from diagnostics import views
 from diagnostics.analyze import analyze
 from diagnostics.report.html import render_html
 from diagnostics.report.json_report import render_json
 from diagnostics.report.markdown import render_markdown
-from diagnostics.report.model import MEASURED_SHARE_KEYS, build_report, saving_bound_pct
+from diagnostics.report.model import (
+    MEASURED_SHARE_KEYS,
+    build_report,
+    report_finding,
+    saving_bound_pct,
+)
 
 SHARED = Path(__file__).resolve().parents[3].parent / "shared"
 INPUTS = sorted((SHARED / "traces").glob("*.json.gz")) + sorted(
@@ -107,3 +113,23 @@ def test_the_bound_includes_the_outliers_measured_excess():
     # a finding that saves nothing measured nothing to explain
     quiet = SimpleNamespace(rule="step-time-outliers", estimated_saving_pct=None, evidence={})
     assert saving_bound_pct(metrics, [quiet]) == pytest.approx(3.0)
+
+
+PERCENT = re.compile(r"\d+(?:\.\d+)? ?%")
+
+
+@pytest.mark.parametrize("path", INPUTS, ids=lambda p: p.name)
+def test_every_percent_in_a_title_reads_the_same_in_its_evidence(path):
+    # Before, titles rounded on their own: "96%" over evidence of 95.8 %, "0% of memory"
+    # over 0.1 %, "51%" over 50.9 %. Now each title's share is written by the formatter the
+    # evidence rows use (diagnostics.percent.pct), so it is found among them as printed.
+    for finding in _analysis(path).findings:
+        shown = {k: v for k, v in (finding.evidence or {}).items() if k != "chart"}
+        page = [value for _, value in views.evidence_rows(shown)]
+        report = [value for _, value in report_finding(finding).evidence_rows]
+        for share in PERCENT.findall(finding.title):
+            assert share.endswith(" %"), (finding.rule, finding.title)
+            for values in (page, report):
+                assert any(share in value for value in values), (finding.rule, share, values)
+        for share in PERCENT.findall(finding.recommendation or ""):
+            assert share.endswith(" %"), (finding.rule, finding.recommendation)
