@@ -26,8 +26,9 @@ Why it matters
 How to fix
     Follow the part that grew: for the data wait, keep workers alive and queue more batches
     (``persistent_workers=True``, a larger ``prefetch_factor``); for the copy, pin memory;
-    for forward/backward or the optimiser, freeze the garbage collector after set-up
-    (``gc.freeze()``) and keep tensor shapes fixed.
+    for forward/backward, freeze the garbage collector after set-up (``gc.freeze()``) and
+    keep tensor shapes fixed; for the optimiser step, a fused optimiser (``fused=True``)
+    and ``gc.freeze()``.
 """
 
 from __future__ import annotations
@@ -101,25 +102,38 @@ loader = DataLoader(dataset, batch_size=32, num_workers=4, pin_memory=True)
 batch = batch.to("cuda", non_blocking=True)
 """,
     "compute": """\
+# before: collector pauses land inside forward and backward now and then, and batches of
+# changing shapes make kernels re-tune
+model, optimizer = build_model_and_optimizer()
+tokens = tokenizer(texts, padding=True)
+
+# after: objects made at set-up are frozen out of the collector's scans, and every batch
+# is padded to one shape
 import gc
 
-# after set-up, before the training loop: the collector stops re-scanning the model,
-# optimiser and dataset objects, so its pauses no longer land inside steps
+model, optimizer = build_model_and_optimizer()
 gc.collect()
 gc.freeze()
-
-# keep shapes fixed (pad to one length) so kernels are not re-tuned or recompiled
 tokens = tokenizer(texts, padding="max_length", max_length=128, truncation=True)
 """,
     "optimizer": """\
+# before: one small kernel per parameter, and collector pauses inside the optimiser step
+optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+
+# after: one fused update for all parameters, and set-up objects frozen out of the
+# collector's scans
 import gc
 
-# after set-up, before the training loop: fewer collector pauses inside the optimiser step
+optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
 gc.collect()
 gc.freeze()
 """,
     "unknown": """\
-# profile a few steps around a slow one to see which part grows
+# before: the step records do not say which part of the slow steps grows
+for batch in loader:
+    train_step(batch)
+
+# after: profile a few steps around a slow one to see which part grows
 from torch.profiler import profile, schedule, tensorboard_trace_handler
 
 with profile(schedule=schedule(wait=5, warmup=1, active=10),
@@ -369,6 +383,29 @@ class StepTimeOutliers(Rule):
             "run: every 7th step waits 150 ms more for its batch (a recurring stall)",
             True,
             lambda: _every_7th(step_time_ms=200.0, data_wait_ms=(151.0, 1.0), compute_ms=40.0),
+            expect=lambda finding: _expect_cause(finding, "data"),
+        ),
+        Example(
+            "run: every 7th step's host-to-device copy takes 150 ms more",
+            True,
+            lambda: _every_7th(step_time_ms=200.0, h2d_ms=(151.0, 1.0), compute_ms=40.0),
+            expect=lambda finding: _expect_cause(finding, "copy"),
+        ),
+        Example(
+            "run: every 7th step's forward and backward take 150 ms more (a collector pause)",
+            True,
+            lambda: _every_7th(
+                step_time_ms=200.0, data_wait_ms=1.0, compute_ms=(190.0, lambda s: 40.0 + s % 3)
+            ),
+            expect=lambda finding: _expect_cause(finding, "compute"),
+        ),
+        Example(
+            "run: every 7th step's optimiser step takes 150 ms more",
+            True,
+            lambda: _every_7th(
+                step_time_ms=200.0, data_wait_ms=1.0, compute_ms=40.0, optimizer_ms=(151.0, 1.0)
+            ),
+            expect=lambda finding: _expect_cause(finding, "optimizer"),
         ),
         Example(
             "run: steady 50 ms steps with 2 ms noise",
@@ -432,3 +469,11 @@ def _every_7th(step_time_ms: float, **parts: Any) -> AnalysisInputs:
         step_time_ms=column((step_time_ms, lambda s: 50.0 + (s % 3))),
         **{name: column(value) for name, value in parts.items()},
     )
+
+
+def _expect_cause(finding: Finding, cause: str) -> None:
+    """An example's finding names ``cause`` in words and gives that cause's fix code."""
+    assert finding.evidence["cause"] == CAUSE_WORDS[cause], finding.evidence["cause"]
+    assert f"from {CAUSE_WORDS[cause]}:" in finding.title, finding.title
+    assert f"the part that grew is {CAUSE_WORDS[cause]}." in finding.recommendation
+    assert finding.fix.code == FIX_CODE[cause], cause
