@@ -81,6 +81,18 @@ def usd(value: float | None) -> str:
     return f"${value:,.2f}" if abs(value) >= 0.01 or value == 0 else f"${value:.4f}"
 
 
+def unit_price(value: float | None) -> str:
+    """A price per hour of one GPU or vCPU, to the digits it has: $3.06, $0.0425 (a vCPU-hour
+    shown as "$0.04" would misstate it by 6 %), at most four decimals."""
+    if _missing(value):
+        return MISSING
+    if 0 < abs(float(value)) < 0.0001:
+        return "$" + f"{float(value):.10f}".rstrip("0")
+    text = f"{float(value):,.4f}".rstrip("0")
+    decimals = len(text.partition(".")[2])
+    return f"${float(value):,.{max(2, decimals)}f}"
+
+
 def bytes_(value: float | None) -> str:
     if _missing(value):
         return MISSING
