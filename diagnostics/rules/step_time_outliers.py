@@ -409,8 +409,12 @@ def _every_7th(step_time_ms: float, **parts: Any) -> AnalysisInputs:
 
 
 def _expect_cause(finding: Finding, cause: str) -> None:
-    """An example's finding names ``cause`` in words and gives that cause's fix code."""
+    """An example's finding names ``cause`` in words, gives that cause's fix code and
+    claims no more saving than the excess it measured."""
     assert finding.evidence["cause"] == CAUSE_WORDS[cause], finding.evidence["cause"]
     assert f"from {CAUSE_WORDS[cause]}:" in finding.title, finding.title
     assert f"the part that grew is {CAUSE_WORDS[cause]}." in finding.recommendation
     assert finding.fix.code == FIX_CODE[cause], cause
+    # the saving is the measured excess, no more: 150 ms extra on 8 of 60 ~51 ms steps
+    excess = finding.evidence["excess_pct_of_step_time"]
+    assert finding.estimated_saving_pct == excess and 0 < excess < 50, excess
