@@ -7,6 +7,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from diagnostics import percent
+
 MISSING = "—"
 
 
@@ -41,7 +43,7 @@ def seconds(value_s: float | None) -> str:
 
 
 def pct(value: float | None, digits: int = 1) -> str:
-    return MISSING if _missing(value) else f"{float(value):.{digits}f} %"
+    return percent.pct(value, digits)
 
 
 def ratio(value: float | None) -> str:
@@ -77,6 +79,18 @@ def usd(value: float | None) -> str:
         return MISSING
     value = float(value)
     return f"${value:,.2f}" if abs(value) >= 0.01 or value == 0 else f"${value:.4f}"
+
+
+def unit_price(value: float | None) -> str:
+    """A price per hour of one GPU or vCPU, to the digits it has: $3.06, $0.0425 (a vCPU-hour
+    shown as "$0.04" would misstate it by 6 %), at most four decimals."""
+    if _missing(value):
+        return MISSING
+    if 0 < abs(float(value)) < 0.0001:
+        return "$" + f"{float(value):.10f}".rstrip("0")
+    text = f"{float(value):,.4f}".rstrip("0")
+    decimals = len(text.partition(".")[2])
+    return f"${float(value):,.{max(2, decimals)}f}"
 
 
 def bytes_(value: float | None) -> str:

@@ -246,13 +246,13 @@ def _cost_html(cost: CostEstimate, before: CostEstimate | None) -> str:
         body.append(cells + "</tr>")
     price_rows = "".join(
         f"<tr><td>{esc(p.name)}</td><td>per {esc(p.unit)}-hour</td>"
-        f"<td class=num>{esc(fmt.usd(p.on_demand_usd_per_hour))}</td>"
-        f"<td class=num>{esc(fmt.usd(p.spot_usd_per_hour))}</td><td>{esc(p.source)}</td></tr>"
+        f"<td class=num>{esc(fmt.unit_price(p.on_demand_usd_per_hour))}</td>"
+        f"<td class=num>{esc(fmt.unit_price(p.spot_usd_per_hour))}</td><td>{esc(p.source)}</td></tr>"
         for p in GPU_PRICES
     )
     return (
         '<section id="cost"><h2>Cost</h2>'
-        f"<p>At <strong>{esc(fmt.usd(cost.usd_per_gpu_hour))} per {esc(cost.unit)}-hour</strong> "
+        f"<p>At <strong>{esc(fmt.unit_price(cost.usd_per_gpu_hour))} per {esc(cost.unit)}-hour</strong> "
         f"({esc(origin)}) × {cost.gpus} {esc(cost.unit)}(s), mean step time "
         f"{esc(fmt.ms(cost.step_time_ms))}.</p>"
         f'<label class="price">Your price per {esc(cost.unit)}-hour (USD)<input id="price-input" '

@@ -111,7 +111,7 @@ def _cost(cost: CostEstimate) -> str:
     return "\n\n".join(
         [
             "## Cost",
-            f"At {fmt.usd(cost.usd_per_gpu_hour)} per {cost.unit}-hour ({text(origin)}) "
+            f"At {fmt.unit_price(cost.usd_per_gpu_hour)} per {cost.unit}-hour ({text(origin)}) "
             f"× {cost.gpus} {cost.unit}(s), mean step time {fmt.ms(cost.step_time_ms)}.",
             table(("", "time now", "cost now", "time after fixes", "cost after fixes"), rows),
             f"Steps per epoch: {text(cost.steps_per_epoch_note)}. {saving_note(cost)} "
@@ -123,8 +123,8 @@ def _cost(cost: CostEstimate) -> str:
                     (
                         p.name,
                         f"per {p.unit}-hour",
-                        fmt.usd(p.on_demand_usd_per_hour),
-                        fmt.usd(p.spot_usd_per_hour),
+                        fmt.unit_price(p.on_demand_usd_per_hour),
+                        fmt.unit_price(p.spot_usd_per_hour),
                         p.source,
                     )
                     for p in GPU_PRICES

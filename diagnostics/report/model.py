@@ -8,7 +8,7 @@ renderer escapes them for its own format.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -202,12 +202,39 @@ def _charts(result: Any) -> list[Chart]:
     return charts
 
 
-def saving_bound_pct(metrics: KeyMetrics) -> float | None:
+# The evidence field holding the share of step (or GPU) time a rule measured and drew its
+# saving from; each rule's saving is at most this share (tests/diagnostics/report/test_bound.py).
+MEASURED_SHARE_KEYS = {
+    "step-time-outliers": "excess_pct_of_step_time",  # slow steps' time beyond the median
+    "too-few-workers": "data_wait_share_pct",
+    "exposed-communication": "exposed_pct",
+    "host-device-sync": "sync_share_pct",  # GPU idle while the host waited in a sync
+    "tensor-cores-unused": "cuda_core_gemm_pct",  # GEMMs on CUDA cores, share of GPU time
+}
+
+
+def measured_share_pct(finding: Any) -> float | None:
+    """The share a finding measured (its MEASURED_SHARE_KEYS evidence), else its saving:
+    every rule draws its saving from a share it measured."""
+    key = MEASURED_SHARE_KEYS.get(getattr(finding, "rule", ""))
+    value = (getattr(finding, "evidence", None) or {}).get(key) if key else None
+    if value is None:
+        value = getattr(finding, "estimated_saving_pct", None)
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def saving_bound_pct(metrics: KeyMetrics, findings: Iterable[Any] = ()) -> float | None:
     """The largest measured wait or idle share the findings can explain: the data-wait
-    share, and the GPU's idle share (100 - utilisation) on a GPU."""
+    share, the GPU's idle share (100 - utilisation) on a GPU, and each finding's measured
+    share, such as the time step-time outliers took beyond the median step (a slowdown in
+    the copy or the optimiser is no data wait) or Tensor-Core-eligible GEMM time on a
+    GPU that never idles."""
     shares = [metrics.data_wait_pct]
     if metrics.gpu_utilization_pct is not None:
         shares.append(max(0.0, 100.0 - metrics.gpu_utilization_pct))
+    shares += [measured_share_pct(f) for f in findings if f.estimated_saving_pct]
     known = [s for s in shares if s is not None and math.isfinite(s)]
     return max(known) if known else None
 
@@ -215,7 +242,7 @@ def saving_bound_pct(metrics: KeyMetrics) -> float | None:
 def _cost(result: Any, metrics: KeyMetrics, pricing: Pricing | None) -> CostEstimate:
     run = getattr(result, "run", None)
     return estimate_cost(
-        saving_bound_pct=saving_bound_pct(metrics),
+        saving_bound_pct=saving_bound_pct(metrics, getattr(result, "findings", ()) or ()),
         step_time_ms=metrics.mean_step_time_ms,
         config=run.config if run is not None else None,
         savings_pct=[f.estimated_saving_pct for f in getattr(result, "findings", ()) or ()],

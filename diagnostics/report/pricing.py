@@ -135,15 +135,16 @@ def combined_saving_pct(savings: Iterable[float | None], bound_pct: float | None
     adding them would count it twice and compounding them (each applied to what the others
     leave) still promises more than was measured. The sum is therefore capped at
     ``bound_pct``, the largest measured wait or idle share the findings explain (the
-    data-wait share, the GPU's idle share), and never below the largest single saving; 95%
-    at most, so no estimate promises a free job.
+    data-wait share, the GPU's idle share, the outlier steps' excess), even when one finding
+    claims more than was measured; without a measured share, at the largest single saving.
+    95% at most, so no estimate promises a free job.
     """
     valid = [min(float(s), 95.0) for s in savings if s is not None and math.isfinite(s) and s > 0]
     if not valid:
         return 0.0
     limit = max(valid)
     if bound_pct is not None and math.isfinite(bound_pct):
-        limit = max(limit, float(bound_pct))
+        limit = max(0.0, float(bound_pct))
     return min(sum(valid), limit, 95.0)
 
 

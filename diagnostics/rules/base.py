@@ -73,6 +73,9 @@ class Example:
     name: str
     fires: bool
     build: Callable[[], AnalysisInputs]
+    # what a must-fire example's finding must show: raises AssertionError when it does not
+    # (the examples harness calls it on each finding); None: only that it fires
+    expect: Callable[[Finding], None] | None = None
 
 
 @dataclass(frozen=True)

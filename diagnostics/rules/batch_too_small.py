@@ -27,6 +27,7 @@ import polars as pl
 
 from diagnostics.metrics import median_share_pct, trace_gpu_utilization_pct
 from diagnostics.model import AnalysisInputs
+from diagnostics.percent import pct
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity, need_cuda
 from diagnostics.rules.evidence import (
@@ -111,11 +112,11 @@ class BatchTooSmall(Rule):
             Finding(
                 rule=self.id,
                 severity=self.severity,
-                title=f"GPU {util:.1f} % busy with {mem_pct:.0f}% of its memory used: "
+                title=f"GPU {pct(util)} busy with {pct(mem_pct)} of its memory used: "
                 "the batch is too small",
                 evidence=evidence,
                 recommendation=(
-                    f"The GPU is busy {util:.1f} % of the time and holds {mem_pct:.0f}% of its "
+                    f"The GPU is busy {pct(util)} of the time and holds {pct(mem_pct)} of its "
                     f"memory at peak, and the DataLoader is not the bottleneck. Raise the batch "
                     f"{batch_text} (scale the learning rate with it)."
                 ),

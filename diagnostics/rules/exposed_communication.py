@@ -35,6 +35,7 @@ import polars as pl
 from diagnostics.facts.comm_ranks import MATCHED_SCHEMA, RANK_COMM_SCHEMA, CollectiveMatch
 from diagnostics.facts.comms import COLLECTIVE_SCHEMA, COMM_STEP_SCHEMA, CommFacts
 from diagnostics.model import AnalysisInputs
+from diagnostics.percent import pct
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import TRACE, Example, Finding, Fix, Need, Rule, Severity
 from diagnostics.rules.evidence import chart, config_value, r
@@ -129,13 +130,13 @@ class ExposedCommunication(Rule):
             ),
         }
         waiting = (
-            f" Another {exposed_pct - transfer_pct:.0f}% of step time was spent waiting for "
+            f" Another {pct(exposed_pct - transfer_pct)} of step time was spent waiting for "
             "later ranks inside collectives: see rank-stragglers."
             if wait is not None and exposed_pct - transfer_pct >= 1.0
             else ""
         )
         overlap = (
-            f"only {comms.overlap_pct:.0f}% of it overlapped compute"
+            f"only {pct(comms.overlap_pct)} of it overlapped compute"
             if comms.overlap_pct is not None
             else "overlap unknown"
         )
@@ -145,7 +146,7 @@ class ExposedCommunication(Rule):
                 severity=Severity.HIGH
                 if transfer_pct >= 2 * thresholds.exposed_comm_min_pct
                 else Severity.MEDIUM,
-                title=f"{transfer_pct:.0f}% of step time is communication nothing overlaps",
+                title=f"{pct(transfer_pct)} of step time is communication nothing overlaps",
                 evidence=evidence,
                 recommendation=(
                     f"Communication took {comms.collective_us / 1000:.1f} ms over "

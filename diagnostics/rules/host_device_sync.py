@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 import polars as pl
 
 from diagnostics.model import AnalysisInputs
+from diagnostics.percent import pct
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity, need_cuda_trace
 from diagnostics.rules.evidence import chart, cuda_trace, r
@@ -118,7 +119,7 @@ class HostDeviceSync(Rule):
                 severity=Severity.HIGH
                 if share >= 4 * thresholds.sync_share_min_pct
                 else self.severity,
-                title=f"Host-device syncs leave the GPU idle {share:.0f}% of step time",
+                title=f"Host-device syncs leave the GPU idle {pct(share)} of step time",
                 evidence=evidence,
                 recommendation=(
                     f"The host blocks {sync_us / joined.height / 1000:.2f} ms per step waiting for "

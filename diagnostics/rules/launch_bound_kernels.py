@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 from diagnostics.metrics import trace_gpu_utilization_pct
 from diagnostics.model import AnalysisInputs
+from diagnostics.percent import pct
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity, need_cuda_trace
 from diagnostics.rules.evidence import chart, config_value, cuda_trace, r
@@ -108,11 +109,11 @@ class LaunchBoundKernels(Rule):
             Finding(
                 rule=self.id,
                 severity=self.severity,
-                title=f"{share:.0f}% of kernel launches are shorter than the launch itself",
+                title=f"{pct(share)} of kernel launches are shorter than the launch itself",
                 evidence=evidence,
                 recommendation=(
                     f"{short} of {total} kernels ran for less time than their launch call while "
-                    f"the GPU was busy only {util:.1f} % of the steps. "
+                    f"the GPU was busy only {pct(util)} of the steps. "
                     if util is not None
                     else f"{short} of {total} kernels ran for less time than their launch call. "
                 )

@@ -26,6 +26,7 @@ import polars as pl
 
 from diagnostics.metrics import trace_gpu_utilization_pct
 from diagnostics.model import AnalysisInputs
+from diagnostics.percent import pct
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import Example, Finding, Fix, Need, Rule, Severity, need_cuda
 from diagnostics.rules.evidence import chart, cuda_trace, r, run_device
@@ -137,7 +138,7 @@ class LowGpuUtilization(Rule):
                 severity=Severity.HIGH
                 if util < thresholds.gpu_util_low_pct / 2
                 else Severity.MEDIUM,
-                title=f"GPU busy only {util:.1f} % of the profiled steps",
+                title=f"GPU busy only {pct(util)} of the profiled steps",
                 evidence=evidence,
                 recommendation=(
                     f"The GPU was idle {idle_us / 1000:.1f} ms of {span / 1000:.1f} ms. "
@@ -219,10 +220,10 @@ class LowGpuUtilization(Rule):
                 severity=Severity.HIGH
                 if p95 < thresholds.gpu_util_p95_low_pct / 2
                 else Severity.MEDIUM,
-                title=f"GPU utilisation p95 is {p95:.1f} % over the run (NVML samples)",
+                title=f"GPU utilisation p95 is {pct(p95)} over the run (NVML samples)",
                 evidence=evidence,
                 recommendation=(
-                    f"NVML shows the GPU busy {mean:.0f}% of the time on average (p95 {p95:.0f}%). "
+                    f"NVML shows the GPU busy {pct(mean)} of the time on average (p95 {pct(p95)}). "
                     "Profile a few steps to see where the idle time goes; check the data-wait "
                     "and host-sync findings first."
                 ),

@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 import polars as pl
 
 from diagnostics.model import AnalysisInputs
+from diagnostics.percent import pct
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import (
     Example,
@@ -293,9 +294,9 @@ class MemoryLeak(Rule):
             evidence=evidence,
             recommendation=(
                 f"{name} grew {stats['growth_bytes'] / 2**20:.1f} MiB "
-                f"({stats['growth_pct']:.0f}%) from step {stats['steady_steps'][0]} to "
+                f"({pct(stats['growth_pct'])}) from step {stats['steady_steps'][0]} to "
                 f"{stats['steady_steps'][1]}, higher at the later step in "
-                f"{100 * stats['increasing_share']:.0f}% of pairs of steps.{oom_text}{line_text} Accumulate "
+                f"{pct(100 * stats['increasing_share'])} of pairs of steps.{oom_text}{line_text} Accumulate "
                 "loss.item() instead of the loss tensor and keep no per-batch tensors across steps."
             ),
             fix=Fix(code=FIX_CODE, config_patch=dict(PATCH)),

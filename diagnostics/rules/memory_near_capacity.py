@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 import polars as pl
 
+from diagnostics import percent
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity, need_cuda
@@ -90,7 +91,7 @@ class MemoryNearCapacity(Rule):
             Finding(
                 rule=self.id,
                 severity=Severity.HIGH if pct >= 97 else self.severity,
-                title=f"Peak GPU memory is {pct:.0f}% of the device's {capacity / 2**30:.0f} GiB",
+                title=f"Peak GPU memory is {percent.pct(pct)} of the device's {capacity / 2**30:.0f} GiB",
                 evidence=evidence,
                 recommendation=(
                     f"Peak memory reached {peak / 2**30:.2f} of {capacity / 2**30:.2f} GiB. Lower "

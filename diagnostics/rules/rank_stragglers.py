@@ -30,6 +30,7 @@ import polars as pl
 
 from diagnostics.facts.ranks import RANKS_SCHEMA
 from diagnostics.model import AnalysisInputs
+from diagnostics.percent import pct
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import Example, Finding, Fix, Need, Rule, Severity
 from diagnostics.rules.evidence import chart, config_value, r
@@ -172,7 +173,7 @@ class RankStragglers(Rule):
             excess_ms = worst_ms - median
             # the others wait for the slowest: bringing it to the median saves that difference
             saving = 100.0 * excess_ms / worst_ms
-            signal = f"steps {100.0 * excess_ms / median:.0f}% slower than the median rank"
+            signal = f"steps {pct(100.0 * excess_ms / median)} slower than the median rank"
             lead = (
                 f"Rank {worst} takes {worst_ms:.1f} ms per step against a median of "
                 f"{median:.1f} ms; every other rank waits for it at each all-reduce."
@@ -188,7 +189,7 @@ class RankStragglers(Rule):
             )
             lead = (
                 f"Rank {worst} arrives late to collectives and caused "
-                f"{_value(ranks, 'caused_wait_share_pct', worst):.0f}% of the waiting in them; "
+                f"{pct(_value(ranks, 'caused_wait_share_pct', worst))} of the waiting in them; "
                 f"the other ranks spend {excess_ms:.1f} ms a step waiting for it, so every "
                 "rank's step is that much longer."
             )
@@ -201,7 +202,7 @@ class RankStragglers(Rule):
             f"excess): {advice}."
             if cause
             else " No single part (data wait, host-to-device, compute) explains "
-            f"{thresholds.straggler_cause_min_share_pct:.0f}% of its excess."
+            f"{pct(thresholds.straggler_cause_min_share_pct)} of its excess."
         )
         straggler_ranks = sorted(
             {int(rank_ids[i]) for i in slow} | ({late[0]} if late is not None else set())

@@ -26,8 +26,9 @@ Why it matters
 How to fix
     Follow the part that grew: for the data wait, keep workers alive and queue more batches
     (``persistent_workers=True``, a larger ``prefetch_factor``); for the copy, pin memory;
-    for forward/backward or the optimiser, freeze the garbage collector after set-up
-    (``gc.freeze()``) and keep tensor shapes fixed.
+    for forward/backward, freeze the garbage collector after set-up (``gc.freeze()``) and
+    keep tensor shapes fixed; for the optimiser step, a fused optimiser (``fused=True``)
+    and ``gc.freeze()``.
 """
 
 from __future__ import annotations
@@ -37,10 +38,12 @@ from typing import Any, ClassVar
 import polars as pl
 
 from diagnostics.model import AnalysisInputs
+from diagnostics.percent import pct
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import Example, Finding, Fix, Need, Rule, Severity
 from diagnostics.rules.evidence import chart, config_value, has_steps, numeric, r
 from diagnostics.rules.stats import median, robust_sigma_outliers
+from diagnostics.rules.step_time_fixes import FIX_CODE
 from diagnostics.thresholds import Thresholds
 
 MIN_STEPS = 8
@@ -76,57 +79,6 @@ KNOWN_CAUSES = {
     "checkpoint": "checkpoint step",
     "after_checkpoint": "after a checkpoint",
     "cpu_wait": "waiting for a CPU another process or thread had",
-}
-
-FIX_CODE = {
-    "data": """\
-# before: now and then a batch takes far longer to arrive (a slow read, a worker restart)
-loader = DataLoader(dataset, batch_size=32, num_workers=2)
-
-# after: workers stay alive and queue more batches, so a slow read hides behind them
-loader = DataLoader(
-    dataset, batch_size=32, num_workers=4,
-    persistent_workers=True,  # no worker restart at each epoch
-    prefetch_factor=4,        # batches each worker keeps ready
-)
-""",
-    "copy": """\
-# before: pageable batches are copied synchronously
-loader = DataLoader(dataset, batch_size=32, num_workers=4)
-batch = batch.to("cuda")
-
-# after: pinned batches copied asynchronously
-loader = DataLoader(dataset, batch_size=32, num_workers=4, pin_memory=True)
-batch = batch.to("cuda", non_blocking=True)
-""",
-    "compute": """\
-import gc
-
-# after set-up, before the training loop: the collector stops re-scanning the model,
-# optimiser and dataset objects, so its pauses no longer land inside steps
-gc.collect()
-gc.freeze()
-
-# keep shapes fixed (pad to one length) so kernels are not re-tuned or recompiled
-tokens = tokenizer(texts, padding="max_length", max_length=128, truncation=True)
-""",
-    "optimizer": """\
-import gc
-
-# after set-up, before the training loop: fewer collector pauses inside the optimiser step
-gc.collect()
-gc.freeze()
-""",
-    "unknown": """\
-# profile a few steps around a slow one to see which part grows
-from torch.profiler import profile, schedule, tensorboard_trace_handler
-
-with profile(schedule=schedule(wait=5, warmup=1, active=10),
-             on_trace_ready=tensorboard_trace_handler("traces")) as prof:
-    for batch in loader:
-        train_step(batch)
-        prof.step()
-""",
 }
 
 
@@ -308,7 +260,7 @@ class StepTimeOutliers(Rule):
                 severity=self.severity,
                 title=(
                     f"{len(slow)} slow steps in {count} separate episodes, from {words}: "
-                    f"{excess_pct:.1f} % of step time"
+                    f"{pct(excess_pct)} of step time"
                 ),
                 evidence=evidence,
                 recommendation=(
@@ -368,6 +320,29 @@ class StepTimeOutliers(Rule):
             "run: every 7th step waits 150 ms more for its batch (a recurring stall)",
             True,
             lambda: _every_7th(step_time_ms=200.0, data_wait_ms=(151.0, 1.0), compute_ms=40.0),
+            expect=lambda finding: _expect_cause(finding, "data"),
+        ),
+        Example(
+            "run: every 7th step's host-to-device copy takes 150 ms more",
+            True,
+            lambda: _every_7th(step_time_ms=200.0, h2d_ms=(151.0, 1.0), compute_ms=40.0),
+            expect=lambda finding: _expect_cause(finding, "copy"),
+        ),
+        Example(
+            "run: every 7th step's forward and backward take 150 ms more (a collector pause)",
+            True,
+            lambda: _every_7th(
+                step_time_ms=200.0, data_wait_ms=1.0, compute_ms=(190.0, lambda s: 40.0 + s % 3)
+            ),
+            expect=lambda finding: _expect_cause(finding, "compute"),
+        ),
+        Example(
+            "run: every 7th step's optimiser step takes 150 ms more",
+            True,
+            lambda: _every_7th(
+                step_time_ms=200.0, data_wait_ms=1.0, compute_ms=40.0, optimizer_ms=(151.0, 1.0)
+            ),
+            expect=lambda finding: _expect_cause(finding, "optimizer"),
         ),
         Example(
             "run: steady 50 ms steps with 2 ms noise",
@@ -431,3 +406,15 @@ def _every_7th(step_time_ms: float, **parts: Any) -> AnalysisInputs:
         step_time_ms=column((step_time_ms, lambda s: 50.0 + (s % 3))),
         **{name: column(value) for name, value in parts.items()},
     )
+
+
+def _expect_cause(finding: Finding, cause: str) -> None:
+    """An example's finding names ``cause`` in words, gives that cause's fix code and
+    claims no more saving than the excess it measured."""
+    assert finding.evidence["cause"] == CAUSE_WORDS[cause], finding.evidence["cause"]
+    assert f"from {CAUSE_WORDS[cause]}:" in finding.title, finding.title
+    assert f"the part that grew is {CAUSE_WORDS[cause]}." in finding.recommendation
+    assert finding.fix.code == FIX_CODE[cause], cause
+    # the saving is the measured excess, no more: 150 ms extra on 8 of 60 ~51 ms steps
+    excess = finding.evidence["excess_pct_of_step_time"]
+    assert finding.estimated_saving_pct == excess and 0 < excess < 50, excess

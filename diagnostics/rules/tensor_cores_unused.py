@@ -33,6 +33,7 @@ import polars as pl
 
 from diagnostics.facts.kernel_classes import CUDA_CORE_GEMM, TENSOR_CORE
 from diagnostics.model import AnalysisInputs
+from diagnostics.percent import pct
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import Example, Finding, Fix, Need, Rule, Severity, need_cuda_trace
 from diagnostics.rules.evidence import chart, cuda_trace, r
@@ -163,12 +164,12 @@ class TensorCoresUnused(Rule):
             Finding(
                 rule=self.id,
                 severity=self.severity,
-                title=f"{eligible_pct:.0f}% of GPU time is Tensor-Core-eligible work run without them",
+                title=f"{pct(eligible_pct)} of GPU time is Tensor-Core-eligible work run without them",
                 evidence=evidence,
                 recommendation=(
-                    f"On this compute capability {major}.{minor} GPU only {tc_pct:.1f}% of "
+                    f"On this compute capability {major}.{minor} GPU only {pct(tc_pct)} of "
                     f"kernel time used Tensor Cores while matmul/convolution work took "
-                    f"{eligible_pct:.0f}%. Train with autocast in {dtype}."
+                    f"{pct(eligible_pct)}. Train with autocast in {dtype}."
                 ),
                 fix=Fix(code=FIX_CODE, config_patch=patch),
                 estimated_saving_pct=saving_pct,
@@ -192,7 +193,7 @@ class TensorCoresUnused(Rule):
         share = min(cuda_core_us / basis_us, 1.0)
         saving = 100.0 * (1.0 - t.tensor_core_bf16_step_ratio) * share
         return r(saving, 1), (
-            f"{100 * share:.0f}% of {of} in CUDA-core GEMMs x (1 - "
+            f"{pct(100 * share)} of {of} in CUDA-core GEMMs x (1 - "
             f"{t.tensor_core_bf16_step_ratio}) measured bf16/fp32 step ratio"
         )
 

@@ -32,6 +32,7 @@ import polars as pl
 
 from diagnostics.metrics import median_share_pct, steady_steps
 from diagnostics.model import AnalysisInputs
+from diagnostics.percent import pct
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import (
     Example,
@@ -264,7 +265,7 @@ class TooFewWorkers(Rule):
         return Finding(
             rule=self.id,
             severity=severity,
-            title=f"{share:.1f} % of step time is spent waiting for the DataLoader",
+            title=f"{pct(share)} of step time is spent waiting for the DataLoader",
             evidence=evidence,
             recommendation=(
                 f"The step waits {wait:.1f} ms (median) for each batch while compute takes "

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from diagnostics import percent
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import Example, Finding, Fix, Need, Rule, Severity
@@ -129,11 +130,11 @@ class UnusedEmbeddingRows(Rule):
             Finding(
                 rule=self.id,
                 severity=self.severity,
-                title=f"{pct:.0f}% of the {vocab} vocabulary rows are never used by the data",
+                title=f"{percent.pct(pct)} of the {vocab} vocabulary rows are never used by the data",
                 evidence=evidence,
                 recommendation=(
                     f"The data uses {used} of {vocab} token ids. Pruning the other {unused} rows "
-                    f"saves {pct:.0f}% of the embedding{saved}: remap the ids the data uses to "
+                    f"saves {percent.pct(pct)} of the embedding{saved}: remap the ids the data uses to "
                     "0..n-1 once (the rest to [UNK]) and size the embedding to them. A smaller "
                     "tokenizer vocabulary would not shed them: WordPiece keeps its whole "
                     "character alphabet. The reference trainer does this with "

@@ -81,3 +81,11 @@ def test_people_numbers():
     assert fmt.usd(0.0012) == "$0.0012" and fmt.usd(1234.5) == "$1,234.50"
     assert fmt.ratio(2.5) == "2.50×" and fmt.ratio(None) == fmt.MISSING
     assert fmt.pct(float("nan")) == fmt.MISSING
+
+
+def test_unit_prices_show_the_digits_they_have():
+    # a vCPU-hour at $0.0425 read "$0.04" (6 % off); a whole-cent price keeps two decimals
+    assert fmt.unit_price(0.0425) == "$0.0425" and fmt.unit_price(0.0125) == "$0.0125"
+    assert fmt.unit_price(5.0) == "$5.00" and fmt.unit_price(3.06) == "$3.06"
+    assert fmt.unit_price(0.34) == "$0.34" and fmt.unit_price(1234.5) == "$1,234.50"
+    assert fmt.unit_price(0.00001) == "$0.00001" and fmt.unit_price(None) == fmt.MISSING

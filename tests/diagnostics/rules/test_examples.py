@@ -33,6 +33,8 @@ def test_example(rule, example):
         assert findings, f"{rule.id} did not fire on {example.name!r}"
         for finding in findings:
             _assert_complete(rule, finding)
+            if example.expect is not None:
+                example.expect(finding)
     else:
         assert findings == [], f"{rule.id} fired on {example.name!r}: {findings[0].title}"
 
