@@ -59,9 +59,10 @@ DEFAULT_BUSY_WAIT_S = 10.0
 # jemalloc (polars' allocator) otherwise starts a background purging thread; under an
 # address-space limit creating it fails, and polars' jemalloc then looped on
 # "<jemalloc>: background thread creation failed (11)" instead of aborting (3 of 8 runs of
-# the 216k-event trace at 600 MiB stalled to the time limit, writing ~10 MB/s of it to
-# stderr; 0 of 10 with this, each a clean abort in 2-4 s). Appended last, so it wins over a
-# user's _RJEM_MALLOC_CONF (polars adds its own options in front).
+# the 216k-event trace at 600 MiB with one polars thread stalled to the time limit,
+# writing 350-500 MB of it to stderr in 40 s; 0 of 16 with this, each a clean abort in
+# 1-2.5 s). Appended last, so it wins over a user's _RJEM_MALLOC_CONF (polars adds its own
+# options in front).
 _CHILD_JEMALLOC_CONF = "background_thread:false"
 # What is kept of the child's stderr (its first and last bytes): enough for the marker of
 # an allocation failure or the last line of a crash, never the whole of a looping writer.
