@@ -2,8 +2,10 @@
 
 analyze PATH [--format json|text] [-o FILE] [--max-decompressed-mb N] [--max-events N]
         [--max-memory-mb N] [--timeout-s S] [--thresholds FILE]
-    exit 0 with the result; 2 with one line on stderr for bad input or usage; 1 with one
-    line for an internal error (a bug: never a traceback either way).
+    exit 0 with the result; 2 with one line on stderr for bad input, usage or a resource
+    limit; 1 with one line for an internal error (a bug: never a traceback either way).
+    --max-memory-mb / --timeout-s, or an address-space limit the command already runs
+    under, analyse in the bounded child of diagnostics.isolated.
 report ...  -> diagnostics.report.cli.main ; rules ... -> diagnostics.rules.docs.main
 """
 
@@ -20,6 +22,7 @@ from diagnostics.cli_limits import LimitOptionError as _LimitOptionError
 from diagnostics.cli_limits import (
     add_isolation_options,
     add_limit_options,
+    analyse,
     isolation_from,
     limits_from,
     resource_error,
@@ -148,20 +151,11 @@ def analyze_main(argv: Sequence[str]) -> int:
         # CPU time, 10 MB less RSS with one). POLARS_MAX_THREADS set by the user wins.
         os.environ.setdefault("POLARS_MAX_THREADS", "1")
     # Imported after parsing so that usage errors stay instant.
-    from diagnostics.analyze import analyze
     from diagnostics.errors import InputError
     from diagnostics.thresholds import ThresholdsError
 
     try:
-        if child is None:
-            result = analyze(args.path, **limits, thresholds=args.thresholds)
-        else:
-            from diagnostics.isolated import analyze_isolated
-            from diagnostics.trace.budget import Limits
-
-            result = analyze_isolated(
-                args.path, limits=Limits(**limits), child=child, thresholds=args.thresholds
-            )
+        result = analyse(args.path, limits, child, args.thresholds)
         doc = result.to_json()
         text = (
             json.dumps(doc, indent=2, allow_nan=False) + "\n"

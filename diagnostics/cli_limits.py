@@ -2,7 +2,9 @@
 
 ``--max-decompressed-mb`` and ``--max-events`` default to the environment
 (PIPELINE_DOCTOR_MAX_DECOMPRESSED_MB / PIPELINE_DOCTOR_MAX_EVENTS, as the app reads
-them), else to the built-in limits of diagnostics.trace.budget. Imports nothing heavy, so
+them), else to the built-in limits of diagnostics.trace.budget. ``--max-memory-mb`` and
+``--timeout-s`` (or an address-space limit the command already runs under) move the
+analysis into the app's bounded child (diagnostics.isolated). Imports nothing heavy, so
 usage errors stay instant.
 """
 
@@ -10,6 +12,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from diagnostics.isolated import ChildLimits
+    from diagnostics.result import AnalysisResult
 
 
 class LimitOptionError(Exception):
@@ -79,28 +86,66 @@ def add_isolation_options(parser: argparse.ArgumentParser) -> None:
         "--max-memory-mb",
         type=float,
         help="analyse in a child process with this address-space limit, MiB (as the app does "
-        "for uploads); a failed allocation is then one line, exit 2",
+        "for uploads); a failed allocation is then one line, exit 2. Under an address-space "
+        "limit already (ulimit -v, prlimit --as) the child always runs, with that limit",
     )
     parser.add_argument(
         "--timeout-s",
         type=float,
-        help="analyse in a child process stopped after this many seconds (exit 2)",
+        help="analyse in a child process stopped after this many seconds (exit 2); default "
+        "in a child: $PIPELINE_DOCTOR_ANALYSIS_TIMEOUT_S, else 300",
     )
 
 
-def isolation_from(args: argparse.Namespace) -> object | None:
-    """The ChildLimits for the parsed options, or None to analyse in this process."""
-    if args.max_memory_mb is None and args.timeout_s is None:
+def isolation_from(args: argparse.Namespace) -> ChildLimits | None:
+    """The ChildLimits for the parsed options, or None to analyse in this process.
+
+    A child runs when a flag asks for one, and whenever this process already runs under an
+    address-space limit: there polars would abort the whole process (SIGABRT, no message) on
+    a failed allocation, where the child's abort is one line naming the limit. The child
+    gets that same limit (RLIMIT_AS counts per process, and a child may not raise it).
+    """
+    from diagnostics.process_limits import address_space_limit
+
+    inherited = address_space_limit()
+    if args.max_memory_mb is None and args.timeout_s is None and inherited is None:
         return None
     from diagnostics.isolated import ChildLimits
 
     for flag, value in (("--max-memory-mb", args.max_memory_mb), ("--timeout-s", args.timeout_s)):
         if value is not None and not value > 0:
             raise LimitOptionError(f"{flag} must be positive")
-    defaults = ChildLimits()
+    try:
+        defaults = ChildLimits.from_env()
+    except ValueError as exc:
+        raise LimitOptionError(str(exc)) from None
+    if args.max_memory_mb:
+        memory = int(args.max_memory_mb * 2**20)
+        how = "raise --max-memory-mb, or lower --max-events"
+    elif inherited is not None:
+        memory = inherited
+        how = "the address-space limit this command runs under: raise ulimit -v or prlimit --as"
+    else:
+        memory = defaults.memory_bytes
+        how = "raise --max-memory-mb, or lower --max-events"
     return ChildLimits(
-        memory_bytes=int(args.max_memory_mb * 2**20)
-        if args.max_memory_mb
-        else defaults.memory_bytes,
+        memory_bytes=memory,
         timeout_s=args.timeout_s or defaults.timeout_s,
+        raise_memory=how,
     )
+
+
+def analyse(
+    path: str, limits: dict[str, int], child: ChildLimits | None, thresholds: str | None = None
+) -> AnalysisResult:
+    """``diagnostics.analyze.analyze`` in this process (``child`` None) or in the bounded
+    child. In the child's case this process never imports the analyser's frames before the
+    result is in, so it stays small whatever the input."""
+    if child is None:
+        from diagnostics.analyze import analyze
+
+        return analyze(path, **limits, thresholds=thresholds)
+    from diagnostics.isolated import analyze_isolated
+    from diagnostics.trace.budget import Limits
+
+    return analyze_isolated(path, limits=Limits(**limits), child=child, thresholds=thresholds)

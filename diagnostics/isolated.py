@@ -7,7 +7,9 @@ So each upload is analysed by ``python -m diagnostics.isolated REQUEST``, a chil
 first sets its own address-space limit (``RLIMIT_AS``) and is killed at the time limit.
 Whatever ends the child (a refusal, a MemoryError, an abort, a kill, the timeout), the
 parent raises one :class:`~diagnostics.errors.InputError` line naming the limit, and
-carries on.
+carries on. The child dies with its parent (no orphan analysis after a killed server), its
+stderr is read through a bounded buffer, and at most ``PIPELINE_DOCTOR_MAX_ANALYSES``
+children run at once per process (N uploads at once would otherwise use N memory limits).
 
 For an upload (:func:`analyze_upload_isolated`) the child also identifies each file and
 builds its drill-down, writing each event table to the upload's step folder, so the server
@@ -27,12 +29,14 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from diagnostics.errors import InputError
+from diagnostics.process_limits import KeptOutput, address_space_limit, die_with_parent_preexec
 from diagnostics.trace.budget import Limits, human_bytes
 
 if TYPE_CHECKING:
@@ -48,9 +52,26 @@ DEFAULT_ANALYSIS_MEMORY_BYTES = 8 * 1024**3
 DEFAULT_ANALYSIS_TIMEOUT_S = 300.0
 ENV_ANALYSIS_MEMORY_MB = "PIPELINE_DOCTOR_ANALYSIS_MEMORY_MB"
 ENV_ANALYSIS_TIMEOUT_S = "PIPELINE_DOCTOR_ANALYSIS_TIMEOUT_S"
+# Each child may use the whole memory limit: two at once keep a server's worst case at
+# twice the limit, whatever the number of users uploading.
+DEFAULT_MAX_ANALYSES = 2
+ENV_MAX_ANALYSES = "PIPELINE_DOCTOR_MAX_ANALYSES"
+# How long an analysis waits for a running one to end before it is told the server is busy:
+# the small uploads most users make analyse in a few seconds.
+DEFAULT_BUSY_WAIT_S = 10.0
+# jemalloc (polars' allocator) otherwise starts a background purging thread; under an
+# address-space limit creating it fails, and polars' jemalloc then looped on
+# "<jemalloc>: background thread creation failed (11)" instead of aborting (3 of 8 runs of
+# the 216k-event trace at 600 MiB with one polars thread stalled to the time limit,
+# writing 350-500 MB of it to stderr in 40 s; 0 of 16 with this, each a clean abort in
+# 1-2.5 s). Appended last, so it wins over a user's _RJEM_MALLOC_CONF (polars adds its own
+# options in front).
+_CHILD_JEMALLOC_CONF = "background_thread:false"
+# What is kept of the child's stderr (its first and last bytes): enough for the marker of
+# an allocation failure or the last line of a crash, never the whole of a looping writer.
+_STDERR_KEEP_BYTES = 16 * 1024
 # Exit codes of the child besides 0 (result written) and signals.
 _EXIT_INPUT, _EXIT_MEMORY, _EXIT_RECURSION, _EXIT_BUG = 2, 3, 4, 1
-_STDERR_TAIL_BYTES = 2000
 # What a child that ran out of address space may say on its way out.
 _MEMORY_MARKERS = (
     "memory allocation",
@@ -58,6 +79,10 @@ _MEMORY_MARKERS = (
     "Cannot allocate memory",
     "MemoryError",
     "out of memory",
+    # a Rust thread whose stack cannot be mapped: EAGAIN, as a PanicException (1 of 8 runs
+    # of `report` on the 216k-event trace at 600 MiB)
+    "Os { code: 11,",
+    "failed to spawn thread",
 )
 
 
@@ -67,10 +92,21 @@ class AnalysisStopped(InputError):
 
 @dataclass(frozen=True)
 class ChildLimits:
-    """What one isolated analysis may use beyond the input budgets."""
+    """What one isolated analysis may use beyond the input budgets.
+
+    ``max_analyses`` bounds the children this process runs at once (the app's users share
+    it); a further one waits up to ``busy_wait_s``, then is refused as busy. ``raise_memory``
+    says how to raise the memory limit in its error line (the app's variable, a CLI flag, the
+    shell's ``ulimit -v``).
+    """
 
     memory_bytes: int = DEFAULT_ANALYSIS_MEMORY_BYTES
     timeout_s: float = DEFAULT_ANALYSIS_TIMEOUT_S
+    max_analyses: int = DEFAULT_MAX_ANALYSES
+    busy_wait_s: float = DEFAULT_BUSY_WAIT_S
+    raise_memory: str = field(
+        default=f"raise {ENV_ANALYSIS_MEMORY_MB}, or upload fewer or smaller traces", compare=False
+    )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ChildLimits:
@@ -79,6 +115,7 @@ class ChildLimits:
         for name, default in (
             (ENV_ANALYSIS_MEMORY_MB, DEFAULT_ANALYSIS_MEMORY_BYTES / 2**20),
             (ENV_ANALYSIS_TIMEOUT_S, DEFAULT_ANALYSIS_TIMEOUT_S),
+            (ENV_MAX_ANALYSES, DEFAULT_MAX_ANALYSES),
         ):
             raw = environ.get(name, "").strip()
             try:
@@ -88,27 +125,22 @@ class ChildLimits:
             if not value > 0:
                 raise ValueError(f"{name}={raw!r} must be positive")
             values[name] = value
+        if values[ENV_MAX_ANALYSES] != int(values[ENV_MAX_ANALYSES]):
+            raise ValueError(
+                f"{ENV_MAX_ANALYSES}={environ[ENV_MAX_ANALYSES]!r} is not a whole number"
+            )
         return cls(
             memory_bytes=int(values[ENV_ANALYSIS_MEMORY_MB] * 2**20),
             timeout_s=values[ENV_ANALYSIS_TIMEOUT_S],
+            max_analyses=int(values[ENV_MAX_ANALYSES]),
         )
 
 
-def _memory_message(memory_bytes: int) -> str:
+def _memory_message(child: ChildLimits) -> str:
     return (
-        f"the analysis needed more than {human_bytes(memory_bytes)} of memory, the limit "
-        f"(raise {ENV_ANALYSIS_MEMORY_MB}, or upload fewer or smaller traces); "
-        "it was stopped and nothing else was affected"
+        f"the analysis needed more than {human_bytes(child.memory_bytes)} of memory, the limit "
+        f"({child.raise_memory}); it was stopped and nothing else was affected"
     )
-
-
-def _read_tail(path: Path) -> str:
-    try:
-        with path.open("rb") as handle:
-            handle.seek(max(0, path.stat().st_size - _STDERR_TAIL_BYTES))
-            return handle.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
 
 
 def _read_error(path: Path) -> dict[str, str]:
@@ -179,6 +211,36 @@ def analyze_isolated(
     return _isolated(request, str(path), limits, child)
 
 
+class _Slots:
+    """The analyses this process runs at once (one child each), shared by all its threads."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self.running = 0
+
+    @contextlib.contextmanager
+    def hold(self, source: str, child: ChildLimits) -> Iterator[None]:
+        with self._changed:
+            if not self._changed.wait_for(
+                lambda: self.running < child.max_analyses, timeout=child.busy_wait_s
+            ):
+                raise AnalysisStopped(
+                    source,
+                    f"busy: {self.running} analyses are running; try again in a moment "
+                    f"(at most {child.max_analyses} at once, {ENV_MAX_ANALYSES})",
+                )
+            self.running += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self.running -= 1
+                self._changed.notify()
+
+
+_slots = _Slots()
+
+
 def _isolated(
     request: dict[str, object],
     source: str,
@@ -190,50 +252,62 @@ def _isolated(
         child = child or ChildLimits.from_env()
     except ValueError as exc:
         raise InputError("server configuration", str(exc)) from None
-    work = Path(tempfile.mkdtemp(prefix="pipeline-doctor-analysis-"))
-    try:
-        request = {
-            **request,
-            "max_decompressed_bytes": limits.max_decompressed_bytes,
-            "max_events": limits.max_events,
-            "memory_bytes": child.memory_bytes,
-            "result": str(work / "result.pickle"),
-            "error": str(work / "error.json"),
-        }
-        (work / "request.json").write_text(json.dumps(request), encoding="utf-8")
-        code = _run_child(work, child.timeout_s)
-        if code == 0:
-            with (work / "result.pickle").open("rb") as handle:
-                return pickle.load(handle)  # written by our own child, never by a user
-        raise _stopped(code, work, source, child)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    inherited = address_space_limit()
+    if inherited is not None and inherited < child.memory_bytes:
+        # the child inherits this process's limit and may not raise it
+        child = replace(
+            child,
+            memory_bytes=inherited,
+            raise_memory="the address-space limit this process runs under: ulimit -v, prlimit --as",
+        )
+    with _slots.hold(source, child):
+        work = Path(tempfile.mkdtemp(prefix="pipeline-doctor-analysis-"))
+        try:
+            request = {
+                **request,
+                "max_decompressed_bytes": limits.max_decompressed_bytes,
+                "max_events": limits.max_events,
+                "memory_bytes": child.memory_bytes,
+                "result": str(work / "result.pickle"),
+                "error": str(work / "error.json"),
+            }
+            (work / "request.json").write_text(json.dumps(request), encoding="utf-8")
+            code, stderr = _run_child(work, child.timeout_s)
+            if code == 0:
+                with (work / "result.pickle").open("rb") as handle:
+                    return pickle.load(handle)  # written by our own child, never by a user
+            raise _stopped(code, work, source, child, stderr)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
 
 
-def _stopped(code: int | None, work: Path, source: str, child: ChildLimits) -> Exception:
+def _stopped(
+    code: int | None, work: Path, source: str, child: ChildLimits, stderr: str
+) -> Exception:
     """The one-line error for a child that did not write a result."""
+    error = _read_error(work / "error.json")
+    # Rust's allocation failure aborts (SIGABRT) after "memory allocation of N bytes
+    # failed"; the kernel's OOM killer sends SIGKILL; polars' allocator may instead fail to
+    # map a thread's stack ("<jemalloc>: background thread creation failed (11)") and then
+    # stall, so a timeout that says so is the memory limit too
+    said = f"{stderr} {error.get('message', '')}"
+    out_of_memory = any(marker in said for marker in _MEMORY_MARKERS)
     if code is None:
+        if out_of_memory:
+            return AnalysisStopped(source, _memory_message(child))
         return AnalysisStopped(
             source,
             f"the analysis took longer than {child.timeout_s:g} s, the time limit "
             f"(raise {ENV_ANALYSIS_TIMEOUT_S}); it was stopped and nothing else was affected",
         )
-    error = _read_error(work / "error.json")
-    stderr = _read_tail(work / "stderr.txt")
     if code == _EXIT_INPUT and error.get("thresholds"):
         from diagnostics.thresholds import ThresholdsError
 
         return ThresholdsError(error["thresholds"])
     if code == _EXIT_INPUT and error.get("message"):
         return InputError(error.get("source", source), error.get("problem", error["message"]))
-    # Rust's allocation failure aborts (SIGABRT) after "memory allocation of N bytes
-    # failed"; the kernel's OOM killer sends SIGKILL; polars' allocator may instead fail to
-    # map a thread's stack ("<jemalloc>: background thread creation failed (11)")
-    said = f"{stderr} {error.get('message', '')}"
-    if code in (_EXIT_MEMORY, -signal.SIGABRT, -signal.SIGKILL) or any(
-        marker in said for marker in _MEMORY_MARKERS
-    ):
-        return AnalysisStopped(source, _memory_message(child.memory_bytes))
+    if code in (_EXIT_MEMORY, -signal.SIGABRT, -signal.SIGKILL) or out_of_memory:
+        return AnalysisStopped(source, _memory_message(child))
     if code == _EXIT_RECURSION:
         return AnalysisStopped(
             source, f"nested too deeply to analyse (the recursion limit, {error.get('limit')})"
@@ -246,28 +320,44 @@ def _stopped(code: int | None, work: Path, source: str, child: ChildLimits) -> E
     return AnalysisStopped(source, f"internal error in the analysis: {detail}")
 
 
-def _run_child(work: Path, timeout_s: float) -> int | None:
-    """Runs the child on work/request.json; its exit code, or None after the timeout."""
+def _child_env() -> dict[str, str]:
     package_root = str(Path(__file__).resolve().parent.parent)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-    with (work / "stderr.txt").open("wb") as stderr:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "diagnostics.isolated", str(work / "request.json")],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-            env=env,
-            cwd=os.getcwd(),
-            start_new_session=True,  # its own group: a kill reaches polars' threads too
-        )
-        try:
-            return process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
+    env["_RJEM_MALLOC_CONF"] = ",".join(
+        filter(None, [env.get("_RJEM_MALLOC_CONF"), _CHILD_JEMALLOC_CONF])
+    )
+    return env
+
+
+def _run_child(work: Path, timeout_s: float) -> tuple[int | None, str]:
+    """Runs the child on work/request.json: (its exit code, or None after the timeout; what
+    it wrote to stderr, bounded)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "diagnostics.isolated", str(work / "request.json")],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=_child_env(),
+        cwd=os.getcwd(),
+        start_new_session=True,  # its own group: a kill reaches its pool workers too
+        preexec_fn=die_with_parent_preexec(),  # no orphan when this process is killed
+    )
+    assert process.stderr is not None
+    stderr = KeptOutput(process.stderr, _STDERR_KEEP_BYTES)
+    code: int | None = None
+    try:
+        code = process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        if code is None:  # the time limit, or this thread interrupted (Ctrl-C)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-            return None
+    text = stderr.text()
+    process.stderr.close()
+    return code, text
 
 
 # -- the child ---------------------------------------------------------------------------

@@ -6,7 +6,9 @@ process; only the facts come back. The parent never holds more than one rank's e
 (the primary rank's, which the rules read), so peak memory is about (workers + 1) traces,
 whatever the number of ranks. Workers are a process pool sized to the usable cores (at most
 ``MAX_POOL_WORKERS``); they are started with ``spawn`` (no fork of a parent that may run
-threads, e.g. the app).
+threads, e.g. the app). The input's byte and event budgets hold for all workers together
+(one set of shared totals), and an address-space limit on the starting process (the
+analysis child's) is shared among its workers, not given to each.
 
 Ranks come from each file's ``distributedInfo.rank`` or its name (``rank3``). When a file
 has neither, or two files claim one rank (profiler windows of one process), the sequential
@@ -20,12 +22,14 @@ import multiprocessing
 import os
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
 from diagnostics.errors import InputError
 from diagnostics.model import TraceFacts
-from diagnostics.trace.budget import Budget, Limits
+from diagnostics.process_limits import address_space_limit, address_space_used, die_with_parent
+from diagnostics.trace.budget import Budget, Limits, SharedTotals
 from diagnostics.trace.schema import TraceMetadata
 
 # Below this many files the pool's start-up (a second or so of imports per worker) costs
@@ -52,11 +56,45 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+# A worker reading one real rank file maps 1.0-1.4 GB of address space (216k events: 1.4
+# GB VmPeak for 259 MB resident; most of it polars' and jemalloc's reservations). Under an
+# address-space limit the pool runs no more workers than get this much each.
+MIN_WORKER_ADDRESS_SPACE = 2 * 1024**3
+
+_totals: SharedTotals | None = None  # the input's shared totals, set in each worker
+
+
+def _start_worker(totals: SharedTotals, parent: int, address_space: int | None) -> None:
+    global _totals
+    _totals = totals
+    die_with_parent(parent)  # a killed analysis child takes its workers with it
+    if address_space is not None:
+        import resource
+
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        resource.setrlimit(resource.RLIMIT_AS, (address_space, hard))
+
+
+def pool_plan(workers: int, address_space: int | None, used: int) -> tuple[int, int | None]:
+    """(workers, each worker's address-space limit) for a pool started by a process that
+    maps ``used`` bytes under a limit of ``address_space`` (None: unlimited).
+
+    A limit holds for the pool as a whole, not once per worker: the workers share what the
+    starting process leaves free (it waits while they run), in parts of at least
+    MIN_WORKER_ADDRESS_SPACE where the limit allows, so N workers never use N limits.
+    """
+    if address_space is None:
+        return workers, None
+    free = max(address_space - used, 0)
+    workers = max(1, min(workers, free // MIN_WORKER_ADDRESS_SPACE))
+    return workers, max(free // workers, 1)
+
+
 def _digest(path: str, display: str, limits: Limits) -> RankDigest | tuple[str, str]:
     from diagnostics.facts import compute_facts
     from diagnostics.trace.loader import load_trace_file
 
-    budget = Budget(limits)
+    budget = Budget(limits, totals=_totals)
     try:
         trace = load_trace_file(path, display_name=display, budget=budget)
         facts = compute_facts(trace.events, trace.metadata)
@@ -70,29 +108,42 @@ def digest_files(
     names: Sequence[str],
     limits: Limits | None = None,
     workers: int | None = None,
+    totals: SharedTotals | None = None,
 ) -> list[RankDigest]:
     """Every file's digest, in the files' order; raises the first file's InputError.
 
-    ``limits`` hold for the files together, as on the sequential path: each worker stops a
-    file that alone goes over them (so a worker's memory stays bounded), and the sum over
-    the files is checked once they are in (BudgetExceeded naming the file that crossed it).
+    ``limits`` hold for the files together, as on the sequential path: every worker draws
+    on one set of ``totals`` (made here unless given), so the block that takes the input
+    over a limit is refused in whichever worker reads it, and the others stop at their next
+    block. Under an address-space limit the workers share it (:func:`pool_plan`). Raises
+    MemoryError when a worker dies under such a limit (polars aborts on a failed allocation).
     """
     limits = limits or Limits()
-    workers = max(1, min(workers or min(usable_cores(), MAX_POOL_WORKERS), len(files)))
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        results = list(
-            pool.map(_digest, [str(f) for f in files], list(names), [limits] * len(files))
-        )
-    digests = []
-    for result in results:
-        if isinstance(result, tuple):
-            raise InputError(*result)
-        digests.append(result)
-    total = Budget(limits)
-    for name, digest in zip(names, digests, strict=True):
-        total.take_bytes(digest.decompressed_bytes, name, compressed=name.endswith(".gz"))
-        total.take_events(digest.events, name)
+    totals = totals or SharedTotals(context)
+    workers = max(1, min(workers or min(usable_cores(), MAX_POOL_WORKERS), len(files)))
+    workers, worker_space = pool_plan(workers, address_space_limit(), address_space_used())
+    with ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=context,
+        initializer=_start_worker,
+        initargs=(totals, os.getpid(), worker_space),
+    ) as pool:
+        futures = [
+            pool.submit(_digest, str(f), name, limits) for f, name in zip(files, names, strict=True)
+        ]
+        digests = []
+        try:
+            for future in futures:
+                result = future.result()
+                if isinstance(result, tuple):
+                    raise InputError(*result)
+                digests.append(result)
+        except (InputError, BrokenProcessPool) as exc:
+            pool.shutdown(wait=True, cancel_futures=True)
+            if isinstance(exc, BrokenProcessPool) and worker_space is not None:
+                raise MemoryError(f"a rank worker died under {worker_space} bytes") from None
+            raise
     return digests
 
 

@@ -11,7 +11,15 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from diagnostics.cli_limits import LimitOptionError, add_limit_options, limits_from, resource_error
+from diagnostics.cli_limits import (
+    LimitOptionError,
+    add_isolation_options,
+    add_limit_options,
+    analyse,
+    isolation_from,
+    limits_from,
+    resource_error,
+)
 from diagnostics.errors import InputError
 from diagnostics.report.formats import FORMAT_NAMES, render_report
 from diagnostics.report.pricing import GPU_PRICES, Pricing
@@ -63,6 +71,7 @@ def _parser() -> argparse.ArgumentParser:
         "--gpus", type=int, help="GPUs the job uses (default: its world size, else 1)"
     )
     add_limit_options(parser)
+    add_isolation_options(parser)
     return parser
 
 
@@ -79,6 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             gpus=args.gpus,
         )
         limits = limits_from(args)
+        child = isolation_from(args)
     except (_UsageError, LimitOptionError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -87,15 +97,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
     # Imported here so `--help` and option errors stay fast.
-    from diagnostics.analyze import analyze
     from diagnostics.compare import compare
     from diagnostics.report.model import build_comparison_report, build_report
 
     try:
-        result = analyze(args.path, **limits)
+        result = analyse(args.path, limits, child)
         if args.compare:
             report = build_comparison_report(
-                compare(result, analyze(args.compare, **limits)), pricing=pricing
+                compare(result, analyse(args.compare, limits, child)), pricing=pricing
             )
         else:
             report = build_report(result, pricing=pricing)

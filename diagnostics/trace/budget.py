@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from diagnostics.errors import InputError
 
@@ -73,21 +74,62 @@ class Limits:
         return cls(max_decompressed_bytes=int(mib * 2**20), max_events=int(events))
 
 
+class SharedTotals:
+    """One input's running totals, shared by the processes that read its files at once.
+
+    The rank pool reads several files in parallel, one per worker process: with a budget
+    each, a refusal would only come once every file is in (N workers, each up to the whole
+    budget). Every worker's :class:`Budget` adds to these counters instead, so the first
+    block that takes the input over a limit is refused, in whichever worker reads it. Hand
+    it to a worker when the process starts (pool initializer), not with each task.
+    """
+
+    def __init__(self, context: Any = None):
+        import multiprocessing
+
+        # [decompressed bytes, events], under the array's own lock
+        self._counts = (context or multiprocessing.get_context()).Array("q", 2)
+
+    def _add(self, index: int, n: int) -> int:
+        with self._counts.get_lock():
+            self._counts[index] += n
+            return int(self._counts[index])
+
+    def add_bytes(self, n: int) -> int:
+        return self._add(0, n)
+
+    def add_events(self, n: int) -> int:
+        return self._add(1, n)
+
+    @property
+    def bytes_read(self) -> int:
+        return int(self._counts[0])
+
+    @property
+    def events_read(self) -> int:
+        return int(self._counts[1])
+
+
 class Budget:
     """What is left of one input's :class:`Limits` while its files are read.
 
-    Files are read one after another (the inflate thread of one file at a time draws on
-    it), so plain counters suffice.
+    ``bytes_read`` and ``events_read`` are what was read through this budget. The limits
+    hold for their sum, or, given ``totals``, for the totals of every budget sharing them
+    (files read in parallel by other processes). Files read by one process are read one
+    after another (the inflate thread of one file at a time draws on it), so plain
+    counters suffice there.
     """
 
-    def __init__(self, limits: Limits | None = None):
+    def __init__(self, limits: Limits | None = None, totals: SharedTotals | None = None):
         self.limits = limits or Limits()
+        self.totals = totals
         self.bytes_read = 0
         self.events_read = 0
 
     def take_bytes(self, n: int, display: str, *, compressed: bool) -> None:
         self.bytes_read += n
-        if self.bytes_read > self.limits.max_decompressed_bytes:
+        total = self.totals.add_bytes(n) if self.totals is not None else self.bytes_read
+        if total > self.limits.max_decompressed_bytes:
             what = "decompresses to" if compressed else "is"
             raise BudgetExceeded(
                 display,
@@ -98,7 +140,8 @@ class Budget:
 
     def take_events(self, n: int, display: str) -> None:
         self.events_read += n
-        if self.events_read > self.limits.max_events:
+        total = self.totals.add_events(n) if self.totals is not None else self.events_read
+        if total > self.limits.max_events:
             raise BudgetExceeded(
                 display,
                 f"holds more than {self.limits.max_events:,} events (all files of the input "
