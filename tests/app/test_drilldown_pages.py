@@ -79,6 +79,30 @@ def test_upload_as_ranks_shows_the_per_rank_table(empty_env, shared_traces_dir, 
     assert "Ranks" in [s.value for s in at.subheader]
     identities = at.dataframe[0].value
     assert list(identities["file"]) == [v100.name, h200_trace.name]
+    assert list(identities.columns) == [
+        "file",
+        "rank",
+        "world size",
+        "GPU",
+        "PyTorch",
+        "job",
+        "host",
+        "recorded (UTC)",
+        "recording span (ms)",
+        "events",
+    ]
+    # the per-rank table reads as people's words with units, not facts.ranks' columns
+    per_rank = at.dataframe[1].value
+    assert list(per_rank.columns)[:6] == [
+        "rank",
+        "profiled steps",
+        "step time, mean (ms)",
+        "step time, median (ms)",
+        "step time, max (ms)",
+        "GPU utilisation (%)",
+    ]
+    assert not any("_" in column for column in per_rank.columns)
+    assert len(per_rank) == 2
     assert at.metric  # analysed
 
 

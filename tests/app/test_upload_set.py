@@ -166,6 +166,19 @@ def test_two_h200_single_process_traces_wait_for_an_answer(tmp_path):
     assert asked.identities["rank"].to_list() == [None, None]
 
 
+def test_every_table_column_has_a_label_with_its_unit():
+    from diagnostics.facts.ranks import RANKS_SCHEMA
+    from diagnostics.views.upload_set import IDENTITY_LABELS, IDENTITY_SCHEMA, RANKS_LABELS
+
+    assert list(IDENTITY_LABELS) == list(IDENTITY_SCHEMA)
+    assert set(RANKS_LABELS) == set(RANKS_SCHEMA)
+    for column, label in {**IDENTITY_LABELS, **RANKS_LABELS}.items():
+        assert "_" not in label
+        for unit, shown in (("_ms", "(ms)"), ("_pct", "(%)")):
+            if unit in column:
+                assert label.endswith(shown), (column, label)
+
+
 def test_drill_down_modules_import_neither_streamlit_nor_torch():
     import subprocess
     import sys
