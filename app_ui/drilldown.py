@@ -15,8 +15,9 @@ import streamlit as st
 from app_ui.render import PLOTLY_CONFIG
 from app_ui.safe_text import md_text
 from diagnostics.drilldown import PERFETTO_STEPS, DrillDown, search
+from diagnostics.drilldown.kernels import no_kernels_text
 from diagnostics.errors import InputError
-from diagnostics.report import drill_plots, plots
+from diagnostics.report import drill_plots
 
 TABS = ("Overview", "Operators", "Kernels", "Memory", "Timeline", "Export")
 MS = st.column_config.NumberColumn
@@ -113,7 +114,7 @@ def _overview(drill: DrillDown, key_prefix: str) -> None:
         )
     with right:
         st.plotly_chart(
-            plots.breakdown_figure(drill.breakdown),
+            drill_plots.steps_figure(drill.breakdown),
             config=PLOTLY_CONFIG,
             key=f"{key_prefix}-overview-steps",
         )
@@ -141,6 +142,9 @@ def _operators(drill: DrillDown, key_prefix: str) -> None:
 
 
 def _kernels(drill: DrillDown, key_prefix: str) -> None:
+    if drill.kernels.height == 0:
+        st.info(no_kernels_text(drill.trace.metadata.device_properties), icon=":material/memory:")
+        return
     query = st.text_input("Search kernels", key=f"{key_prefix}-kernel-search")
     shown = search(drill.kernels, query, column="kernel")
     if drill.kernels.height and drill.kernels["occupancy_pct"].null_count() == drill.kernels.height:

@@ -6,7 +6,13 @@ from __future__ import annotations
 import streamlit as st
 
 from app_ui.safe_text import md_text
-from diagnostics.views.upload_set import UploadResult, UploadSet
+from diagnostics.views.upload_set import (
+    IDENTITY_LABELS,
+    RANKS_LABELS,
+    UploadResult,
+    UploadSet,
+    labelled,
+)
 
 
 def ask_ranks_or_separate(upload_set: UploadSet, key: str) -> None:
@@ -17,7 +23,7 @@ def ask_ranks_or_separate(upload_set: UploadSet, key: str) -> None:
         + "\n".join(f"- {md_text(reason)}" for reason in upload_set.mismatches),
         icon=":material/help:",
     )
-    st.dataframe(upload_set.identities, hide_index=True, width="stretch")
+    _identities(upload_set)
     ranks, separate = st.columns(2)
     if ranks.button("Analyse as ranks of one job", icon=":material/join:", width="stretch"):
         st.session_state["upload_mode"] = (key, "ranks")
@@ -48,7 +54,11 @@ def rank_tables(upload_set: UploadSet, chosen: UploadResult) -> None:
             "Analysed as ranks of one job at your request, although: "
             + md_text("; ".join(upload_set.mismatches))
         )
-    st.dataframe(upload_set.identities, hide_index=True, width="stretch")
+    _identities(upload_set)
     facts = chosen.result.facts
     if facts is not None and facts.ranks is not None:
-        st.dataframe(facts.ranks, hide_index=True, width="stretch")
+        st.dataframe(labelled(facts.ranks, RANKS_LABELS), hide_index=True, width="stretch")
+
+
+def _identities(upload_set: UploadSet) -> None:
+    st.dataframe(labelled(upload_set.identities, IDENTITY_LABELS), hide_index=True, width="stretch")

@@ -29,9 +29,6 @@ from diagnostics.trace.loader import load_trace_file
 from diagnostics.trace.schema import LoadedTrace
 
 Mode = Literal["ranks", "separate"]
-# Ranks of one job record at the same time; profiler windows of one long job can be hours
-# apart. Files recorded further apart than this are not one job.
-MAX_JOB_SPREAD_S = 24 * 3600.0
 # Top-level keys some schedulers write that name the job (MAST/TorchX, Slurm-like labels).
 JOB_KEYS = ("mast_job_name", "tw_job", "job_name", "job_id")
 HOST_KEYS = ("host_name", "hostname")
@@ -109,6 +106,7 @@ def identity(name: str, trace: LoadedTrace) -> dict[str, Any]:
         "span_ms": (float(end) - float(start)) / 1000.0 if start is not None else None,
         "events": events.height,
         "_start_s": float(start) / 1e6 + meta.clock_offset_s if start is not None else None,
+        "_end_s": float(end) / 1e6 + meta.clock_offset_s if end is not None else None,
     }
 
 
@@ -120,6 +118,68 @@ def _differs(rows: list[dict[str, Any]], key: str, what: str) -> str | None:
     return f"{what} differ ({listed})"
 
 
+def _rank_text(row: dict[str, Any]) -> str:
+    if row["rank"] is None:
+        return f"{row['file']}: no distributedInfo"
+    of = f" of {row['world_size']}" if row["world_size"] is not None else ""
+    return f"{row['file']}: rank {row['rank']}{of}"
+
+
+def _rank_reasons(rows: list[dict[str, Any]]) -> list[str]:
+    """Whether distributedInfo says these are distinct ranks of one job."""
+    with_rank = [row for row in rows if row["rank"] is not None]
+    if not with_rank:
+        return [
+            "None of the files carries distributedInfo (rank and world size): nothing "
+            "says they are ranks of one job"
+        ]
+    if len(with_rank) < len(rows):
+        listed = "; ".join(_rank_text(row) for row in rows)
+        return [f"Only some files carry distributedInfo ({listed})"]
+    reasons = []
+    by_rank: dict[int, list[str]] = {}
+    for row in rows:
+        by_rank.setdefault(row["rank"], []).append(row["file"])
+    for rank, files in sorted(by_rank.items()):
+        if len(files) > 1:
+            reasons.append(f"Rank {rank} appears {len(files)} times ({'; '.join(files)})")
+    beyond = [
+        _rank_text(row)
+        for row in rows
+        if row["world_size"] is not None and not 0 <= row["rank"] < row["world_size"]
+    ]
+    if beyond:
+        reasons.append(f"Ranks outside their world size ({'; '.join(beyond)})")
+    return reasons
+
+
+def _gap_text(seconds: float) -> str:
+    if seconds >= 2 * 86400:
+        return f"{seconds / 86400:,.0f} days"
+    if seconds >= 2 * 3600:
+        return f"{seconds / 3600:,.0f} h"
+    if seconds >= 120:
+        return f"{seconds / 60:,.0f} min"
+    return f"{seconds:,.1f} s"
+
+
+def _time_reason(rows: list[dict[str, Any]]) -> str | None:
+    """Ranks of one job profile the same steps, so their recording windows overlap."""
+    timed = [row for row in rows if row["_start_s"] is not None and row["_end_s"] is not None]
+    if len(timed) < 2:
+        return None
+    gap_s = max(row["_start_s"] for row in timed) - min(row["_end_s"] for row in timed)
+    if gap_s <= 0:
+        return None
+    listed = "; ".join(
+        f"{row['file']}: {row['recorded']} for {row['span_ms'] / 1000.0:,.1f} s" for row in timed
+    )
+    return (
+        f"Recorded {_gap_text(gap_s)} apart, where ranks of one job record at the same "
+        f"time ({listed})"
+    )
+
+
 def mismatches(rows: list[dict[str, Any]]) -> tuple[str, ...]:
     """Why these files may not be ranks of one job, one line per reason."""
     if len(rows) < 2:
@@ -129,12 +189,9 @@ def mismatches(rows: list[dict[str, Any]]) -> tuple[str, ...]:
         _differs(rows, "pytorch", "PyTorch versions"),
         _differs(rows, "world_size", "World sizes (distributedInfo)"),
         _differs(rows, "job", "Job names"),
+        *_rank_reasons(rows),
+        _time_reason(rows),
     ]
-    starts = sorted(row["_start_s"] for row in rows if row["_start_s"] is not None)
-    if len(starts) >= 2 and starts[-1] - starts[0] > MAX_JOB_SPREAD_S:
-        days = (starts[-1] - starts[0]) / 86400.0
-        listed = "; ".join(f"{row['file']}: {row['recorded']}" for row in rows)
-        reasons.append(f"Recorded {days:,.0f} days apart ({listed})")
     return tuple(reason for reason in reasons if reason)
 
 

@@ -78,3 +78,11 @@ def kernel_view(index: TraceIndex) -> pl.DataFrame:
         .cast(KERNEL_VIEW_SCHEMA)
         .sort(["total_us", "kernel"], descending=[True, False])
     )
+
+
+def no_kernels_text(device_properties: object) -> str:
+    """What the Kernels view says instead of an empty table. Kineto writes
+    deviceProperties only when CUDA was there, so a trace without them is a CPU run."""
+    if device_properties:
+        return "No GPU kernels in this trace (the profiler recorded no CUDA activity)."
+    return "No GPU kernels in this trace (a CPU run)."

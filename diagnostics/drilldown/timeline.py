@@ -13,6 +13,7 @@ longer than HTA's kernel-wait threshold (shorter gaps are launch overhead) and t
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import polars as pl
@@ -140,14 +141,24 @@ def _merge(frame: pl.DataFrame, keys: list[str], tolerance_us: float) -> pl.Data
     )
 
 
+def _thread_label(name: str | None, tid: int) -> str:
+    """The thread's name with its id once: Kineto names threads "thread 783658 (python3.8)"
+    already, other writers just "python"."""
+    name = (name or "").strip()
+    if not name:
+        return f"thread {tid}"
+    if re.search(rf"(?<!\d){tid}(?!\d)", name):
+        return name
+    return f"{name} ({tid})"
+
+
 def _lane_names(lanes: pl.DataFrame, thread_names: dict[tuple[int, int], str]) -> pl.DataFrame:
     labels = []
     for is_gpu, a, b in lanes.select("is_gpu", "a", "b").iter_rows():
         if is_gpu:
             labels.append(f"GPU {a} · stream {b}")
         else:
-            name = thread_names.get((a, b))
-            labels.append(f"CPU · {name} ({b})" if name else f"CPU · thread {b}")
+            labels.append(f"CPU · {_thread_label(thread_names.get((a, b)), b)}")
     return lanes.with_columns(pl.Series("lane", labels, dtype=pl.String))
 
 

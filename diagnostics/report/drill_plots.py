@@ -12,6 +12,7 @@ import plotly.graph_objects as go
 import polars as pl
 
 from diagnostics.drilldown.timeline import Timeline
+from diagnostics.report import plots
 from diagnostics.report.figure_style import empty_figure, layout, safe_text
 
 # torch-tb-profiler's colours for its categories, close to plots.BREAKDOWN_PARTS
@@ -39,6 +40,8 @@ KIND_STYLE: dict[str, tuple[str, str]] = {
 KIND_OFFSET = {"runtime": 0.22}
 KIND_WIDTH_PX = {"runtime": 6}
 IDLE_COLOUR = "rgba(214, 39, 40, 0.45)"
+# Curves that never reach this are drawn as 0.0 MiB by the hover's one decimal: hidden.
+NEGLIGIBLE_MIB = 0.05
 LANE_PX = 30
 BAR_PX = 16
 
@@ -65,6 +68,28 @@ def overview_figure(overview: pl.DataFrame) -> go.Figure:
     return fig
 
 
+def steps_figure(breakdown: pl.DataFrame) -> go.Figure:
+    """The per-step bars beside the donut. The column is narrow, so the seven categories'
+    legend wraps to two or three rows: above the plot (the report's place for it) it would
+    climb over the title, so here it goes below the axis."""
+    fig = plots.breakdown_figure(breakdown)
+    if not fig.data:
+        return fig
+    fig.update_layout(
+        height=460,
+        margin={"t": 50, "b": 150},
+        legend={"orientation": "h", "yanchor": "top", "y": -0.25, "x": 0.0},
+    )
+    return fig
+
+
+def _visible(values: pl.Series) -> bool:
+    """Whether a memory curve shows anything: a flat line at 0 MiB (a host the allocator
+    barely used, a reserved column a trace fills with zeros) only adds a "peak 0 MiB"."""
+    top = values.drop_nulls().max()
+    return top is not None and float(top) >= NEGLIGIBLE_MIB
+
+
 def memory_curve_figure(curve: pl.DataFrame, peaks: pl.DataFrame) -> go.Figure:
     """Allocated and reserved memory over the trace, per device, with each peak marked."""
     title = "Allocator memory over the trace"
@@ -76,20 +101,23 @@ def memory_curve_figure(curve: pl.DataFrame, peaks: pl.DataFrame) -> go.Figure:
             "memory (MiB)",
         )
     fig = go.Figure()
+    shown: list[int] = []
     for device in sorted(curve["device"].unique().to_list()):
         rows = curve.filter(pl.col("device") == device)
         where = "host" if device == -1 else f"GPU {device}"
-        fig.add_trace(
-            go.Scattergl(
-                x=rows["time_ms"].to_list(),
-                y=rows["allocated_mib"].to_list(),
-                name=f"{where} allocated",
-                mode="lines",
-                line={"shape": "hv"},
-                hovertemplate="%{y:,.1f} MiB at %{x:,.1f} ms",
+        if _visible(rows["allocated_mib"]):
+            shown.append(device)
+            fig.add_trace(
+                go.Scattergl(
+                    x=rows["time_ms"].to_list(),
+                    y=rows["allocated_mib"].to_list(),
+                    name=f"{where} allocated",
+                    mode="lines",
+                    line={"shape": "hv"},
+                    hovertemplate="%{y:,.1f} MiB at %{x:,.1f} ms",
+                )
             )
-        )
-        if rows["reserved_mib"].null_count() < rows.height:
+        if _visible(rows["reserved_mib"]):
             fig.add_trace(
                 go.Scattergl(
                     x=rows["time_ms"].to_list(),
@@ -100,6 +128,14 @@ def memory_curve_figure(curve: pl.DataFrame, peaks: pl.DataFrame) -> go.Figure:
                     hovertemplate="%{y:,.1f} MiB at %{x:,.1f} ms",
                 )
             )
+    if not fig.data:
+        return empty_figure(
+            title,
+            f"The allocator held under {NEGLIGIBLE_MIB} MiB throughout",
+            "time (ms)",
+            "memory (MiB)",
+        )
+    peaks = peaks.filter(pl.col("device").is_in(shown))
     if peaks.height:
         fig.add_trace(
             go.Scatter(

@@ -25,12 +25,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
+import polars as pl
+
 from diagnostics.errors import InputError
 from diagnostics.trace.budget import Limits
 from diagnostics.upload_analysis import (
     IDENTITY_SCHEMA,
     JOB_KEYS,
-    MAX_JOB_SPREAD_S,
     Mode,
     UploadResult,
     UploadSet,
@@ -44,13 +45,13 @@ from diagnostics.views.archives import (
     extract_traces,
     is_archive_name,
 )
+from diagnostics.views.ranks import RANK_TABLE_LABELS
 from diagnostics.views.uploads import MAX_UPLOAD_FILES, write_uploads
 
 __all__ = [
     "ACCEPTED_EXTENSIONS",
     "IDENTITY_SCHEMA",
     "JOB_KEYS",
-    "MAX_JOB_SPREAD_S",
     "MAX_STORES",
     "MAX_STORE_AGE_S",
     "Mode",
@@ -72,6 +73,45 @@ MAX_STORES = 16
 # A step folder no session has replaced in this long is an abandoned browser tab.
 MAX_STORE_AGE_S = 6 * 3600.0
 _STORE_PREFIX = "upload-"
+
+# what a person reads above each column of the file table and the per-rank table (units in
+# the name); the per-rank table is the analysis' facts.ranks (RANKS_SCHEMA)
+IDENTITY_LABELS: dict[str, str] = {
+    "file": "file",
+    "rank": "rank",
+    "world_size": "world size",
+    "gpu": "GPU",
+    "pytorch": "PyTorch",
+    "job": "job",
+    "host": "host",
+    "recorded": "recorded (UTC)",
+    "span_ms": "recording span (ms)",
+    "events": "events",
+}
+RANKS_LABELS: dict[str, str] = {
+    "rank": RANK_TABLE_LABELS["rank"],
+    "steps": "profiled steps",
+    "step_time_ms_mean": "step time, mean (ms)",
+    "step_time_ms_p50": "step time, median (ms)",
+    "step_time_ms_max": "step time, max (ms)",
+    "gpu_utilization_pct": "GPU utilisation (%)",
+    "dataloader_pct": "DataLoader share of step time (%)",
+    "step_time_vs_median": "mean step time ÷ median over ranks (×)",
+    "data_wait_ms_per_step": "data wait per step (ms)",
+    "memcpy_ms_per_step": "copies with no kernel beside them per step (ms)",
+    "compute_ms_per_step": RANK_TABLE_LABELS["compute_ms"],
+    "collective_ms_per_step": "communication per step (ms)",
+    "exposed_comm_ms_per_step": RANK_TABLE_LABELS["exposed_comm_ms"],
+    "comm_overlap_pct": "communication overlapped (%)",
+    "comm_wait_ms_per_step": RANK_TABLE_LABELS["comm_wait_ms"],
+    "late_share_pct": "arrived last in collectives (%)",
+    "caused_wait_share_pct": "share of the waiting it caused (%)",
+}
+
+
+def labelled(frame: pl.DataFrame, labels: dict[str, str]) -> pl.DataFrame:
+    """``frame`` with people's column names (numbers stay numbers; unknown columns kept)."""
+    return frame.rename({c: labels[c] for c in frame.columns if c in labels})
 
 
 def step_store_root() -> Path:

@@ -79,6 +79,30 @@ def test_upload_as_ranks_shows_the_per_rank_table(empty_env, shared_traces_dir, 
     assert "Ranks" in [s.value for s in at.subheader]
     identities = at.dataframe[0].value
     assert list(identities["file"]) == [v100.name, h200_trace.name]
+    assert list(identities.columns) == [
+        "file",
+        "rank",
+        "world size",
+        "GPU",
+        "PyTorch",
+        "job",
+        "host",
+        "recorded (UTC)",
+        "recording span (ms)",
+        "events",
+    ]
+    # the per-rank table reads as people's words with units, not facts.ranks' columns
+    per_rank = at.dataframe[1].value
+    assert list(per_rank.columns)[:6] == [
+        "rank",
+        "profiled steps",
+        "step time, mean (ms)",
+        "step time, median (ms)",
+        "step time, max (ms)",
+        "GPU utilisation (%)",
+    ]
+    assert not any("_" in column for column in per_rank.columns)
+    assert len(per_rank) == 2
     assert at.metric  # analysed
 
 
@@ -111,3 +135,19 @@ def test_run_detail_has_the_drill_down_tabs(monkeypatch, trained_runs):
     assert [t.label for t in at.tabs][-6:] == TABS
     kernels_or_ops = [df.value for df in at.dataframe if "operator" in df.value.columns]
     assert kernels_or_ops and len(kernels_or_ops[0]) > 0  # a CPU run still has operators
+    # the Kernels tab explains itself instead of an empty table
+    assert [i.value for i in at.tabs[-4].info] == ["No GPU kernels in this trace (a CPU run)."]
+    assert not [df for df in at.dataframe if "kernel" in df.value.columns]
+
+
+@pytest.mark.slow
+def test_findings_on_an_uploaded_trace_give_code_for_the_users_script(empty_env, repo_root):
+    run = repo_root.parent / "shared" / "gpu-runs" / "h200-default" / "gpu-slow-loader"
+    trace = next((run / "trace").glob("*.json.gz"))
+    at = upload(open_page("pages/4_Upload_trace.py"), trace)
+    assert not at.exception
+    codes = [c.value for c in at.code]
+    assert any("DataLoader(" in code for code in codes)  # the fix, for the user's loader
+    page = "\n".join([texts(at), *codes])
+    assert "Config patch for the reference trainer" not in page
+    assert "python -m trainer" not in page and "--set " not in page

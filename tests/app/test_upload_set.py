@@ -17,6 +17,7 @@ from diagnostics.views.upload_set import (
     mismatches,
     release,
 )
+from tests.app.dist_runs import make_run
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 V100 = SHARED / "traces" / "kineto_resnet50_num_workers_0.pt.trace.json.gz"
@@ -27,6 +28,14 @@ H200_RUNS = SHARED / "gpu-runs" / "h200-default"
 
 def h200(run: str) -> Path:
     return next((H200_RUNS / run / "trace").glob("*.json.gz"))
+
+
+@pytest.fixture(scope="module")
+def two_rank_traces(tmp_path_factory) -> list[Path]:
+    """Rank 0 and rank 1 of one real 2-process run of the trainer (torchrun, gloo on CPU):
+    the shared traces hold no two ranks of one job."""
+    run = make_run(tmp_path_factory.mktemp("dist"), "healthy", "two-ranks")
+    return [next((run / "trace").glob(f"two-ranks.rank{rank}.*.json.gz")) for rank in (0, 1)]
 
 
 def rows(*paths: Path) -> list[dict]:
@@ -52,9 +61,49 @@ def test_ranks_of_jobs_with_different_world_sizes_differ():
     assert any(r.startswith("World sizes (distributedInfo) differ") for r in reasons)
 
 
-def test_two_traces_of_one_machine_and_day_agree():
-    assert mismatches(rows(h200("gpu-healthy"), h200("gpu-leak"))) == ()
-    assert mismatches(rows(h200("gpu-healthy"))) == ()  # one file: nothing to compare
+def test_two_single_process_runs_recorded_apart_are_not_ranks():
+    healthy, leak = h200("gpu-healthy"), h200("gpu-leak")
+    reasons = mismatches(rows(healthy, leak))
+    # same GPU, no PyTorch version in either: only what says they are ranks is missing
+    assert reasons[0] == (
+        "None of the files carries distributedInfo (rank and world size): nothing says "
+        "they are ranks of one job"
+    )
+    assert reasons[1].startswith("Recorded 78.8 s apart, where ranks of one job record at ")
+    assert f"{healthy.name}: 2026-11-30 23:34:45 UTC for 0.1 s" in reasons[1]
+    assert len(reasons) == 2
+    assert mismatches(rows(healthy)) == ()  # one file: nothing to compare
+
+
+def test_ranks_of_one_job_agree(two_rank_traces):
+    found = rows(*two_rank_traces)
+    assert [(r["rank"], r["world_size"]) for r in found] == [(0, 2), (1, 2)]
+    assert mismatches(found) == ()
+
+
+def test_a_rank_file_beside_one_without_distributed_info_is_asked_about(two_rank_traces):
+    rank0, healthy = two_rank_traces[0], h200("gpu-healthy")
+    reasons = mismatches(rows(rank0, healthy))
+    assert (
+        f"Only some files carry distributedInfo ({rank0.name}: rank 0 of 2; "
+        f"{healthy.name}: no distributedInfo)"
+    ) in reasons
+
+
+def test_a_repeated_rank_is_asked_about(two_rank_traces):
+    rank0 = two_rank_traces[0]
+    assert mismatches(rows(rank0, rank0)) == (
+        f"Rank 0 appears 2 times ({rank0.name}; {rank0.name})",
+    )
+
+
+def test_a_rank_beyond_its_world_size_is_asked_about(two_rank_traces):
+    rank0, rank1 = rows(*two_rank_traces)
+    # what a file from a 1-process job would say beside rank 1 of the 2-process one
+    lone = {**rank0, "world_size": 1, "rank": 1, "file": "lone.json.gz"}
+    reasons = mismatches([rank0, lone])
+    assert "Ranks outside their world size (lone.json.gz: rank 1 of 1)" in reasons
+    assert mismatches([rank0, rank1]) == ()
 
 
 def test_identity_reads_the_metadata():
@@ -111,13 +160,41 @@ def test_mismatched_files_wait_for_an_answer_then_separate(tmp_path):
     assert list(steps.iterdir()) == []
 
 
-def test_agreeing_files_are_analysed_as_ranks_at_once(tmp_path):
-    files = uploads(h200("gpu-healthy"), h200("gpu-leak"))
-    done = analyse_upload_set(files, analyse_upload_files, temp_root=tmp_path, store_root=tmp_path)
-    assert not done.needs_answer and done.mode == "ranks"
+def test_agreeing_files_are_analysed_as_ranks_at_once(tmp_path, two_rank_traces):
+    files = uploads(*two_rank_traces)
+    copies, steps = tmp_path / "copies", tmp_path / "steps"
+    copies.mkdir()
+    done = analyse_upload_set(files, analyse_upload_files, temp_root=copies, store_root=steps)
+    assert not done.needs_answer and done.mode == "ranks" and done.mismatches == ()
     (only,) = done.results
     assert only.result.source["kind"] == "ranks" and len(only.result.source["ranks"]) == 2
     assert len(only.drilldowns) == 2
+    assert list(copies.iterdir()) == []  # the uploaded copies are gone, the step folder kept
+    release(done)
+    assert list(steps.iterdir()) == []
+
+
+def test_two_h200_single_process_traces_wait_for_an_answer(tmp_path):
+    files = uploads(h200("gpu-healthy"), h200("gpu-leak"))
+    asked = analyse_upload_set(
+        files, analyse_upload_files, temp_root=tmp_path, store_root=tmp_path / "steps"
+    )
+    assert asked.needs_answer and asked.results == ()
+    assert asked.identities["gpu"].to_list() == ["NVIDIA H200", "NVIDIA H200"]
+    assert asked.identities["rank"].to_list() == [None, None]
+
+
+def test_every_table_column_has_a_label_with_its_unit():
+    from diagnostics.facts.ranks import RANKS_SCHEMA
+    from diagnostics.views.upload_set import IDENTITY_LABELS, IDENTITY_SCHEMA, RANKS_LABELS
+
+    assert list(IDENTITY_LABELS) == list(IDENTITY_SCHEMA)
+    assert set(RANKS_LABELS) == set(RANKS_SCHEMA)
+    for column, label in {**IDENTITY_LABELS, **RANKS_LABELS}.items():
+        assert "_" not in label
+        for unit, shown in (("_ms", "(ms)"), ("_pct", "(%)")):
+            if unit in column:
+                assert label.endswith(shown), (column, label)
 
 
 def test_drill_down_modules_import_neither_streamlit_nor_torch():

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 
 import polars as pl
 import pytest
 
-from diagnostics.drilldown.timeline import step_timeline, step_window
+from diagnostics.drilldown.timeline import _thread_label, step_timeline, step_window
 from diagnostics.report.drill_plots import timeline_figure
 from diagnostics.trace.loader import load_trace_file
 
@@ -35,6 +36,22 @@ def test_lanes_are_cpu_threads_then_gpu_streams_then_idle(large_drill):
         "GPU 1 · stream 7",
         "GPU 1 · stream 14",
     ]
+
+
+def test_a_cpu_lane_names_its_thread_id_once(large_drill):
+    lanes = large_drill.timeline(large_drill.step_ids[0]).lanes
+    cpu = [lane for lane in lanes if lane.startswith("CPU")]
+    # Kineto's thread_name already holds the id: "thread 783658 (python3.8)"
+    assert "CPU · thread 783658 (python3.8)" in cpu
+    for lane in cpu:
+        ids = re.findall(r"\d{3,}", lane)
+        assert len(ids) == len(set(ids)) == 1, lane
+
+
+def test_a_thread_name_without_its_id_gets_it_appended():
+    assert _thread_label("python", 42) == "python (42)"
+    assert _thread_label("thread 420 (python)", 42) == "thread 420 (python) (42)"
+    assert _thread_label("", 42) == "thread 42"
 
 
 def test_segment_cap_raises_the_merge_tolerance(large_drill):
