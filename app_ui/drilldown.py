@@ -87,10 +87,16 @@ def _timeline(drill: DrillDown, key_prefix: str) -> None:
         return
     figure = drill_plots.timeline_figure(timeline)
     st.plotly_chart(figure, config=PLOTLY_CONFIG, key=f"{key_prefix}-timeline")
+    gpu = bool(drill.trace.metadata.device_properties)  # Kineto writes them only with CUDA
     st.caption(
         "Events closer than a pixel are drawn as one bar (hover for how many and the "
-        "longest); thin orange: CUDA runtime calls inside operators; red: the GPU ran "
-        "nothing. Zoom with a drag, reset with a double click."
+        "longest); "
+        + (
+            "thin orange: CUDA runtime calls inside operators; red: the GPU ran nothing. "
+            if gpu
+            else "a CPU run: host threads only, no GPU lanes. "
+        )
+        + "Zoom with a drag, reset with a double click."
     )
 
 

@@ -125,6 +125,7 @@ def test_upload_drill_down_tabs_render_on_a_real_h200_trace(empty_env, h200_trac
     assert len(step.options) >= 2
     step.select_index(0).run()
     assert not at.exception
+    assert "CUDA runtime calls" in " ".join(c.value for c in at.tabs[-2].caption)
 
 
 @pytest.mark.slow
@@ -138,6 +139,9 @@ def test_run_detail_has_the_drill_down_tabs(monkeypatch, trained_runs):
     # the Kernels tab explains itself instead of an empty table
     assert [i.value for i in at.tabs[-4].info] == ["No GPU kernels in this trace (a CPU run)."]
     assert not [df for df in at.dataframe if "kernel" in df.value.columns]
+    # and the Timeline's legend does not promise GPU lanes a CPU run has not got
+    legend = " ".join(c.value for c in at.tabs[-2].caption)
+    assert "a CPU run: host threads only" in legend and "CUDA" not in legend
 
 
 @pytest.mark.slow
