@@ -175,7 +175,12 @@ class LowGpuUtilization(Rule):
         if gaps.height == 0:
             return {}
         total = float(gaps["dur_us"].sum()) or 1.0
-        grouped = gaps.group_by("idle_kind").agg(pl.col("dur_us").sum())
+        # largest share first, then by name: the same JSON, key for key, on every run
+        grouped = (
+            gaps.group_by("idle_kind")
+            .agg(pl.col("dur_us").sum())
+            .sort(["dur_us", "idle_kind"], descending=[True, False])
+        )
         return {
             str(row["idle_kind"]): r(100.0 * row["dur_us"] / total, 1)
             for row in grouped.iter_rows(named=True)

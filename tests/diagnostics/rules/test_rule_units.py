@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import polars as pl
 import pytest
 
 from diagnostics.rules import engine
@@ -431,3 +432,14 @@ def test_low_utilisation_learns_which_related_findings_fired():
     low = next(f for f in outcome.findings if f.rule == "low-gpu-utilization")
     assert low.evidence["related_rules"] == ["too-few-workers"]
     assert low.evidence["explained_by_findings"] == ["too-few-workers"]
+
+
+def test_idle_by_kind_lists_the_largest_share_first_on_every_run():
+    # polars' group_by does not keep an order: the evidence (and the CLI's JSON) changed
+    # key order between identical runs
+    from diagnostics.rules.low_gpu_utilization import LowGpuUtilization
+
+    kinds = ["other", "host_wait", "kernel_wait", "other", "host_wait", "host_wait"]
+    gaps = pl.DataFrame({"idle_kind": kinds * 2000, "dur_us": [10.0] * 12000})
+    seen = {tuple(LowGpuUtilization._idle_kinds(gaps).items()) for _ in range(30)}
+    assert seen == {(("host_wait", 50.0), ("other", 33.3), ("kernel_wait", 16.7))}
