@@ -106,28 +106,22 @@ def memory_curve_figure(curve: pl.DataFrame, peaks: pl.DataFrame) -> go.Figure:
         rows = curve.filter(pl.col("device") == device)
         where = "host" if device == -1 else f"GPU {device}"
         if _visible(rows["allocated_mib"]):
-            shown.append(device)
-            fig.add_trace(
-                go.Scattergl(
-                    x=rows["time_ms"].to_list(),
-                    y=rows["allocated_mib"].to_list(),
-                    name=f"{where} allocated",
-                    mode="lines",
-                    line={"shape": "hv"},
-                    hovertemplate="%{y:,.1f} MiB at %{x:,.1f} ms",
+            shown.append(device)  # the peak markers are of allocated memory
+        for column, kind, line in (
+            ("allocated_mib", "allocated", {"shape": "hv"}),
+            ("reserved_mib", "reserved", {"shape": "hv", "dash": "dot"}),
+        ):
+            if _visible(rows[column]):
+                fig.add_trace(
+                    go.Scattergl(
+                        x=rows["time_ms"].to_list(),
+                        y=rows[column].to_list(),
+                        name=f"{where} {kind}",
+                        mode="lines",
+                        line=line,
+                        hovertemplate="%{y:,.1f} MiB at %{x:,.1f} ms",
+                    )
                 )
-            )
-        if _visible(rows["reserved_mib"]):
-            fig.add_trace(
-                go.Scattergl(
-                    x=rows["time_ms"].to_list(),
-                    y=rows["reserved_mib"].to_list(),
-                    name=f"{where} reserved",
-                    mode="lines",
-                    line={"shape": "hv", "dash": "dot"},
-                    hovertemplate="%{y:,.1f} MiB at %{x:,.1f} ms",
-                )
-            )
     if not fig.data:
         return empty_figure(
             title,
