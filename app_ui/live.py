@@ -56,25 +56,46 @@ def check_form(overrides: dict[str, Any], scenario: str) -> dict[str, str]:
     return errors
 
 
-def field_widget(form_field: views.FormField, info: Any, preset_value: Any, scenario: str) -> Any:
-    """One form widget, starting at the scenario's value; keyed by scenario so that
-    switching scenario resets the form to that preset."""
-    key = f"launch-{scenario}-{form_field.key}"
-    value = views.form_value(form_field, preset_value)
+_PRESET_OF = "launch_form_preset"  # session_state: which preset the form's fields hold
+
+
+def form_key(form_field: views.FormField) -> str:
+    return f"launch-{form_field.key}"
+
+
+def load_preset(form_fields: list[views.FormField], preset: dict[str, Any], preset_id: str) -> None:
+    """Puts a scenario's preset into the form's fields when the scenario (or size) changed,
+    and only then: the widgets keep one identity, so switching scenario changes their values
+    in place (re-keyed widgets left a faded copy of the old form on a busy machine, one of
+    Streamlit's stale-element races) and what the user typed survives other reruns."""
+    keys = [form_key(f) for f in form_fields]
+    # Streamlit drops a widget's value once a run (another page) did not draw it
+    if st.session_state.get(_PRESET_OF) == preset_id and all(k in st.session_state for k in keys):
+        return
+    for form_field in form_fields:
+        value = views.form_value(form_field, preset[form_field.key])
+        if form_field.widget == "bool":
+            value = bool(value)
+        elif form_field.widget == "int":
+            value = int(value)
+        elif form_field.widget != "choice":
+            value = float(value)
+        st.session_state[form_key(form_field)] = value
+    st.session_state[_PRESET_OF] = preset_id
+
+
+def field_widget(form_field: views.FormField, info: Any) -> Any:
+    """One form widget; its value is in session_state (``load_preset`` puts it there)."""
+    key = form_key(form_field)
     help_text = form_field.help or info.help
     help_text = f"{help_text}. Allowed: {info.allowed}." if info.allowed else help_text
     if form_field.widget == "bool":
-        return st.checkbox(form_field.label, value=bool(value), key=key, help=help_text)
+        return st.checkbox(form_field.label, key=key, help=help_text)
     if form_field.widget == "choice":
-        choices = list(info.choices or ())
-        return st.selectbox(
-            form_field.label, choices, index=choices.index(value), key=key, help=help_text
-        )
+        return st.selectbox(form_field.label, list(info.choices or ()), key=key, help=help_text)
     if form_field.widget == "int":
-        return st.number_input(form_field.label, value=int(value), step=1, key=key, help=help_text)
-    return st.number_input(
-        form_field.label, value=float(value), step=None, format="%g", key=key, help=help_text
-    )
+        return st.number_input(form_field.label, step=1, key=key, help=help_text)
+    return st.number_input(form_field.label, step=None, format="%g", key=key, help=help_text)
 
 
 def watched_run(runs_dir: Path) -> RunFolder | None:

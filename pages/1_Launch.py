@@ -35,21 +35,25 @@ scenario = st.selectbox(
 )
 live.remember_scenario(scenario)
 fields = {info.key: info for info in launch.config_fields()}
-size = live.field_widget(views.SIZE_FIELD, fields["model.size"], "auto", "size")
+st.session_state.setdefault(live.form_key(views.SIZE_FIELD), "auto")
+size = live.field_widget(views.SIZE_FIELD, fields["model.size"])
 preset = live.preset_values(scenario, size)
 errors: dict[str, str] = st.session_state["launch_errors"]
-form_id = f"{scenario}-{size}"  # switching either resets the form to that preset
+# switching either puts that preset into the form's fields
+live.load_preset(
+    [f for _, section_fields in views.LAUNCH_FORM for f in section_fields],
+    preset,
+    f"{scenario}-{size}",
+)
 
-with st.form(f"launch-{form_id}"):
+with st.form("launch"):
     values: dict[str, object] = {}
     for section, form_fields in views.LAUNCH_FORM:
         st.markdown(f"**{section}**")
         columns = st.columns(len(form_fields))
         for column, form_field in zip(columns, form_fields, strict=True):
             with column:
-                values[form_field.key] = live.field_widget(
-                    form_field, fields[form_field.key], preset[form_field.key], form_id
-                )
+                values[form_field.key] = live.field_widget(form_field, fields[form_field.key])
                 if form_field.key in errors:
                     st.error(errors[form_field.key], icon=":material/warning:")
     st.markdown("**Processes** (a DDP job under torchrun when more than one)")

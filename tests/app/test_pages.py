@@ -201,6 +201,8 @@ def test_launch_form_size_preset_sets_the_fields_and_is_validated(empty_env):
     errors = [e.value for e in at.error]
     assert any(e.startswith("train.batch_size: 0 is out of range") for e in errors), errors
     assert list_runs(empty_env) == []
+    # what was typed stays for the correction (the preset is loaded only on a switch)
+    assert (_field(at, "Batch size").value, _field(at, "DataLoader workers").value) == (0, 4)
 
 
 def test_launch_form_refuses_while_a_run_uses_the_device(empty_env):
