@@ -121,17 +121,14 @@ def isolation_from(args: argparse.Namespace) -> ChildLimits | None:
         raise LimitOptionError(str(exc)) from None
     if args.max_memory_mb:
         memory = int(args.max_memory_mb * 2**20)
-        how = "raise --max-memory-mb, or lower --max-events"
-    elif inherited is not None:
-        memory = inherited
-        how = "the address-space limit this command runs under: raise ulimit -v or prlimit --as"
     else:
-        memory = defaults.memory_bytes
-        how = "raise --max-memory-mb, or lower --max-events"
+        memory = inherited if inherited is not None else defaults.memory_bytes
+    # diagnostics.isolated caps the child at a limit this process runs under, and then
+    # names that limit in the error line instead of the flag
     return ChildLimits(
         memory_bytes=memory,
         timeout_s=args.timeout_s or defaults.timeout_s,
-        raise_memory=how,
+        raise_memory="raise --max-memory-mb, or lower --max-events",
     )
 
 

@@ -253,12 +253,13 @@ def _isolated(
     except ValueError as exc:
         raise InputError("server configuration", str(exc)) from None
     inherited = address_space_limit()
-    if inherited is not None and inherited < child.memory_bytes:
+    if inherited is not None and inherited <= child.memory_bytes:
         # the child inherits this process's limit and may not raise it
         child = replace(
             child,
             memory_bytes=inherited,
-            raise_memory="the address-space limit this process runs under: ulimit -v, prlimit --as",
+            raise_memory="the address-space limit this command runs under: raise ulimit -v "
+            "or prlimit --as",
         )
     with _slots.hold(source, child):
         work = Path(tempfile.mkdtemp(prefix="pipeline-doctor-analysis-"))

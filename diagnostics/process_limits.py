@@ -52,23 +52,20 @@ def die_with_parent_preexec() -> Callable[[], None] | None:
     if prctl is None:
         return None
     parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return preexec
+    return lambda: _die_with(prctl, parent)
 
 
 def die_with_parent(parent: int) -> None:
     """The same as :func:`die_with_parent_preexec`, from inside an already started process
     (a pool worker) whose parent had pid ``parent``."""
     prctl = _prctl()
-    if prctl is None:
-        return
+    if prctl is not None:
+        _die_with(prctl, parent)
+
+
+def _die_with(prctl: Callable[..., int], parent: int) -> None:
     prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    if os.getppid() != parent:
+    if os.getppid() != parent:  # the parent died before prctl took effect
         os.kill(os.getpid(), signal.SIGKILL)
 
 

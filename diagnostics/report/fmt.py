@@ -9,7 +9,7 @@ from typing import Any
 
 from diagnostics import percent
 
-MISSING = "—"
+MISSING = percent.MISSING
 
 
 def _missing(value: Any) -> bool:

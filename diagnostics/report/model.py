@@ -203,7 +203,7 @@ def _charts(result: Any) -> list[Chart]:
 
 
 # The evidence field holding the share of step (or GPU) time a rule measured and drew its
-# saving from; each rule's saving is at most this share (tests/diagnostics/report/test_bound.py).
+# saving from; each rule's saving is at most this share (tests/diagnostics/report/test_saving_bound.py).
 MEASURED_SHARE_KEYS = {
     "step-time-outliers": "excess_pct_of_step_time",  # slow steps' time beyond the median
     "too-few-workers": "data_wait_share_pct",

@@ -41,12 +41,10 @@ from diagnostics.upload_analysis import (
 )
 from diagnostics.views.archives import (
     ARCHIVE_SUFFIXES,
-    ArchiveBudget,
-    extract_traces,
     is_archive_name,
 )
 from diagnostics.views.ranks import RANK_TABLE_LABELS
-from diagnostics.views.uploads import MAX_UPLOAD_FILES, write_uploads
+from diagnostics.views.uploads import MAX_UPLOAD_FILES, write_inputs
 
 __all__ = [
     "ACCEPTED_EXTENSIONS",
@@ -164,16 +162,7 @@ def prune_stores(root: Path, *, keep: int = MAX_STORES, max_age_s: float = MAX_S
 def _write_inputs(
     files: Sequence[tuple[str, BinaryIO]], folder: Path, limits: Limits
 ) -> tuple[list[str], list[Path]]:
-    plain = [(n, h) for n, h in files if not is_archive_name(n)]
-    paths = write_uploads(plain, folder)
-    names = [name for name, _ in plain]
-    # all archives of the upload draw on one budget: the input's decompressed-byte limit
-    budget = ArchiveBudget(limits.max_decompressed_bytes)
-    archives = [(n, h) for n, h in files if is_archive_name(n)]
-    for i, (name, handle) in enumerate(archives):
-        for shown, path in extract_traces(name, handle, folder / f"archive-{i}", budget=budget):
-            names.append(shown)
-            paths.append(path)
+    names, paths = write_inputs(files, folder, limits.max_decompressed_bytes)
     check_names(names)  # the count again, now with the archives' members
     return names, paths
 

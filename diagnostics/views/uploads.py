@@ -87,6 +87,26 @@ def upload_limits_text(environ: dict[str, str] | None = None) -> str:
     )
 
 
+def write_inputs(
+    files: Sequence[tuple[str, BinaryIO]], folder: Path, max_unpacked_bytes: int
+) -> tuple[list[str], list[Path]]:
+    """The uploaded files written into ``folder`` and their archives unpacked beside them:
+    (the names the user sees, the paths). All archives of the upload draw on one byte
+    budget, ``max_unpacked_bytes`` (the input's decompressed-byte limit)."""
+    from diagnostics.views.archives import ArchiveBudget, extract_traces, is_archive_name
+
+    plain = [(n, h) for n, h in files if not is_archive_name(n)]
+    paths = write_uploads(plain, folder)
+    names = [name for name, _ in plain]
+    budget = ArchiveBudget(max_unpacked_bytes)
+    archives = [(n, h) for n, h in files if is_archive_name(n)]
+    for i, (name, handle) in enumerate(archives):
+        for shown, path in extract_traces(name, handle, folder / f"archive-{i}", budget=budget):
+            names.append(shown)
+            paths.append(path)
+    return names, paths
+
+
 def analyse_uploads(
     files: Sequence[tuple[str, BinaryIO]],
     analyse: Callable[..., Any],
@@ -101,7 +121,7 @@ def analyse_uploads(
     Raises InputError (from the analyser, or here for a file that is not a trace).
     """
     from diagnostics.errors import InputError
-    from diagnostics.views.archives import extract_traces, is_archive_name
+    from diagnostics.views.archives import is_archive_name
 
     def too_many(count: int) -> InputError:
         return InputError(
@@ -118,13 +138,9 @@ def analyse_uploads(
             )
     folder = Path(tempfile.mkdtemp(prefix="pipeline-doctor-upload-", dir=temp_root))
     try:
-        plain = [(n, h) for n, h in files if not is_archive_name(n)]
-        paths = write_uploads(plain, folder)
-        names = [name for name, _ in plain]
-        for i, (name, handle) in enumerate(f for f in files if is_archive_name(f[0])):
-            for shown, path in extract_traces(name, handle, folder / f"archive-{i}"):
-                names.append(shown)
-                paths.append(path)
+        from diagnostics.trace.budget import Limits
+
+        names, paths = write_inputs(files, folder, Limits.from_env().max_decompressed_bytes)
         if len(paths) > MAX_UPLOAD_FILES:
             raise too_many(len(paths))
         return analyse(paths, display_names=names)
