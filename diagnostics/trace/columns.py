@@ -25,8 +25,9 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     external_id: int | None = msgspec.field(name="External id", default=None)
     # PyTorch 1.9 era traces spell it in lower case on runtime and GPU events
     external_id_legacy: int | None = msgspec.field(name="external id", default=None)
-    bytes: int | None = None  # copy / memset size
-    memory_bytes: int | None = msgspec.field(name="Bytes", default=None)  # [memory] size
+    # copy / memset size; ROCm traces write some as numeric strings ("4096"), which parse
+    bytes: int | str | None = None
+    memory_bytes: int | str | None = msgspec.field(name="Bytes", default=None)  # [memory] size
     total_allocated: int | None = msgspec.field(name="Total Allocated", default=None)
     total_reserved: int | None = msgspec.field(name="Total Reserved", default=None)
     device_type: int | None = msgspec.field(name="Device Type", default=None)

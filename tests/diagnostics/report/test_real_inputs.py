@@ -13,14 +13,16 @@ from diagnostics.report.html import render_html
 from diagnostics.report.json_report import render_json
 from diagnostics.report.markdown import render_markdown
 from diagnostics.report.model import SEVERITY_ORDER, build_report
+from tests.diagnostics.trace.helpers import provenance_trace_names
 
 TRACES_DIR = Path(__file__).resolve().parents[3].parent / "shared" / "traces"
 TRACES = sorted(p for p in TRACES_DIR.glob("*.json*") if p.is_file())
 
 
 def test_the_shared_traces_are_there():
-    # 7 traces per PROVENANCE.md; an empty glob would make the test below vacuous.
-    assert len(TRACES) == 7
+    # The traces PROVENANCE.md lists (twelve); an empty glob would make the test below vacuous.
+    assert {p.name for p in TRACES} == provenance_trace_names()
+    assert len(TRACES) == 12
 
 
 @pytest.mark.parametrize("trace", TRACES, ids=lambda p: p.name)

@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 SHARED_TRACES = Path(__file__).resolve().parents[3].parent / "shared" / "traces"
+
+
+def provenance_trace_names() -> set[str]:
+    """The trace files PROVENANCE.md's tables list (first cell of each row), read at test time.
+
+    Tests that enumerate the folder compare its files with this set, so a missing folder or
+    file fails instead of making a parametrised test vacuous, and a new trace is picked up.
+    """
+    text = (SHARED_TRACES / "PROVENANCE.md").read_text(encoding="utf-8")
+    return set(re.findall(r"^\|\s*([\w.\-]+\.json\.gz)\s*\|", text, flags=re.MULTILINE))
 
 
 def kernel(ts: float, dur: float, *, correlation: int = 1, stream: int = 7) -> dict[str, Any]:
