@@ -109,6 +109,20 @@ def render_text(doc: dict[str, Any]) -> str:
         if idle:
             gpu += " · idle: " + " · ".join(f"{k} {_pct(v)}" for k, v in idle.items())
         lines.append(gpu)
+    timeline = summary.get("gpu_timeline")
+    if timeline:
+        window = (
+            "GPU ProfilerStep window"
+            if timeline["window"] == "gpu_profiler_steps"
+            else ("first to last GPU activity")
+        )
+        lines.append(
+            f"GPU timeline ({window}, as TraceLens): total {_ms(timeline['total_us'] / 1000.0)}"
+            f" · computation {_ms(timeline['computation_us'] / 1000.0)}"
+            f" · exposed comm {_ms(timeline['exposed_comm_us'] / 1000.0)}"
+            f" · exposed copies {_ms(timeline['exposed_memcpy_us'] / 1000.0)}"
+            f" · idle {_ms(timeline['idle_us'] / 1000.0)} ({_pct(timeline['idle_pct'])})"
+        )
     if summary.get("peak_memory_bytes") is not None:
         lines.append(f"peak memory: {summary['peak_memory_bytes'] / 2**30:.2f} GiB")
     ranks = summary.get("ranks")

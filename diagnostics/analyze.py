@@ -365,6 +365,11 @@ def summarise(
         summary["breakdown_pct"] = (
             {key: _finite(parts.get(key)) for key in BREAKDOWN_KEYS} if parts else None
         )
+        if facts.gpu_timeline is not None:
+            summary["gpu_timeline"] = {
+                key: _finite(value) if isinstance(value, float) else value
+                for key, value in facts.gpu_timeline.to_dict().items()
+            }
         if facts.gpu.height:
             summary["gpu_busy_us"] = _finite(facts.gpu["busy_us"].sum())
             summary.update(overlap_summary(facts.gpu))

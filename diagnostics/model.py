@@ -19,6 +19,7 @@ from diagnostics.runs import RunFolder, RunManifest, RunStatus
 if TYPE_CHECKING:
     from diagnostics.facts.comm_ranks import CollectiveMatch
     from diagnostics.facts.comms import CommFacts
+    from diagnostics.facts.gpu_timeline import GpuTimeline
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,9 @@ class TraceFacts:
     # collective time, overlap with compute, exposed time per step and the compact table of
     # collectives for cross-rank matching (diagnostics.facts.comms); None: no communication
     comms: CommFacts | None = None
+    # TraceLens's GPU timeline (total, computation, exposed communication and copies, busy,
+    # idle over the GPU-side step window): diagnostics.facts.gpu_timeline; None without GPU
+    gpu_timeline: GpuTimeline | None = None
 
     @property
     def device_memory_bytes(self) -> int | None:

@@ -62,6 +62,11 @@ SUMMARY_KEYS: dict[str, str] = {
     "skew_us_p50, skew_us_max, per_rank: [{rank, matched, collective_us, wait_us, "
     "transfer_us, wait_pct, late_count, late_share_pct, caused_wait_share_pct}]}: "
     "collectives matched across ranks",
+    "gpu_timeline": "TraceLens's GPU timeline of the trace: {window (gpu_profiler_steps: the "
+    "GPU-side ProfilerStep#N ranges, else gpu_activity: first to last GPU activity), "
+    "window_start_us, window_end_us, total_us, computation_us, exposed_comm_us, "
+    "exposed_memcpy_us, busy_us, idle_us, comm_us, memcpy_us, busy_pct, idle_pct}; computation "
+    "+ exposed communication + exposed copies + idle = total (diagnostics/facts/gpu_timeline.py)",
     "findings_by_severity": "{high, medium, low}: number of findings",
     "trace_run_steps": "run folder with a trace: [{trace_step, run_step}], the profiler's "
     "steps matched to the run's step records on one clock",

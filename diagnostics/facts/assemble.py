@@ -11,6 +11,7 @@ from diagnostics.facts.breakdown import step_breakdown
 from diagnostics.facts.comms import comm_facts
 from diagnostics.facts.copies import copy_table
 from diagnostics.facts.gpu import gpu_utilization
+from diagnostics.facts.gpu_timeline import gpu_timeline
 from diagnostics.facts.idle import idle_gaps
 from diagnostics.facts.launches import launch_table
 from diagnostics.facts.linking import build_index
@@ -71,6 +72,7 @@ def _one_rank(events: pl.DataFrame, metadata: Any, rank: int) -> TraceFacts:
         memory_peak=memory_peaks(memory, props),
         op_half_dtypes=half_dtype_ops(events),
         comms=comm_facts(events, index, steps),
+        gpu_timeline=gpu_timeline(events),
         device_properties=props,
         distributed=dist,
         pytorch_version=version,

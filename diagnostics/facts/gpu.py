@@ -6,7 +6,8 @@ work to steps), on every stream. Work queued before the profiler started runs in
 step with no launching call in the trace (on ``hta_a100_rank0_of_16`` 872 events, 57.6 ms of
 the first step, launched by the unprofiled iteration before it); it belongs to no profiled
 step and is left out. A trace with no GPU work linked to a launching call at all (nothing to
-attribute) counts all of it.
+attribute) counts all of it, and so does a trace whose steps were read off the GPU timeline
+(no host ProfilerStep: steps.py), as TraceLens counts it.
 
 - busy_us: the union of that work's ranges on the device, all streams together (each
   instant once however many streams ran), inside [first step start, last step end].
@@ -59,7 +60,13 @@ def launched_in_steps(index: TraceIndex, steps: Steps) -> pl.DataFrame:
         return index.memo[key]
     gpu = index.gpu
     linked = gpu.filter(pl.col("rt_start_us").is_not_null())
-    if linked.height == 0 or host.height == 0:
+    if steps.on_device_clock and host.height:
+        # Windows read off the GPU timeline (no host steps): the work that ran in them.
+        chosen = gpu.filter(
+            (pl.col("end_us") >= host["host_start_us"].min())
+            & (pl.col("start_us") <= host["host_end_us"].max())
+        )
+    elif linked.height == 0 or host.height == 0:
         chosen = gpu
     else:
         chosen = (

@@ -24,8 +24,12 @@ Before that, the host ranges are checked, because a wrong range is a confident w
 * Steps run one after another, so a range that reaches past the next step's start is cut
   there, with a warning naming the steps and the steps used.
 
-No ``ProfilerStep#`` at all: the host span (operators and annotations, else every event)
-stands in as one step 0, with ``steps_inferred`` set and a warning.
+No host ``ProfilerStep#`` at all: one window stands in for the steps, with
+``steps_inferred`` set and a warning naming it. As TraceLens measures such traces, the
+window is the GPU-side ``ProfilerStep#N`` ranges (``gpu_user_annotation``: one step each)
+where the trace has them, else first to last GPU activity (a GPU trace without step
+markers: an inference trace, a benchmark), else the host span (operators and annotations,
+else every event) of a CPU-only trace.
 """
 
 from __future__ import annotations
@@ -54,6 +58,13 @@ class Steps:
     frame: pl.DataFrame
     inferred: bool
     warnings: tuple[str, ...] = ()
+    # when inferred: what stands in for the steps (an INFERRED_FROM_* phrase), else None
+    inferred_from: str | None = None
+
+    @property
+    def on_device_clock(self) -> bool:
+        """True when the steps are windows read off the GPU timeline (no host steps)."""
+        return self.inferred_from in (INFERRED_FROM_GPU_STEPS, INFERRED_FROM_GPU_ACTIVITY)
 
     @property
     def span(self) -> tuple[float, float] | None:
@@ -150,17 +161,91 @@ def _without_overlaps(host: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
     return cut, [warning]
 
 
-def _inferred_step(events: pl.DataFrame) -> pl.DataFrame:
+# What stands in for the steps of a trace without host ProfilerStep ranges, in order of
+# preference (the module docstring says why); the warning quotes the phrase.
+INFERRED_FROM_GPU_STEPS = "the GPU-side ProfilerStep#N ranges"
+INFERRED_FROM_GPU_ACTIVITY = "first to last GPU activity"
+INFERRED_FROM_HOST_SPAN = "the host span"
+
+
+def _gpu_step_ranges(events: pl.DataFrame) -> pl.DataFrame:
+    gpu_steps = events.filter(
+        (pl.col("cat") == "gpu_user_annotation")
+        & pl.col("name").str.starts_with(sel.STEP_PREFIX)
+        & sel.DURATION
+        & pl.col("dur").is_not_null()
+    )
+    return (
+        gpu_steps.select(
+            pl.col("name")
+            .str.strip_prefix(sel.STEP_PREFIX)
+            .str.extract(r"^(\d+)")
+            .cast(pl.Int64, strict=False)
+            .alias("step"),
+            pl.col("ts").alias("host_start_us"),
+            sel.END_US.alias("host_end_us"),
+        )
+        .unique(subset=["host_start_us", "host_end_us"], keep="first", maintain_order=True)
+        .sort("host_start_us")
+    )
+
+
+def _inferred_step(events: pl.DataFrame) -> tuple[pl.DataFrame, str]:
+    """The window standing in for the steps, and what it is (an ``INFERRED_FROM_*``)."""
+    gpu_steps = _gpu_step_ranges(events)
+    if gpu_steps.height:
+        cut, _ = _without_overlaps(gpu_steps)
+        return cut, INFERRED_FROM_GPU_STEPS
+    gpu = events.filter(sel.GPU_CATS & sel.DURATION & pl.col("dur").is_not_null())
+    if gpu.height:
+        window = gpu.select(
+            pl.lit(0, pl.Int64).alias("step"),
+            pl.col("ts").min().alias("host_start_us"),
+            sel.END_US.max().alias("host_end_us"),
+        )
+        return window, INFERRED_FROM_GPU_ACTIVITY
     host = events.filter(sel.HOST_OP | pl.col("cat").eq("python_function"))
     source = host if host.height else events.filter(pl.col("ts").is_not_null())
     if source.height == 0:
-        return pl.DataFrame(
+        empty = pl.DataFrame(
             schema={"step": pl.Int64, "host_start_us": pl.Float64, "host_end_us": pl.Float64}
         )
-    return source.select(
+        return empty, INFERRED_FROM_HOST_SPAN
+    window = source.select(
         pl.lit(0, pl.Int64).alias("step"),
         pl.col("ts").min().alias("host_start_us"),
         sel.END_US.max().alias("host_end_us"),
+    )
+    return window, INFERRED_FROM_HOST_SPAN
+
+
+def _device_windows(windows: pl.DataFrame, index: TraceIndex) -> pl.DataFrame:
+    """GPU-clock windows as steps; gpu_events counts the GPU events starting in each."""
+    starts = index.gpu.select("start_us").sort("start_us")["start_us"]
+    counts = [
+        int(starts.search_sorted(hi, side="right") - starts.search_sorted(lo, side="left"))
+        for lo, hi in windows.select("host_start_us", "host_end_us").rows()
+    ]
+    return windows.select(
+        "step",
+        pl.col("host_start_us").alias("start_us"),
+        pl.col("host_end_us").alias("end_us"),
+        (pl.col("host_end_us") - pl.col("host_start_us")).alias("dur_us"),
+        "host_start_us",
+        "host_end_us",
+        pl.Series("gpu_events", counts, dtype=pl.UInt32),
+    )
+
+
+def _inferred_warning(inferred_from: str, count: int) -> str:
+    if inferred_from == INFERRED_FROM_GPU_STEPS:
+        where = f"{count} GPU-side ProfilerStep range(s) (gpu_user_annotation) stand in for them"
+    else:
+        where = f"{inferred_from} is treated as one step"
+    return (
+        f"no ProfilerStep#N ranges on the host timeline: {where}; step times, the step "
+        "breakdown and per-step figures are for that window (record with "
+        "torch.profiler.schedule and call prof.step())"
     )
 
 
@@ -172,15 +257,16 @@ def find_steps(events: pl.DataFrame, index: TraceIndex | None = None) -> Steps:
     host = host.drop("pid", "tid")
     warnings.extend(duplicates + overlaps)
     inferred = host.height == 0
+    inferred_from = None
     if inferred:
-        host = _inferred_step(events)
+        host, inferred_from = _inferred_step(events)
         if host.height:
-            warnings.append(
-                "no ProfilerStep#N ranges in the trace: the whole profiled span is treated as "
-                "one step (record with torch.profiler.schedule and call prof.step())"
-            )
+            warnings.append(_inferred_warning(inferred_from, host.height))
     if host.height == 0:
-        return Steps(pl.DataFrame(schema=STEPS_SCHEMA), inferred, tuple(warnings))
+        return Steps(pl.DataFrame(schema=STEPS_SCHEMA), inferred, tuple(warnings), inferred_from)
+    if Steps(host, inferred, (), inferred_from).on_device_clock:
+        # Already on the device clock: the window is the steps, as TraceLens measures it.
+        return Steps(_device_windows(host, index), inferred, tuple(warnings), inferred_from)
 
     host = host.with_row_index("_i")
     launched = index.gpu.filter(pl.col("rt_start_us").is_not_null())
@@ -217,7 +303,7 @@ def find_steps(events: pl.DataFrame, index: TraceIndex | None = None) -> Steps:
             "host_end_us",
             "gpu_events",
         )
-        return Steps(frame, inferred, tuple(warnings))
+        return Steps(frame, inferred, tuple(warnings), inferred_from)
 
     first_start = float(host["host_start_us"][0])
     first_dev_start = host["_dev_start"][0]
@@ -261,4 +347,4 @@ def find_steps(events: pl.DataFrame, index: TraceIndex | None = None) -> Steps:
         "host_end_us",
         "gpu_events",
     )
-    return Steps(frame, inferred, tuple(warnings))
+    return Steps(frame, inferred, tuple(warnings), inferred_from)

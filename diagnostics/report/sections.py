@@ -126,7 +126,28 @@ def summary_rows(metrics: KeyMetrics, summary: Mapping[str, Any]) -> list[tuple[
         rows.append(("GPU idle time by cause", parts))
     if summary.get("gpu_busy_us") is not None:
         rows.append(("GPU busy time (trace)", fmt.ms(float(summary["gpu_busy_us"]) / 1000.0)))
+    timeline = summary.get("gpu_timeline")
+    if isinstance(timeline, Mapping) and timeline.get("total_us"):
+        rows.append(("GPU timeline, as TraceLens measures it", _timeline_text(timeline)))
     return rows
+
+
+def _timeline_text(timeline: Mapping[str, Any]) -> str:
+    window = (
+        "GPU-side ProfilerStep window"
+        if timeline.get("window") == "gpu_profiler_steps"
+        else "first to last GPU activity"
+    )
+
+    def ms(key: str) -> str:
+        value = timeline.get(key)
+        return fmt.ms(float(value) / 1000.0) if value is not None else fmt.MISSING
+
+    return (
+        f"{window}: total {ms('total_us')}, computation {ms('computation_us')}, exposed "
+        f"communication {ms('exposed_comm_us')}, exposed copies {ms('exposed_memcpy_us')}, "
+        f"idle {ms('idle_us')} ({fmt.pct(timeline.get('idle_pct'))})"
+    )
 
 
 def ranks_table(

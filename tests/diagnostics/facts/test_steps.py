@@ -91,3 +91,48 @@ def test_empty_event_table_has_no_steps_and_no_facts():
     facts = compute_facts(events, None)
     assert facts.device == "cpu"
     assert facts.breakdown.height == facts.gpu.height == facts.operators.height == 0
+
+
+def test_without_host_steps_the_gpu_side_profiler_steps_are_the_steps():
+    gpu_step = step(7, 100, 50, cat="gpu_user_annotation")
+    gpu_step["pid"], gpu_step["tid"] = 0, 7
+    found = steps_of(
+        op("aten::mm", 0, 300),
+        runtime("cudaLaunchKernel", 10, 5, corr=1),
+        gpu("before", 40, 20, corr=1),  # ends at 60, before the GPU-side step
+        gpu_step,  # GPU-side ProfilerStep#7: 100 to 150 on the device clock
+        gpu("k", 110, 30, corr=None),
+    )
+    assert found.inferred and found.on_device_clock
+    # The GPU-side range is the step as written (TraceLens's window), one GPU event in it.
+    assert found.frame.select("step", "start_us", "end_us", "gpu_events").rows() == [
+        (7, 100.0, 150.0, 1)
+    ]
+    assert "1 GPU-side ProfilerStep range(s)" in found.warnings[0]
+
+
+def test_without_any_steps_a_gpu_trace_is_measured_first_to_last_gpu_activity():
+    found = steps_of(
+        op("aten::mm", 0, 500),  # the host span, 0 to 500, is far longer than the GPU's
+        runtime("cudaLaunchKernel", 10, 5, corr=1),
+        gpu("k1", 100, 20, corr=1),
+        runtime("cudaLaunchKernel", 20, 5, corr=2),
+        gpu("k2", 200, 40, corr=2),
+    )
+    assert found.inferred and found.on_device_clock
+    # First GPU start (100) to last GPU end (200 + 40), as TraceLens measures such traces.
+    assert found.frame.select("start_us", "end_us", "gpu_events").rows() == [(100.0, 240.0, 2)]
+    assert "first to last GPU activity is treated as one step" in found.warnings[0]
+
+
+def test_gpu_work_of_an_inferred_gpu_window_counts_whatever_ran_in_it():
+    events = events_of(
+        op("aten::mm", 0, 500),
+        runtime("cudaLaunchKernel", 10, 5, corr=1),
+        gpu("k1", 100, 20, corr=1),
+        gpu("queued_before_recording", 130, 10, corr=99),  # no launching call in the trace
+        gpu("k2", 200, 40, corr=None),
+    )
+    facts = compute_facts(events, None)
+    # busy = 20 + 10 + 40 = 70 of the 140 µs window: every event that ran in it, linked or not.
+    assert facts.gpu.select("busy_us", "span_us").rows() == [(70.0, 140.0)]

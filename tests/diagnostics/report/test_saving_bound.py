@@ -28,6 +28,7 @@ from diagnostics.report.model import (
     report_finding,
     saving_bound_pct,
 )
+from tests.diagnostics.trace.helpers import provenance_trace_names
 
 SHARED = Path(__file__).resolve().parents[3].parent / "shared"
 INPUTS = sorted((SHARED / "traces").glob("*.json.gz")) + sorted(
@@ -41,8 +42,11 @@ def _analysis(path: Path):
 
 
 def test_the_shared_inputs_are_there():
-    # 7 traces and 12 H200 run folders (PROVENANCE.md); an empty glob makes the rest vacuous
-    assert len(INPUTS) == 19
+    # 12 traces and 12 H200 run folders (the PROVENANCE.md files); an empty glob makes the
+    # rest vacuous
+    traces = {p.name for p in INPUTS if p.is_file()}
+    assert traces == provenance_trace_names() and len(traces) == 12
+    assert len(INPUTS) == 24
 
 
 @pytest.mark.parametrize("path", INPUTS, ids=lambda p: p.name)
