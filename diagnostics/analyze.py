@@ -32,6 +32,7 @@ from diagnostics.model import AnalysisInputs, RunData, TraceFacts
 from diagnostics.rank_pool import POOL_MIN_FILES, digest_files, ranks_are_distinct
 from diagnostics.result import (
     BREAKDOWN_KEYS,
+    GPU_BREAKDOWN_KEYS,
     IDLE_KEYS,
     SUMMARY_KEYS,
     AnalysisResult,
@@ -362,9 +363,17 @@ def summarise(
         summary["steps_inferred"] = facts.steps_inferred
         summary["trace_steps"] = facts.steps.height
         parts = breakdown_pct(facts.breakdown)
+        # without its CPU side a trace cannot tell runtime, DataLoader or CPU time apart
+        known = set(BREAKDOWN_KEYS if facts.host_side else GPU_BREAKDOWN_KEYS)
+        if facts.parts is not None and facts.parts.ran_on_gpu and not facts.parts.gpu_events:
+            known -= set(GPU_BREAKDOWN_KEYS)  # GPU time not recorded (counters only)
         summary["breakdown_pct"] = (
-            {key: _finite(parts.get(key)) for key in BREAKDOWN_KEYS} if parts else None
+            {key: _finite(parts.get(key)) if key in known else None for key in BREAKDOWN_KEYS}
+            if parts
+            else None
         )
+        if facts.parts is not None:
+            summary["trace_parts"] = facts.parts.to_dict()
         if facts.gpu_timeline is not None:
             summary["gpu_timeline"] = {
                 key: _finite(value) if isinstance(value, float) else value
@@ -373,7 +382,7 @@ def summarise(
         if facts.gpu.height:
             summary["gpu_busy_us"] = _finite(facts.gpu["busy_us"].sum())
             summary.update(overlap_summary(facts.gpu))
-            idle = idle_breakdown_pct(facts.idle_gaps)
+            idle = idle_breakdown_pct(facts.idle_gaps) if facts.host_side else None
             summary["gpu_idle_breakdown_pct"] = (
                 {key: _finite(idle.get(key)) for key in IDLE_KEYS} if idle else None
             )

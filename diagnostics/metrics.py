@@ -170,7 +170,8 @@ def _trace_values(trace: TraceFacts) -> dict[str, Any]:
     out: dict[str, Any] = {"steps": trace.steps.height, "steady_steps": trace.steps.height}
     out.update(_step_stats(trace.steps["dur_us"] / 1000.0))
     breakdown = trace.breakdown
-    if breakdown.height and "dataloader_us" in breakdown.columns:
+    # A trace without its CPU side has no DataLoader ranges to see: the wait is unknown.
+    if breakdown.height and "dataloader_us" in breakdown.columns and trace.host_side:
         out["data_wait_pct"] = median_share_pct(breakdown["dataloader_us"], breakdown["total_us"])
     return out
 

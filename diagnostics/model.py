@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from diagnostics.facts.comm_ranks import CollectiveMatch
     from diagnostics.facts.comms import CommFacts
     from diagnostics.facts.gpu_timeline import GpuTimeline
+    from diagnostics.facts.trace_parts import TraceParts
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,14 @@ class TraceFacts:
     # TraceLens's GPU timeline (total, computation, exposed communication and copies, busy,
     # idle over the GPU-side step window): diagnostics.facts.gpu_timeline; None without GPU
     gpu_timeline: GpuTimeline | None = None
+    # which parts the trace holds (CPU side, GPU activity, steps, links, CUDA graphs) and
+    # which figures its missing parts leave unknown: diagnostics.facts.trace_parts
+    parts: TraceParts | None = None
+
+    @property
+    def host_side(self) -> bool:
+        """The trace holds its CPU side (hand-built facts without ``parts`` are taken to)."""
+        return self.parts is None or self.parts.host_side
 
     @property
     def device_memory_bytes(self) -> int | None:

@@ -18,6 +18,8 @@ from diagnostics.rules.base import Finding, Skipped
 SCHEMA = "pipeline-doctor/analysis/v1"
 
 BREAKDOWN_KEYS = ("kernel", "memcpy", "memset", "runtime", "dataloader", "cpu_exec", "other")
+# the parts a trace without its CPU side still measures
+GPU_BREAKDOWN_KEYS = ("kernel", "memcpy", "memset")
 IDLE_KEYS = ("host_wait", "kernel_wait", "other")
 STEP_TIME_KEYS = ("mean", "p50", "p95")
 
@@ -67,6 +69,11 @@ SUMMARY_KEYS: dict[str, str] = {
     "window_start_us, window_end_us, total_us, computation_us, exposed_comm_us, "
     "exposed_memcpy_us, busy_us, idle_us, comm_us, memcpy_us, busy_pct, idle_pct}; computation "
     "+ exposed communication + exposed copies + idle = total (diagnostics/facts/gpu_timeline.py)",
+    "trace_parts": "what the trace holds: {host_ops, runtime_calls, gpu_events, "
+    "counter_ranges, host_steps, gpu_steps, gpu_linked, gpu_before_recording, "
+    "gpu_unlinked_in_recording, graph_kernels, graph_kernel_share_pct, lacks: [{part, "
+    "figures}]}: each missing part and the figures it leaves unknown (null in this summary) "
+    "or estimated (diagnostics/facts/trace_parts.py)",
     "findings_by_severity": "{high, medium, low}: number of findings",
     "trace_run_steps": "run folder with a trace: [{trace_step, run_step}], the profiler's "
     "steps matched to the run's step records on one clock",

@@ -14,12 +14,13 @@ from diagnostics.facts.gpu import gpu_utilization
 from diagnostics.facts.gpu_timeline import gpu_timeline
 from diagnostics.facts.idle import idle_gaps
 from diagnostics.facts.launches import launch_table
-from diagnostics.facts.linking import build_index
+from diagnostics.facts.linking import TraceIndex, build_index
 from diagnostics.facts.memory import memory_curve, memory_peaks
 from diagnostics.facts.operators import half_dtype_ops, kernel_table, operator_table
 from diagnostics.facts.ranks import rank_collectives, rank_summary
 from diagnostics.facts.steps import find_steps
 from diagnostics.facts.syncs import sync_per_step, sync_table
+from diagnostics.facts.trace_parts import TraceParts, trace_parts
 from diagnostics.model import TraceFacts
 
 # Some GPU work always predates the profiling window (launched before it started); warn only
@@ -40,21 +41,49 @@ def _metadata(
     return tuple(props), dist, version, warnings, rank
 
 
+def _parts_warnings(parts: TraceParts, index: TraceIndex) -> list[str]:
+    """What the trace lacks, and the GPU events without a launching call, said once each.
+
+    The missing ProfilerStep ranges are steps.py's own warning. GPU events queued before the
+    recording began (correlation ids below every call's) are expected and belong to no step:
+    said only when they are a large share. Any other unlinked event should have had its call
+    in the recording, and changes what is attributed to steps and operators: always said.
+    """
+    out = [
+        f"the trace lacks {lack.part}: {lack.figures}"
+        for lack in parts.lacks()
+        if not lack.part.startswith("ProfilerStep")
+    ]
+    if not parts.host_side:
+        return out
+    total = index.gpu.height
+    dangling = parts.gpu_unlinked_in_recording
+    if dangling:
+        out.append(
+            f"{dangling} of {total} GPU events have no launching runtime call in the trace "
+            "(no matching correlation id) although the recording was running: they count in "
+            "GPU busy time but not in step ends, device time per operator or launch statistics"
+        )
+    before = parts.gpu_before_recording
+    if before > UNLINKED_WARN_SHARE * total:
+        out.append(
+            f"{before} of {total} GPU events were queued before the recording began (their "
+            "correlation ids precede every runtime call's): they belong to no profiled step "
+            "and are left out of its figures"
+        )
+    return out
+
+
 def _one_rank(events: pl.DataFrame, metadata: Any, rank: int) -> TraceFacts:
     props, dist, version, meta_warnings, _ = _metadata(metadata)
     index = build_index(events)
     steps = find_steps(events, index)
     warnings = list(meta_warnings) + list(steps.warnings)
-    unlinked = index.gpu.filter(pl.col("rt_id").is_null()).height
-    if index.gpu.height and unlinked > UNLINKED_WARN_SHARE * index.gpu.height:
-        warnings.append(
-            f"{unlinked} of {index.gpu.height} GPU events have no launching runtime call in the "
-            "trace (no matching correlation id): step ends, device time per operator and "
-            "launch statistics count only the linked ones"
-        )
+    parts = trace_parts(events, index)
+    warnings.extend(_parts_warnings(parts, index))
     memory = memory_curve(events)
     return TraceFacts(
-        device="cuda" if index.gpu.height else "cpu",
+        device="cuda" if parts.ran_on_gpu else "cpu",
         steps=steps.frame.select(
             "step", "start_us", "end_us", "dur_us", "host_start_us", "host_end_us", "gpu_events"
         ),
@@ -73,6 +102,7 @@ def _one_rank(events: pl.DataFrame, metadata: Any, rank: int) -> TraceFacts:
         op_half_dtypes=half_dtype_ops(events),
         comms=comm_facts(events, index, steps),
         gpu_timeline=gpu_timeline(events),
+        parts=parts,
         device_properties=props,
         distributed=dist,
         pytorch_version=version,

@@ -131,6 +131,16 @@ def need_cuda(what: str) -> Need:
     return Need("a CUDA trace or a CUDA run", on_cuda, skip)
 
 
+def need_trace_host_side(what: str) -> Need:
+    """A trace that holds its CPU side (operators or runtime calls): a GPU-only trace shows
+    ``what`` no more than it shows the host."""
+    return Need(
+        "a trace with its CPU side (operators, runtime calls)",
+        lambda inputs: inputs.trace is not None and inputs.trace.host_side,
+        f"the trace has no CPU side (a GPU-only trace): {what} cannot be seen",
+    )
+
+
 def need_run_steps(*columns: str) -> Need:
     """Run step records with a value in each of ``columns``."""
     return Need(

@@ -29,7 +29,15 @@ import polars as pl
 from diagnostics.model import AnalysisInputs
 from diagnostics.percent import pct
 from diagnostics.rules import examples as ex
-from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity, need_cuda_trace
+from diagnostics.rules.base import (
+    Example,
+    Finding,
+    Fix,
+    Rule,
+    Severity,
+    need_cuda_trace,
+    need_trace_host_side,
+)
 from diagnostics.rules.evidence import chart, cuda_trace, r
 from diagnostics.thresholds import Thresholds
 
@@ -55,7 +63,10 @@ class HostDeviceSync(Rule):
     id = "host-device-sync"
     title = "The host waits for the GPU inside the step"
     severity = Severity.MEDIUM
-    needs = (need_cuda_trace("synchronisation calls are only visible in a GPU profile"),)
+    needs = (
+        need_cuda_trace("synchronisation calls are only visible in a GPU profile"),
+        need_trace_host_side("the host's synchronisation calls"),
+    )
     threshold_names = ("sync_share_min_pct",)
 
     def check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:

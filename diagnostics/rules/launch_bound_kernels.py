@@ -25,7 +25,15 @@ from diagnostics.metrics import trace_gpu_utilization_pct
 from diagnostics.model import AnalysisInputs
 from diagnostics.percent import pct
 from diagnostics.rules import examples as ex
-from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity, need_cuda_trace
+from diagnostics.rules.base import (
+    Example,
+    Finding,
+    Fix,
+    Rule,
+    Severity,
+    need_cuda_trace,
+    need_trace_host_side,
+)
 from diagnostics.rules.evidence import chart, config_value, cuda_trace, r
 from diagnostics.thresholds import Thresholds
 
@@ -45,7 +53,10 @@ class LaunchBoundKernels(Rule):
     id = "launch-bound-kernels"
     title = "Kernels are shorter than their launches"
     severity = Severity.MEDIUM
-    needs = (need_cuda_trace("kernel launches are only visible in a GPU profile"),)
+    needs = (
+        need_cuda_trace("kernel launches are only visible in a GPU profile"),
+        need_trace_host_side("the launching runtime calls"),
+    )
     threshold_names = ("short_kernel_share_min_pct", "gpu_util_low_pct", "launch_delay_outlier_us")
 
     def check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:

@@ -116,6 +116,7 @@ class TooFewWorkers(Rule):
                 "a trace's DataLoader time per step",
                 lambda inputs: (
                     inputs.trace is not None
+                    and inputs.trace.host_side
                     and inputs.trace.breakdown.height > 0
                     and "dataloader_us" in inputs.trace.breakdown.columns
                 ),

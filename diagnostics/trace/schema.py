@@ -34,6 +34,8 @@ class Category(StrEnum):
     MEMORY = "memory"  # "[memory]" instant events with allocation totals
     TRACE = "trace"  # e.g. "PyTorch Profiler (0)" span
     OVERHEAD = "overhead"
+    # CUPTI range-profiler records (counters per range, no kernel timeline)
+    CUDA_PROFILER_RANGE = "cuda_profiler_range"
     OTHER = "other"
 
 
@@ -60,6 +62,7 @@ CATEGORY_ALIASES: dict[str, Category] = {
     "memory": Category.MEMORY,
     "trace": Category.TRACE,
     "overhead": Category.OVERHEAD,
+    "cuda_profiler_range": Category.CUDA_PROFILER_RANGE,
 }
 
 GPU_CATEGORIES: frozenset[str] = frozenset(
