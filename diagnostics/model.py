@@ -19,6 +19,7 @@ from diagnostics.runs import RunFolder, RunManifest, RunStatus
 if TYPE_CHECKING:
     from diagnostics.facts.comm_ranks import CollectiveMatch
     from diagnostics.facts.comms import CommFacts
+    from diagnostics.facts.precision import PrecisionFacts
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,9 @@ class TraceFacts:
     # collective time, overlap with compute, exposed time per step and the compact table of
     # collectives for cross-rank matching (diagnostics.facts.comms); None: no communication
     comms: CommFacts | None = None
+    # fp16 training on the dense path versus fp16 data (embedding tables, communication
+    # buffers), and GradScaler's ops (diagnostics.facts.precision); None when not computed
+    precision: PrecisionFacts | None = None
 
     @property
     def device_memory_bytes(self) -> int | None:
