@@ -40,8 +40,8 @@ def chart(fig: Any, key: str, *, compact: bool = False) -> None:
 
 
 def cards(result: AnalysisResult) -> None:
-    columns = st.columns(5)
-    for column, card in zip(columns, views.summary_cards(key_metrics(result)), strict=True):
+    summary = views.summary_cards(key_metrics(result))
+    for column, card in zip(st.columns(len(summary)), summary, strict=True):
         column.metric(card.label, card.value, help=card.help, border=True)
 
 

@@ -73,6 +73,8 @@ def _ms(value: Any) -> str:
 
 def render_text(doc: dict[str, Any]) -> str:
     """A compact human summary of the result JSON."""
+    from diagnostics.metrics import GPU_BUSY, GPU_KERNEL_UTILISATION
+
     source, summary, env = doc["source"], doc["summary"], doc["environment"]
     head = [f"{source['kind']} {source['path']}"]
     head += [str(v) for v in (env.get("device"), env.get("gpu_name")) if v]
@@ -101,10 +103,17 @@ def render_text(doc: dict[str, Any]) -> str:
         lines.append(f"step breakdown: {parts} (mean over the profiled steps)")
     if summary.get("data_wait_pct") is not None:
         lines.append(f"data wait: {_pct(summary['data_wait_pct'])} of step time (median step)")
-    if summary.get("gpu_utilization_pct") is not None:
-        gpu = f"GPU: utilisation {_pct(summary['gpu_utilization_pct'])}"
-        if summary.get("gpu_busy_us") is not None:
-            gpu += f" · busy {_ms(summary['gpu_busy_us'] / 1000.0)}"
+    kernel_util, busy = summary.get("gpu_kernel_utilization_pct"), summary.get("gpu_busy_pct")
+    if kernel_util is not None or busy is not None:
+        parts = []
+        if kernel_util is not None:
+            parts.append(f"{GPU_KERNEL_UTILISATION} {_pct(kernel_util)}")
+        if busy is not None:
+            busy_text = f"{GPU_BUSY} {_pct(busy)}"
+            if summary.get("gpu_busy_us") is not None:
+                busy_text += f" ({_ms(summary['gpu_busy_us'] / 1000.0)})"
+            parts.append(busy_text)
+        gpu = " · ".join(parts)
         idle = summary.get("gpu_idle_breakdown_pct")
         if idle:
             gpu += " · idle: " + " · ".join(f"{k} {_pct(v)}" for k, v in idle.items())

@@ -357,6 +357,8 @@ def summarise(
     summary["samples_per_s"] = metrics.samples_per_s
     summary["data_wait_pct"] = metrics.data_wait_pct
     summary["gpu_utilization_pct"] = metrics.gpu_utilization_pct
+    summary["gpu_kernel_utilization_pct"] = metrics.gpu_kernel_utilization_pct
+    summary["gpu_busy_pct"] = metrics.gpu_busy_pct
     summary["peak_memory_bytes"] = metrics.peak_memory_bytes
 
     if facts is not None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from diagnostics.dotted import flatten_dotted
-from diagnostics.metrics import KeyMetrics, key_metrics
+from diagnostics.metrics import GPU_BUSY, GPU_KERNEL_UTILISATION, KeyMetrics, key_metrics
 
 Better = Literal["higher", "lower", "neither"]
 
@@ -169,13 +169,14 @@ def _rows(ma: KeyMetrics, mb: KeyMetrics) -> tuple[MetricRow, ...]:
             "data_wait_pct", "data-wait share", "%", ma.data_wait_pct, mb.data_wait_pct, "lower"
         ),
         MetricRow(
-            "gpu_utilization_pct",
-            "GPU utilisation",
+            "gpu_kernel_utilization_pct",
+            GPU_KERNEL_UTILISATION,
             "%",
-            ma.gpu_utilization_pct,
-            mb.gpu_utilization_pct,
+            ma.gpu_kernel_utilization_pct,
+            mb.gpu_kernel_utilization_pct,
             "higher",
         ),
+        MetricRow("gpu_busy_pct", GPU_BUSY, "%", ma.gpu_busy_pct, mb.gpu_busy_pct, "higher"),
         MetricRow(
             "peak_memory_bytes",
             "peak memory",

@@ -23,11 +23,21 @@ throughput
     in steps/s when the batch size is unknown (a trace). A distributed run's records are
     rank 0's and its batch is one rank's share: the job's throughput is that times the
     world size (every rank takes a step of the same size in the same time).
-GPU utilisation (%)
-    The trace's GPU busy time (the union of kernels, copies and memsets over all streams,
-    ``TraceFacts.gpu.busy_us``) over the span of the profiled steps, summed over devices:
-    ``100 x sum(busy_us) / sum(span_us)``. Without a CUDA trace, the mean NVML utilisation
-    sampled while the steps ran (``gpu_utilization_source`` says which).
+GPU utilisation, kernel time (%): ``gpu_kernel_utilization_pct``
+    What nvidia-smi and the TensorBoard plugin call "GPU utilisation": the share of time at
+    least one kernel runs. The union of kernel intervals over all streams within the
+    profiled steps' span (``TraceFacts.gpu.kernel_busy_us``) over that span, summed over
+    devices: ``100 x sum(kernel_busy_us) / sum(span_us)`` (torch-tb-profiler's
+    gpu_metrics_parser.calculate_gpu_utilization; 55.51 % and 70.27 % on its ResNet-50
+    golden overviews). Without a CUDA trace, the mean NVML utilisation sampled while the
+    steps ran, which NVML defines the same way (``gpu_utilization_source`` says which).
+GPU busy (%): ``gpu_busy_pct``
+    The union of kernels, copies and memsets over all streams (``TraceFacts.gpu.busy_us``)
+    over the same span, summed over devices: HTA's and TraceLens's busy time. At least the
+    kernel-time figure: copies and memsets with no kernel beside them count here only.
+    Trace only: NVML samples no copy engines, so a run folder without a trace leaves it null.
+``gpu_utilization_pct`` (kept from v1 for its readers)
+    The busy figure for a trace, the NVML mean without one: prefer the two named figures.
 peak memory (bytes)
     The largest CUDA peak (``cuda_peak_bytes``, else ``cuda_allocated_bytes``) in the run's
     step records, else the largest device allocation in the trace's ``[memory]`` events,
@@ -46,6 +56,11 @@ if TYPE_CHECKING:
     from diagnostics.model import RunData, TraceFacts
 
 
+# the labels every view, report and comparison gives the two GPU figures
+GPU_KERNEL_UTILISATION = "GPU utilisation (kernel time, as nvidia-smi)"
+GPU_BUSY = "GPU busy (kernels, copies, memsets)"
+
+
 @dataclass(frozen=True)
 class KeyMetrics:
     device: str | None
@@ -56,13 +71,18 @@ class KeyMetrics:
     steps_per_s: float | None  # 1000 / median step time
     samples_per_s: float | None  # batch size x world size / median step time
     data_wait_pct: float | None  # median over steady steps of data wait / step time, %
-    gpu_utilization_pct: float | None  # trace busy / span of the profiled steps, %
+    # v1's figure, kept for its readers: gpu_busy_pct for a trace, else the NVML mean
+    gpu_utilization_pct: float | None
     peak_memory_bytes: int | None
     peak_memory_kind: str | None  # "CUDA" (device), "host allocated" or "host RSS"
     source: str  # "run" (step records) or "trace"
     batch_size: int | None = None  # median batch size of the steady steps
-    gpu_utilization_source: str | None = None  # "trace" or "NVML"
+    # "trace" or "NVML": where gpu_kernel_utilization_pct (and gpu_utilization_pct) came from
+    gpu_utilization_source: str | None = None
     steady_steps: int | None = None  # the steady-state steps the medians are over
+    # kernel time / span of the profiled steps, % (as nvidia-smi); NVML's mean without a trace
+    gpu_kernel_utilization_pct: float | None = None
+    gpu_busy_pct: float | None = None  # kernels, copies, memsets / span, % (trace only)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -157,13 +177,35 @@ def _nvml_utilization(run: RunData) -> float | None:
     return _finite(rows["gpu_util_pct"].mean()) if rows.height else None
 
 
-def trace_gpu_utilization_pct(trace: TraceFacts) -> float | None:
-    """100 x sum(busy_us) / sum(span_us) over the trace's devices (None without GPU work)."""
+def trace_gpu_busy_pct(trace: TraceFacts) -> float | None:
+    """GPU busy: 100 x sum(busy_us) / sum(span_us) over the trace's devices (None without
+    GPU work)."""
     gpu = trace.gpu
     if gpu.height == 0:
         return None
     span = float(gpu["span_us"].sum())
     return 100.0 * float(gpu["busy_us"].sum()) / span if span > 0 else None
+
+
+# the earlier name of the busy figure, for callers not yet moved
+trace_gpu_utilization_pct = trace_gpu_busy_pct
+
+
+def trace_gpu_kernel_utilization_pct(trace: TraceFacts) -> float | None:
+    """GPU utilisation as nvidia-smi defines it: 100 x sum(kernel_busy_us) / sum(span_us)
+    over the trace's devices (None without GPU work). A hand-built gpu frame without
+    kernel_busy_us gives its utilization_pct, weighted by span."""
+    gpu = trace.gpu
+    if gpu.height == 0:
+        return None
+    span = float(gpu["span_us"].sum())
+    if span <= 0:
+        return None
+    if "kernel_busy_us" in gpu.columns:
+        return 100.0 * float(gpu["kernel_busy_us"].sum()) / span
+    if "utilization_pct" in gpu.columns:
+        return float((gpu["utilization_pct"] * gpu["span_us"]).sum()) / span
+    return None
 
 
 def _trace_values(trace: TraceFacts) -> dict[str, Any]:
@@ -209,11 +251,14 @@ def compute_key_metrics(trace: TraceFacts | None, run: RunData | None) -> KeyMet
     if trace is not None and has_run and values.get("data_wait_pct") is None:
         values["data_wait_pct"] = _trace_values(trace).get("data_wait_pct")
     gpu_source = None
-    util = trace_gpu_utilization_pct(trace) if trace is not None else None
-    if util is not None:
+    busy = trace_gpu_busy_pct(trace) if trace is not None else None
+    kernel_util = trace_gpu_kernel_utilization_pct(trace) if trace is not None else None
+    util = busy
+    if busy is not None:
         gpu_source = "trace"
     elif run is not None:
-        util = _nvml_utilization(run)
+        # NVML's utilisation is kernel time per sample period: the kernel-time figure
+        util = kernel_util = _nvml_utilization(run)
         gpu_source = "NVML" if util is not None else None
     if values.get("peak_memory_bytes") is None and trace is not None:
         peak = _trace_peak_memory(trace)
@@ -240,6 +285,8 @@ def compute_key_metrics(trace: TraceFacts | None, run: RunData | None) -> KeyMet
         batch_size=values.get("batch_size"),
         gpu_utilization_source=gpu_source,
         steady_steps=values.get("steady_steps"),
+        gpu_kernel_utilization_pct=kernel_util,
+        gpu_busy_pct=busy,
     )
 
 

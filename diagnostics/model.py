@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from diagnostics.facts.comm_ranks import CollectiveMatch
     from diagnostics.facts.comms import CommFacts
     from diagnostics.facts.gpu_timeline import GpuTimeline
+    from diagnostics.facts.precision import PrecisionFacts
     from diagnostics.facts.trace_parts import TraceParts
 
 
@@ -75,6 +76,9 @@ class TraceFacts:
     # collective time, overlap with compute, exposed time per step and the compact table of
     # collectives for cross-rank matching (diagnostics.facts.comms); None: no communication
     comms: CommFacts | None = None
+    # fp16 training on the dense path versus fp16 data (embedding tables, communication
+    # buffers), and GradScaler's ops (diagnostics.facts.precision); None when not computed
+    precision: PrecisionFacts | None = None
     # TraceLens's GPU timeline (total, computation, exposed communication and copies, busy,
     # idle over the GPU-side step window): diagnostics.facts.gpu_timeline; None without GPU
     gpu_timeline: GpuTimeline | None = None

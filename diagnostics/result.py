@@ -31,8 +31,13 @@ SUMMARY_KEYS: dict[str, str] = {
     "every view quotes; see diagnostics/metrics.py)",
     "breakdown_pct": "{kernel, memcpy, memset, runtime, dataloader, cpu_exec, other}: "
     "share of profiled step time, % (torch-tb-profiler's categories and priority)",
-    "gpu_utilization_pct": "GPU busy time (kernels, copies, memsets, all streams) over the "
-    "profiled steps' span, %; without a CUDA trace the mean NVML utilisation",
+    "gpu_kernel_utilization_pct": "GPU utilisation as nvidia-smi and the TensorBoard plugin "
+    "define it: the union of kernel time (all streams) over the profiled steps' span, %; "
+    "without a CUDA trace the mean NVML utilisation (the same definition, sampled)",
+    "gpu_busy_pct": "GPU busy: the union of kernels, copies and memsets (all streams) over the "
+    "profiled steps' span, % (HTA's and TraceLens's busy time); null without a CUDA trace",
+    "gpu_utilization_pct": "kept from v1 for its readers: gpu_busy_pct for a trace, the mean "
+    "NVML utilisation without one; prefer the two named figures above",
     "gpu_busy_us": "union of the GPU work (kernels, copies, memsets, every stream, each "
     "instant once) launched in the profiled steps, µs",
     "gpu_copy_us": "union of memory copies (memcpy) in gpu_busy_us, µs",

@@ -17,6 +17,7 @@ from diagnostics.facts.launches import launch_table
 from diagnostics.facts.linking import TraceIndex, build_index
 from diagnostics.facts.memory import memory_curve, memory_peaks
 from diagnostics.facts.operators import half_dtype_ops, kernel_table, operator_table
+from diagnostics.facts.precision import precision_facts
 from diagnostics.facts.ranks import rank_collectives, rank_summary
 from diagnostics.facts.steps import find_steps
 from diagnostics.facts.syncs import sync_per_step, sync_table
@@ -100,6 +101,7 @@ def _one_rank(events: pl.DataFrame, metadata: Any, rank: int) -> TraceFacts:
         memory=memory,
         memory_peak=memory_peaks(memory, props),
         op_half_dtypes=half_dtype_ops(events),
+        precision=precision_facts(events, index),
         comms=comm_facts(events, index, steps),
         gpu_timeline=gpu_timeline(events),
         parts=parts,

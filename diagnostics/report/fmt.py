@@ -260,7 +260,10 @@ EVIDENCE_LABELS: dict[str, str] = {
     "recommended_num_workers": "DataLoader workers recommended",
     "worker_cap": "most workers the cores allow",
     "cpu_count": "CPU cores",
-    "gpu_utilization_pct": "GPU utilisation (%)",
+    # a rule's or rank's figure from the trace's busy time (rank_stragglers, ranks table)
+    "gpu_utilization_pct": "GPU busy (kernels, copies, memsets) (%)",
+    "gpu_busy_pct": "GPU busy (kernels, copies, memsets) (%)",
+    "gpu_kernel_utilization_pct": "GPU utilisation (kernel time, as nvidia-smi) (%)",
     "gpu_span_us": "profiled span",
     "excess_pct_of_step_time": "time lost beyond the median step (% of step time)",
     "slow_step_ms_median": "slow steps (median)",

@@ -289,7 +289,7 @@ def system_figure(samples: pl.DataFrame) -> go.Figure:
             cols=1,
             shared_xaxes=True,
             vertical_spacing=0.1,
-            subplot_titles=("GPU utilisation", "host CPU"),
+            subplot_titles=("GPU utilisation (NVML: kernel time)", "host CPU"),
         )
         gpu_rows = frame.filter(pl.col("gpu_index").is_not_null())
         for (index,), part in gpu_rows.group_by(["gpu_index"], maintain_order=True):

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from diagnostics.dotted import flatten_dotted
-from diagnostics.metrics import KeyMetrics
+from diagnostics.metrics import GPU_BUSY, GPU_KERNEL_UTILISATION, KeyMetrics
 from diagnostics.report import fmt
 
 
@@ -100,7 +100,8 @@ def summary_rows(metrics: KeyMetrics, summary: Mapping[str, Any]) -> list[tuple[
             else fmt.rate(metrics.steps_per_s, "steps/s"),
         ),
         ("data-wait share of step time", fmt.pct(metrics.data_wait_pct)),
-        ("GPU utilisation", fmt.pct(metrics.gpu_utilization_pct)),
+        (GPU_KERNEL_UTILISATION, fmt.pct(metrics.gpu_kernel_utilization_pct)),
+        (GPU_BUSY, fmt.pct(metrics.gpu_busy_pct)),
         (
             f"peak memory ({metrics.peak_memory_kind or 'unknown'})",
             fmt.bytes_(metrics.peak_memory_bytes),

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 import polars as pl
 
-from diagnostics.metrics import median_share_pct, trace_gpu_utilization_pct
+from diagnostics.metrics import median_share_pct, trace_gpu_busy_pct
 from diagnostics.model import AnalysisInputs
 from diagnostics.percent import pct
 from diagnostics.rules import examples as ex
@@ -89,7 +89,7 @@ class BatchTooSmall(Rule):
         patch = {"train.batch_size": batch * factor} if isinstance(batch, int) else None
         evidence: dict[str, Any] = {
             **where,
-            "gpu_utilization_pct": r(util, 1),
+            "gpu_busy_pct": r(util, 1),
             "peak_memory_bytes": int(peak),
             "capacity_bytes": int(capacity),
             "peak_memory_pct": r(mem_pct, 1),
@@ -129,7 +129,7 @@ class BatchTooSmall(Rule):
     def _measure(inputs: AnalysisInputs, t: Thresholds) -> tuple | None:
         trace = cuda_trace(inputs)
         if trace is not None and trace.gpu.height and trace.device_memory_bytes:
-            util = trace_gpu_utilization_pct(trace)
+            util = trace_gpu_busy_pct(trace)
             util = 100.0 if util is None else util
             mem = trace.memory.filter(pl.col("device") >= 0)
             if mem.height == 0:

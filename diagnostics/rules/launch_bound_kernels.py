@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from diagnostics.metrics import trace_gpu_utilization_pct
+from diagnostics.metrics import trace_gpu_busy_pct
 from diagnostics.model import AnalysisInputs
 from diagnostics.percent import pct
 from diagnostics.rules import examples as ex
@@ -70,7 +70,7 @@ class LaunchBoundKernels(Rule):
         share = 100.0 * short / total if total else 0.0
         util = None
         if trace.gpu.height and float(trace.gpu["span_us"].sum()) > 0:
-            util = trace_gpu_utilization_pct(trace)
+            util = trace_gpu_busy_pct(trace)
         # with a busy GPU the launches overlap kernels and their cost is hidden
         if share < thresholds.short_kernel_share_min_pct or (
             util is not None and util >= thresholds.gpu_util_low_pct
@@ -99,7 +99,7 @@ class LaunchBoundKernels(Rule):
             "launches": total,
             "short_launches": short,
             "short_share_pct": r(share, 1),
-            "gpu_utilization_pct": r(util, 1),
+            "gpu_busy_pct": r(util, 1),
             "launch_delay_us_mean": r(weighted_delay, 1),
             "launch_delay_queueing": weighted_delay > thresholds.launch_delay_outlier_us,
             "top_kernels": rows,

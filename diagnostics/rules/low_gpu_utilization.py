@@ -12,6 +12,15 @@ Why it matters
     An idle GPU is paid for and does nothing; the fix is almost never on the GPU itself but
     in whatever keeps the host from feeding it.
 
+Which figure
+    A trace is judged on GPU busy (kernels, copies, memsets), not on the kernel-time
+    utilisation nvidia-smi shows: the idle time this rule explains is the complement of busy
+    time (its idle gaps are the stretches with no GPU work at all, and their parts add up to
+    ``span - busy``), and a copy with no kernel beside it is work the step asked for, which
+    missing-pin-memory judges, not idleness. Busy is never below the kernel-time figure, so
+    the rule fires on no more traces than a kernel-time test would. Evidence gives both.
+    A run without a trace is judged on NVML's samples, which are kernel time.
+
 How to fix
     Follow the related findings in order of the idle time they explain: more DataLoader
     workers, fewer host-device synchronisations, pinned memory; if the host is simply not
@@ -24,7 +33,7 @@ from typing import Any, ClassVar
 
 import polars as pl
 
-from diagnostics.metrics import trace_gpu_utilization_pct
+from diagnostics.metrics import trace_gpu_busy_pct, trace_gpu_kernel_utilization_pct
 from diagnostics.model import AnalysisInputs
 from diagnostics.percent import pct
 from diagnostics.rules import examples as ex
@@ -97,7 +106,7 @@ class LowGpuUtilization(Rule):
         busy = float(trace.gpu["busy_us"].sum())
         span = float(trace.gpu["span_us"].sum())
         # the key metrics' utilisation: the number on the card and in the reports
-        util = trace_gpu_utilization_pct(trace)
+        util = trace_gpu_busy_pct(trace)
         if util is None or util >= thresholds.gpu_util_low_pct:
             return []
         idle_us = max(span - busy, 0.0)
@@ -109,7 +118,8 @@ class LowGpuUtilization(Rule):
         top = ranked[0][0] if ranked else "none"
         evidence: dict[str, Any] = {
             "source": "trace: GPU busy time over the profiled steps' span",
-            "gpu_utilization_pct": r(util, 1),
+            "gpu_busy_pct": r(util, 1),
+            "gpu_kernel_utilization_pct": r(trace_gpu_kernel_utilization_pct(trace), 1),
             "gpu_busy_us": r(busy, 0),
             "gpu_span_us": r(span, 0),
             "gpu_idle_us": r(idle_us, 0),

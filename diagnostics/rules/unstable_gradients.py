@@ -10,11 +10,19 @@ What it finds
       its normal overflow handling and counts under scaling instead);
     - loss divergence: the median loss of the last window well above the best earlier one;
     - GradScaler skipping many steps after warm-up, or its scale collapsing;
-    - fp16 autocast without a GradScaler: a CUDA run configured so, or a trace with fp16
-      kernels but none of the ops GradScaler runs (``_amp_foreach_non_finite_check_and_unscale_``,
-      ``_amp_update_scale_``).
+    - fp16 training without a GradScaler: a CUDA run configured so, or a trace whose dense
+      GEMMs or convolutions run in fp16 *with their backward* (fp16 ops such as
+      ``aten::addmm`` inside backward, ``AddmmBackward0`` with ``c10::Half`` inputs, or fp16
+      GEMM kernels launched under backward ops) and none of the ops GradScaler runs
+      (``_amp_foreach_non_finite_check_and_unscale_``, ``_amp_update_scale_``). fp16 that is
+      data does not count: FBGEMM's embedding tables (TorchRec), quantised weights, NCCL's
+      fp16 buffers, forward-only fp16 GEMMs (``diagnostics.facts.precision``).
 
-    Each training phase (masked-LM pretraining, fine-tuning) is judged on its own.
+    Each training phase (masked-LM pretraining, fine-tuning) is judged on its own. fp16
+    without a GradScaler on its own is a risk, not observed instability: the finding is
+    then titled so, at medium severity; "Unstable training" (high when non-finite,
+    diverging, collapsing or fp16-unscaled) needs a signal in the loss, gradient-norm or
+    scaler records.
 
 Why it matters
     A spike moves the weights far in one step; a NaN poisons them for good; fp16 gradients
@@ -28,11 +36,13 @@ How to fix
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import polars as pl
 
 from diagnostics.facts.loss_scaling import fp16_without_scaler
+from diagnostics.facts.precision import PrecisionFacts
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import (
@@ -59,6 +69,7 @@ LR_CEILING = 1e-3
 # signals whose "steps" list the offending steps (the others give a range)
 POINT_SIGNALS = frozenset({"non_finite", "grad_spikes", "scaler_skipped_steps"})
 CLIP_NORM = 1.0
+RISK_TITLE = "fp16 training without a GradScaler: a risk of underflowing gradients"
 
 FIX_CODE = """\
 # before
@@ -167,7 +178,7 @@ class UnstableGradients(Rule):
         ):
             evidence["chart"] = chart(
                 "bar",
-                "fp16 kernels that ran without loss scaling",
+                "fp16 GEMM/convolution kernels that ran without loss scaling",
                 "kernel",
                 "GPU time (µs)",
                 [name[:60] for name in from_trace["top_fp16_kernels"]],
@@ -184,11 +195,19 @@ class UnstableGradients(Rule):
                 highlight_x=sorted(offending)[:200],
             )
         patch = self._patch(inputs, kinds, fp16_unscaled)
+        observed = set(kinds) - {"fp16_without_grad_scaler"}
+        if observed:
+            severity = Severity.HIGH if severe or fp16_unscaled else Severity.MEDIUM
+            title = "Unstable training: " + ", ".join(k.replace("_", " ") for k in kinds)
+        else:
+            # nothing in the records (a bare trace has none) shows instability: a risk
+            severity, title = Severity.MEDIUM, RISK_TITLE
+        evidence["instability_observed"] = bool(observed)
         return [
             Finding(
                 rule=self.id,
-                severity=Severity.HIGH if severe or fp16_unscaled else Severity.MEDIUM,
-                title="Unstable training: " + ", ".join(k.replace("_", " ") for k in kinds),
+                severity=severity,
+                title=title,
                 evidence=evidence,
                 recommendation=self._recommendation(kinds, offending, patch),
                 fix=Fix(code=FIX_CODE, config_patch=patch),
@@ -216,7 +235,10 @@ class UnstableGradients(Rule):
             first = min(offending)
             parts.append(f"Trouble starts at step {first} ({len(offending)} step(s) affected).")
         if "fp16_without_grad_scaler" in kinds:
-            parts.append("fp16 autocast runs without a GradScaler: small gradients underflow.")
+            parts.append(
+                "fp16 GEMMs and their backward run without a GradScaler: small gradients can "
+                "underflow to zero."
+            )
         if set(kinds) - {"fp16_without_grad_scaler"}:
             lr = patch.get("train.lr")
             parts.append(
@@ -276,65 +298,60 @@ class UnstableGradients(Rule):
                 grad_norm=lambda s: 1.0 + 0.3 * ((s * 7919) % 11) / 11,
             ),
         ),
-        # traces: the examples differ in the kernels' names and the ops beside them
+        # traces: the examples differ in what their precision facts (facts/precision.py)
+        # counted from the trace's ops and kernels; the names are from real traces
         Example(
-            "trace: fp16 GEMM kernels but no GradScaler ops",
+            "trace: fp16 GEMMs with their backward (AddmmBackward0 with c10::Half inputs, "
+            "aten::mm inside backward), no GradScaler ops",
             True,
-            lambda: _traced(_FP16_GEMM, operators=[_op("aten::mm", 10, 100.0, 5000.0)]),
+            lambda: _traced(_FP16_GEMM, precision=_precision(forward_ops=96, backward_ops=126)),
         ),
         Example(
-            "trace: H200 fp16 kernels (c10::Half, nvjet hsh) but no GradScaler ops",
+            "trace without shapes: H200 fp16 GEMM kernels (nvjet hsh) launched under "
+            "backward ops, no GradScaler ops",
             True,
             lambda: _traced(
-                ex.kernel("nvjet_sm90_hsh_64x32_64x16_1x4_h_bz_NTT", 30, 110.0, tensor_core=True),
-                ex.kernel(_ELEMENTWISE.format("CUDAFunctor_add<c10::Half>"), 60, 90.0),
+                _NVJET_HSH,
+                precision=_precision(backward_kernels=90, top=(_NVJET_HSH["name"],)),
                 compute_capability=(9, 0),
             ),
         ),
         Example(
             "trace: H200 bf16 autocast (BFloat16 kernels, cuDNN attention named wgmma_f16)",
             False,
-            lambda: _traced(
-                _F16_ATTENTION,
-                ex.kernel(
-                    "void at::native::reduce_kernel<512, 1, at::native::ReduceOp"
-                    "<c10::BFloat16, at::native::func_wrapper_t<float>>>",
-                    40,
-                    300.0,
-                ),
-                ex.kernel(
-                    "void at::native::bfloat16_copy_kernel_cuda(at::TensorIteratorBase&)", 40, 200.0
-                ),
-                compute_capability=(9, 0),
-            ),
+            lambda: _traced(_F16_ATTENTION, precision=_precision(bf16_seen=True)),
         ),
         Example(
-            "trace: ops with c10::Half inputs, kernel names without a format, no GradScaler",
-            True,
-            lambda: _traced(
-                ex.kernel("nvjet_sm90_64x32_64x16_NTT", 18, 2800.0, tensor_core=True),
-                op_half_dtypes=[{"dtype": "c10::Half", "ops": 120}],
-            ),
-        ),
-        Example(
-            "trace: ops with c10::BFloat16 inputs, kernels named only f16 (bf16 autocast)",
+            "trace: TorchRec's fp16 embedding tables (FBGEMM split_embedding kernels, "
+            "row-wise Adagrad in the kernel), TF32/fp32 dense layers",
             False,
             lambda: _traced(
-                _F16_ATTENTION, op_half_dtypes=[{"dtype": "c10::BFloat16", "ops": 120}]
+                _FBGEMM_BACKWARD, precision=_precision(embedding_kernels=14, embedding_us=71837.0)
             ),
         ),
         Example(
-            "trace: fp16 kernels with GradScaler's unscale op",
+            "trace: fp16 GEMMs in the forward only (inference: no backward ranges)",
+            False,
+            lambda: _traced(_FP16_GEMM, precision=_precision(forward_ops=96, backward_ranges=0)),
+        ),
+        Example(
+            "trace: fp32 training, fp16 NCCL buffers (ncclKernel_..._f16)",
+            False,
+            lambda: _traced(_NCCL_F16, precision=_precision(comm_kernels=40)),
+        ),
+        Example(
+            "trace: fp16 GEMMs with their backward and GradScaler's unscale op",
             False,
             lambda: _traced(
-                _FP16_GEMM,
-                operators=[_op("aten::_amp_foreach_non_finite_check_and_unscale_", 5, 50.0, 20.0)],
+                _FP16_GEMM, precision=_precision(forward_ops=96, backward_ops=126, scaler_ops=5)
             ),
         ),
     )
 
 
 _FP16_GEMM = ex.kernel("ampere_fp16_s16816gemm_fp16_128x128", 10, 5000.0, tensor_core=True)
+# the H200 fp16 run's GEMM (../shared/gpu-runs/h200-default/gpu-unstable)
+_NVJET_HSH = ex.kernel("nvjet_sm90_hsh_64x32_64x16_1x4_h_bz_NTT", 30, 110.0, tensor_core=True)
 # cuDNN's fused attention: "f16" in the name for fp16 and bf16 inputs alike (H200)
 _F16_ATTENTION = ex.kernel(
     "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x64_"
@@ -343,16 +360,52 @@ _F16_ATTENTION = ex.kernel(
     2800.0,
     tensor_core=True,
 )
-_ELEMENTWISE = "void at::native::vectorized_elementwise_kernel<4, at::native::{}>"
+# HTA's TorchRec trace (tests/data/trace_filter/sampled_rank-0.json.gz), name shortened
+_FBGEMM_BACKWARD = ex.kernel(
+    "void split_embedding_backward_codegen_rowwise_adagrad_unweighted_kernel_cta_per_row_1"
+    "<c10::Half, float, c10::Half, 2ul, 32>",
+    4,
+    23469.0,
+)
+_NCCL_F16 = ex.kernel("ncclDevKernel_AllReduce_Sum_f16_RING_LL(ncclDevComm*)", 40, 9000.0)
 
 
-def _op(name: str, calls: int, host_us: float, device_us: float) -> dict[str, Any]:
-    return {"name": name, "calls": calls, "host_us": host_us, "device_us": device_us}
+def _precision(
+    *,
+    forward_ops: int = 0,
+    backward_ops: int = 0,
+    backward_kernels: int = 0,
+    top: tuple[str, ...] = (),
+    embedding_kernels: int = 0,
+    embedding_us: float = 0.0,
+    comm_kernels: int = 0,
+    bf16_seen: bool = False,
+    backward_ranges: int = 300,
+    scaler_ops: int = 0,
+) -> PrecisionFacts:
+    """Precision facts with these counts, the rest zero (examples)."""
+    return PrecisionFacts(
+        fp16_dense_forward_ops=forward_ops,
+        fp16_dense_backward_ops=backward_ops,
+        fp16_dense_backward_kernels=backward_kernels,
+        fp16_dense_backward_kernel_us=110.0 * backward_kernels,
+        top_fp16_dense_kernels=top,
+        top_fp16_dense_kernel_us=tuple(110.0 for _ in top),
+        fp16_embedding_kernels=embedding_kernels,
+        fp16_embedding_kernel_us=embedding_us,
+        fp16_comm_kernels=comm_kernels,
+        bf16_seen=bf16_seen,
+        backward_ranges=backward_ranges,
+        scaler_ops=scaler_ops,
+    )
 
 
-def _traced(*kernels: dict[str, Any], **trace: Any) -> AnalysisInputs:
-    """A CUDA trace whose kernel table is ``kernels`` (examples)."""
-    return ex.inputs(trace=ex.trace(kernels=list(kernels), **trace))
+def _traced(
+    *kernels: dict[str, Any], precision: PrecisionFacts | None = None, **trace: Any
+) -> AnalysisInputs:
+    """A CUDA trace whose kernel table is ``kernels`` and precision facts ``precision``."""
+    facts = replace(ex.trace(kernels=list(kernels), **trace), precision=precision)
+    return ex.inputs(trace=facts)
 
 
 def _scaled_run(amp_scale: Callable[[int], float]) -> AnalysisInputs:

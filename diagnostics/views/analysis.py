@@ -9,7 +9,7 @@ from typing import Any
 
 import polars as pl
 
-from diagnostics.metrics import KeyMetrics
+from diagnostics.metrics import GPU_BUSY, GPU_KERNEL_UTILISATION, KeyMetrics
 from diagnostics.report import fmt as report_fmt
 from diagnostics.views.fmt import fmt_bytes, fmt_ms, fmt_pct, fmt_rate
 
@@ -53,7 +53,7 @@ class Card:
 
 
 def summary_cards(metrics: KeyMetrics) -> list[Card]:
-    """The five cards at the top of a run or trace, formatted (KeyMetrics is shared with
+    """The six cards at the top of a run or trace, formatted (KeyMetrics is shared with
     the reports and the comparison, so the page and a downloaded report agree)."""
     # the unit goes in the label: a value like "1,234 samples/s" does not fit a card
     if metrics.samples_per_s is not None:
@@ -72,10 +72,17 @@ def summary_cards(metrics: KeyMetrics) -> list[Card]:
         ),
         Card(throughput_label, throughput, throughput_help),
         Card(
-            "GPU utilisation",
-            fmt_pct(metrics.gpu_utilization_pct),
-            "GPU busy time (kernels, copies, memsets, all streams) over the profiled steps' "
-            "span; without a trace, NVML's mean ('—' without a GPU).",
+            GPU_KERNEL_UTILISATION,
+            fmt_pct(metrics.gpu_kernel_utilization_pct),
+            "Share of the profiled steps' span in which at least one kernel ran (any stream), "
+            "as nvidia-smi and the TensorBoard plugin define GPU utilisation; without a "
+            "trace, NVML's mean over the steps ('—' without a GPU).",
+        ),
+        Card(
+            GPU_BUSY,
+            fmt_pct(metrics.gpu_busy_pct),
+            "Share of the profiled steps' span in which any GPU work ran: kernels, copies or "
+            "memsets, any stream (HTA's busy time). Needs a trace ('—' from NVML alone).",
         ),
         Card(
             "Data-wait share",

@@ -92,7 +92,8 @@ RANKS_LABELS: dict[str, str] = {
     "step_time_ms_mean": "step time, mean (ms)",
     "step_time_ms_p50": "step time, median (ms)",
     "step_time_ms_max": "step time, max (ms)",
-    "gpu_utilization_pct": "GPU utilisation (%)",
+    # facts/ranks.py: each rank's busy time (kernels, copies, memsets) over its steps' span
+    "gpu_utilization_pct": "GPU busy (kernels, copies, memsets) (%)",
     "dataloader_pct": "DataLoader share of step time (%)",
     "step_time_vs_median": "mean step time ÷ median over ranks (×)",
     "data_wait_ms_per_step": "data wait per step (ms)",

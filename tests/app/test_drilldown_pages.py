@@ -99,7 +99,7 @@ def test_upload_as_ranks_shows_the_per_rank_table(empty_env, shared_traces_dir, 
         "step time, mean (ms)",
         "step time, median (ms)",
         "step time, max (ms)",
-        "GPU utilisation (%)",
+        "GPU busy (kernels, copies, memsets) (%)",
     ]
     assert not any("_" in column for column in per_rank.columns)
     assert len(per_rank) == 2

@@ -2,7 +2,8 @@
 trainer, the data-wait share, the median step and the throughput read the same on the Run
 detail page (AppTest), in the too-few-workers finding and in the HTML, Markdown and JSON
 reports; for a real GPU trace, the GPU utilisation reads the same on the card, in the
-low-gpu-utilization finding's title and evidence, and in the reports.
+low-gpu-utilization finding's title and evidence, and in the reports (GPU busy, labelled
+so; the kernel-time utilisation beside it on the card and in the reports).
 
 Before the key metrics were computed once, one slow-loader run showed 18.9 % on the card
 (a ratio of sums), 55 % in the finding (a median of per-step shares) and 50.3 % in the
@@ -105,14 +106,25 @@ def test_a_gpu_trace_quotes_one_utilisation():
     assert result.metrics.gpu_utilization_pct == pytest.approx(
         100 * gpu["busy_us"].sum() / gpu["span_us"].sum()
     )
+    assert result.metrics.gpu_busy_pct == result.metrics.gpu_utilization_pct
+    # kernels only, as nvidia-smi: copies and memsets with no kernel beside them left out
+    kernel_util = fmt.pct(result.metrics.gpu_kernel_utilization_pct)
+    assert result.metrics.gpu_kernel_utilization_pct == pytest.approx(
+        100 * gpu["kernel_busy_us"].sum() / gpu["span_us"].sum()
+    )
     cards = {card.label: card.value for card in views.summary_cards(key_metrics(result))}
-    assert cards["GPU utilisation"] == util
+    assert cards["GPU busy (kernels, copies, memsets)"] == util
+    assert cards["GPU utilisation (kernel time, as nvidia-smi)"] == kernel_util
     finding = next(f for f in result.findings if f.rule == "low-gpu-utilization")
     assert finding.title == f"GPU busy only {util} of the profiled steps"
-    assert fmt.pct(finding.evidence["gpu_utilization_pct"]) == util
-    assert fmt.pct(result.summary["gpu_utilization_pct"]) == util
+    assert fmt.pct(finding.evidence["gpu_busy_pct"]) == util
+    assert fmt.pct(finding.evidence["gpu_kernel_utilization_pct"]) == kernel_util
+    assert fmt.pct(result.summary["gpu_busy_pct"]) == util
+    assert fmt.pct(result.summary["gpu_kernel_utilization_pct"]) == kernel_util
     reports = _reports(result)
     for name, text in reports.items():
         assert f"GPU busy only {util} of the profiled steps" in text, name
     doc = json.loads(reports["json"])
-    assert dict(doc["report"]["summary_rows"])["GPU utilisation"] == util
+    rows = dict(doc["report"]["summary_rows"])
+    assert rows["GPU busy (kernels, copies, memsets)"] == util
+    assert rows["GPU utilisation (kernel time, as nvidia-smi)"] == kernel_util

@@ -92,7 +92,8 @@ def test_run_detail_shows_cards_findings_and_lineage(runs_env):
     for card in (
         "Median step time",
         "Samples/s",
-        "GPU utilisation",
+        "GPU utilisation (kernel time, as nvidia-smi)",
+        "GPU busy (kernels, copies, memsets)",
         "Data-wait share",
         "Peak memory",
     ):
@@ -245,10 +246,11 @@ def test_upload_real_trace_shows_findings(empty_env, shared_traces_dir):
     at.run()
     assert not at.exception
     assert not at.error
-    assert [m.label for m in at.metric][:5] == [
+    assert [m.label for m in at.metric][:6] == [
         "Median step time",
         "Steps/s",  # a trace has no batch size
-        "GPU utilisation",
+        "GPU utilisation (kernel time, as nvidia-smi)",
+        "GPU busy (kernels, copies, memsets)",
         "Data-wait share",
         "Peak memory",
     ]

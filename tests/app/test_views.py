@@ -206,7 +206,8 @@ def test_summary_cards_format_key_metrics():
     assert cards == {
         "Median step time": "123 ms",
         "Samples/s": "256",
-        "GPU utilisation": "—",
+        "GPU utilisation (kernel time, as nvidia-smi)": "—",
+        "GPU busy (kernels, copies, memsets)": "—",
         "Data-wait share": "61.0 %",
         "Peak memory": "512 MiB",
     }

@@ -77,6 +77,11 @@ def test_breakdown_and_utilisation_agree_with_torch_tb_profiler_golden(name):
     busy_pct = 100 * gpu["busy_us"].sum() / gpu["span_us"].sum()
     assert summary["gpu_utilization_pct"] == pytest.approx(busy_pct)
     assert summary["gpu_utilization_pct"] >= gpu["utilization_pct"].mean()
+    # the two named figures: kernel time as nvidia-smi and the plugin define it (the golden
+    # overview's "GPU Utilization", 55.51 % and 70.27 %), and busy time with copies, memsets
+    assert summary["gpu_kernel_utilization_pct"] == pytest.approx(utilization, abs=1.0)
+    assert summary["gpu_busy_pct"] == pytest.approx(busy_pct)
+    assert summary["gpu_busy_pct"] >= summary["gpu_kernel_utilization_pct"]
     assert summary["steps"] == 6 and summary["step_time_source"] == "trace"
     assert_summary_complete(result.to_json())
 
@@ -189,7 +194,14 @@ def test_run_folder_without_a_trace_still_analyses(tmp_path):
     assert_summary_complete(doc)
     summary = doc["summary"]
     assert summary["steps"] == 2 and summary["step_time_ms"]["mean"] == 20.0
-    for key in ("breakdown_pct", "gpu_utilization_pct", "gpu_busy_us", "gpu_idle_breakdown_pct"):
+    for key in (
+        "breakdown_pct",
+        "gpu_utilization_pct",
+        "gpu_kernel_utilization_pct",
+        "gpu_busy_pct",
+        "gpu_busy_us",
+        "gpu_idle_breakdown_pct",
+    ):
         assert summary[key] is None, key
     assert summary["device"] == "cuda"
     assert result.facts is None and result.run is not None

@@ -45,7 +45,9 @@ def test_text_format_is_a_compact_summary(capsys):
     lines = text.splitlines()
     assert lines[0].startswith(f"trace {SMALL_REAL} · cuda · NVIDIA A100")
     assert any(line.startswith("step breakdown: kernel ") for line in lines)
-    assert any(line.startswith("GPU: utilisation ") for line in lines)
+    # both GPU figures, each with the label that names it
+    (gpu,) = [line for line in lines if line.startswith("GPU utilisation (kernel time")]
+    assert "GPU busy (kernels, copies, memsets) " in gpu
     assert len(lines) < 40
 
 

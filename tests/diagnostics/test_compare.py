@@ -68,8 +68,9 @@ def test_ratios_are_after_over_before(before_after):
     memory = comparison.row("peak_memory_bytes")
     assert memory.a == memory.b == 506 * 1024 * 1024 and memory.improved is None
     # A CPU run has no GPU samples: no ratio rather than a made-up one.
-    gpu = comparison.row("gpu_utilization_pct")
-    assert gpu.a is None and gpu.ratio is None and gpu.improved is None
+    for key in ("gpu_kernel_utilization_pct", "gpu_busy_pct"):
+        gpu = comparison.row(key)
+        assert gpu.a is None and gpu.ratio is None and gpu.improved is None
 
 
 def test_findings_gone_new_kept_and_config_changes(before_after):

@@ -30,7 +30,10 @@ def test_run_report_summary_cost_and_charts(run_result):
     assert summary["median step time"] == "100 ms"
     assert summary["throughput"] == "80 samples/s"
     assert summary["data-wait share of step time"] == "40.0 %"
-    assert summary["GPU utilisation"] == "40.0 %"
+    # a run folder without a trace: NVML's utilisation is the kernel-time figure; busy time
+    # (copies and memsets too) needs a trace
+    assert summary["GPU utilisation (kernel time, as nvidia-smi)"] == "40.0 %"
+    assert summary["GPU busy (kernels, copies, memsets)"] == "—"
     assert dict(report.environment_rows)["GPU"] == "NVIDIA H100 80GB HBM3"
     assert ("data.num_workers", "0") in report.config_rows
     assert [c.key for c in report.charts] == ["step_time", "loss_gradnorm", "memory", "system"]

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from diagnostics.analyze import analyze
+from diagnostics.rules.unstable_gradients import RISK_TITLE
 from diagnostics.runs import RunFolder
 from diagnostics.thresholds import Thresholds
 
@@ -141,6 +142,20 @@ def test_fp16_run_without_scaler_is_still_unstable_and_high():
     assert finding.severity.value == "high"
     assert {"fp16_without_grad_scaler", "non_finite"} <= set(finding.evidence["signals"])
     assert finding.fix.config_patch["train.grad_scaler"] is True
+
+
+def test_the_fp16_runs_bare_trace_is_a_risk_not_observed_instability():
+    # the same run's trace alone: fp16 GEMMs and their backward (AddmmBackward0 with
+    # c10::Half inputs, nvjet_*_hsh_ kernels launched under backward) and no GradScaler op,
+    # but no loss or gradient records to show the NaN the run folder shows
+    (trace,) = (GPU_RUNS / "h200-default" / "gpu-unstable" / "trace").glob("*.json.gz")
+    finding = next(f for f in analyze(trace).findings if f.rule == "unstable-gradients")
+    assert finding.title == RISK_TITLE
+    assert finding.severity.value == "medium"
+    assert finding.evidence["signals"] == ["fp16_without_grad_scaler"]
+    evidence = finding.evidence["fp16_without_grad_scaler"]["trace"]
+    assert evidence["fp16_dense_backward_ops"] > 0 and evidence["fp16_dense_backward_kernels"] > 0
+    assert evidence["top_fp16_kernels"][0].startswith("nvjet_sm90_hsh_")
 
 
 def test_healthy_gpu_sized_run_has_no_medium_or_high_finding():

@@ -110,7 +110,7 @@ def test_rank0_of_16_gpu_idles_in_host_syncs():
     low = _finding(result, "low-gpu-utilization")
     assert sync is not None and low is not None
     assert sync.evidence["sync_share_pct"] > 20.0
-    assert low.evidence["gpu_utilization_pct"] < 50.0
+    assert low.evidence["gpu_busy_pct"] < 50.0
     assert low.evidence["idle_by_host_activity"]["sync"]["share_pct"] > 50.0
     # the utilisation finding points at the rule that explains the idle time
     assert low.evidence["related_rules"][0] == "host-device-sync"
@@ -135,7 +135,7 @@ def test_alexnet_trace_idles_the_gpu_on_cpu_work_not_on_syncs():
     assert _finding(result, "host-device-sync") is None
     low = _finding(result, "low-gpu-utilization")
     assert low is not None
-    assert low.evidence["gpu_utilization_pct"] < 1.0
+    assert low.evidence["gpu_busy_pct"] < 1.0
     causes = low.evidence["idle_by_host_activity"]
     assert max(causes, key=lambda k: causes[k]["idle_us"]) == "cpu_ops"
 
