@@ -54,6 +54,7 @@ ADVICE = {
     "pageable_copy": "the host was copying from pageable memory: pin memory",
     "cpu_ops": "the host was busy running Python/CPU ops: batch more work per launch",
     "none": "no host activity was recorded during the gaps",
+    "unknown": "unknown: the trace has no CPU side, so what the host did is not recorded",
 }
 
 FIX_CODE = """\
@@ -110,14 +111,21 @@ class LowGpuUtilization(Rule):
         if util is None or util >= thresholds.gpu_util_low_pct:
             return []
         idle_us = max(span - busy, 0.0)
-        causes = self._idle_causes(trace.idle_gaps)
+        # without ProfilerStep ranges the span is a recording window, not training steps
+        window = (
+            "the recorded window (no ProfilerStep ranges)"
+            if trace.steps_inferred
+            else "the profiled steps"
+        )
+        # a GPU-only trace cannot say what the host did while the GPU idled
+        causes = self._idle_causes(trace.idle_gaps) if trace.host_side else {}
         ranked = sorted(causes.items(), key=lambda kv: kv[1]["idle_us"], reverse=True)
         related = [
             RELATED_RULE[k] for k, v in ranked if k in RELATED_RULE and v["share_pct"] >= 10.0
         ]
-        top = ranked[0][0] if ranked else "none"
+        top = ranked[0][0] if ranked else ("none" if trace.host_side else "unknown")
         evidence: dict[str, Any] = {
-            "source": "trace: GPU busy time over the profiled steps' span",
+            "source": f"trace: GPU busy time over {window}",
             "gpu_busy_pct": r(util, 1),
             "gpu_kernel_utilization_pct": r(trace_gpu_kernel_utilization_pct(trace), 1),
             "gpu_busy_us": r(busy, 0),
@@ -125,7 +133,7 @@ class LowGpuUtilization(Rule):
             "gpu_idle_us": r(idle_us, 0),
             "threshold_pct": thresholds.gpu_util_low_pct,
             "idle_by_host_activity": causes,
-            "idle_by_kind": self._idle_kinds(trace.idle_gaps),
+            "idle_by_kind": self._idle_kinds(trace.idle_gaps) if trace.host_side else None,
             "related_rules": related,
             # which steps, not absolute timestamps (a range of those read as a duration
             # printed "1451 h 20 min")
@@ -148,7 +156,7 @@ class LowGpuUtilization(Rule):
                 severity=Severity.HIGH
                 if util < thresholds.gpu_util_low_pct / 2
                 else Severity.MEDIUM,
-                title=f"GPU busy only {pct(util)} of the profiled steps",
+                title=f"GPU busy only {pct(util)} of {window}",
                 evidence=evidence,
                 recommendation=(
                     f"The GPU was idle {idle_us / 1000:.1f} ms of {span / 1000:.1f} ms. "
