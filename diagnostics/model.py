@@ -19,6 +19,8 @@ from diagnostics.runs import RunFolder, RunManifest, RunStatus
 if TYPE_CHECKING:
     from diagnostics.facts.comm_ranks import CollectiveMatch
     from diagnostics.facts.comms import CommFacts
+    from diagnostics.facts.coverage import KernelCoverage
+    from diagnostics.facts.device import DeviceIdentity
 
 
 @dataclass(frozen=True)
@@ -43,8 +45,9 @@ class TraceFacts:
     idle_gaps: pl.DataFrame
     # name, calls, host_us, device_us (device time linked through correlation ids)
     operators: pl.DataFrame
-    # name, calls, device_us, mean_us, tensor_core:bool, fp16:bool, bf16:bool (named format),
-    # cuda_core_gemm:bool, precision (bf16|fp16|half|tf32|fp32|null): facts/kernel_classes.py
+    # name, calls, device_us, mean_us, tensor_core:bool (Tensor/Matrix Cores), fp16:bool,
+    # bf16:bool (named format), cuda_core_gemm:bool, precision (kernel_families.PRECISIONS or
+    # null), family, unit (matrix|vector|memory|communication|null): facts/kernel_classes.py
     kernels: pl.DataFrame
     # direction (HtoD|DtoH|DtoD|HtoH|PtoP|Memset), src_memory, dst_memory (Pageable|Pinned|
     # Device|...), count, bytes, dur_us, bandwidth_gb_s
@@ -73,6 +76,11 @@ class TraceFacts:
     # collective time, overlap with compute, exposed time per step and the compact table of
     # collectives for cross-rank matching (diagnostics.facts.comms); None: no communication
     comms: CommFacts | None = None
+    # vendor, architecture, model of the GPU (diagnostics.facts.device); None: not computed
+    device_identity: DeviceIdentity | None = None
+    # how much kernel time the kernel-family table and the operator links account for
+    # (diagnostics.facts.coverage); None: no kernels
+    kernel_coverage: KernelCoverage | None = None
 
     @property
     def device_memory_bytes(self) -> int | None:
