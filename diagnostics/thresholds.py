@@ -223,6 +223,14 @@ class Thresholds:
         "share of kernel time on Tensor Cores below which they count as unused, %",
         "ours: a few library kernels use Tensor Cores even in fp32 (TF32); 5% is incidental",
     )
+    kernel_classified_min_pct: float = _t(
+        90.0,
+        "share of kernel time on kernels the kernel-family table knows below which a rule "
+        "whose figure rests on classified time (tensor-cores-unused) says it could not tell, %",
+        "ours: tensor-cores-unused fires under 5 % on matrix units; with more than a tenth of "
+        "kernel time unread, that unread time could hold the matrix work, so the verdict is "
+        "not given (every trace in ../shared/traces is above 99 %)",
+    )
     tensor_core_bf16_step_ratio: float = _t(
         0.177,
         "step time of a GEMM-bound model with bf16 autocast over the same model in fp32 "
