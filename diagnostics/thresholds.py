@@ -208,7 +208,8 @@ class Thresholds:
     # -- tensor-cores-unused --------------------------------------------------------------
     tensor_core_min_capability: int = _t(
         7,
-        "compute capability major version from which the GPU has Tensor Cores",
+        "NVIDIA compute capability major version from which the GPU has Tensor Cores (AMD: "
+        "the rule's gfx list, CDNA gfx908 and newer, has Matrix Cores)",
         "NVIDIA Volta (7.0) introduced Tensor Cores; torch-tb-profiler checks the same",
     )
     tensor_core_eligible_min_pct: float = _t(
@@ -220,7 +221,7 @@ class Thresholds:
     )
     tensor_core_used_max_pct: float = _t(
         5.0,
-        "share of kernel time on Tensor Cores below which they count as unused, %",
+        "share of kernel time on Tensor Cores / Matrix Cores below which they count as unused, %",
         "ours: a few library kernels use Tensor Cores even in fp32 (TF32); 5% is incidental",
     )
     kernel_classified_min_pct: float = _t(

@@ -147,3 +147,10 @@ def test_amd_matrix_core_gemms_count_as_tensor_core_work():
         "attn_fwd",
     ]
     assert classify(names)["tensor_core"].to_list() == [True, True]
+
+
+def test_docs_list_every_family_with_its_example():
+    kernels_md = (Path(__file__).resolve().parents[3] / "docs" / "KERNELS.md").read_text()
+    for family in FAMILIES:
+        assert f"`{family.id}`" in kernels_md, family.id
+        assert family.example[:60].replace("|", "\\|") in kernels_md, family.id
