@@ -91,6 +91,8 @@ class TraceFacts:
 
     @property
     def compute_capability(self) -> tuple[int, int] | None:
+        """deviceProperties' computeMajor/Minor as written. On AMD HIP echoes the gfx target
+        there (9.4 = gfx942): read ``device_identity`` for what the GPU is."""
         for props in self.device_properties:
             if "computeMajor" in props:
                 return int(props["computeMajor"]), int(props.get("computeMinor", 0))
