@@ -40,7 +40,7 @@ KERNEL_COLUMNS = {
     "max_us": MS("Max (µs)", format="%.2f"),
     "blocks_per_sm": MS("Blocks per SM", format="%.2f"),
     "occupancy_pct": MS("Est. occupancy (%)", format="%.1f"),
-    "tensor_core": st.column_config.CheckboxColumn("Tensor Cores"),
+    "tensor_core": st.column_config.CheckboxColumn("Tensor / Matrix Cores"),
     "operator": st.column_config.TextColumn("Launched by", width="medium"),
     "operators": st.column_config.NumberColumn("Operators", format="%d"),
 }

@@ -58,6 +58,14 @@ def notes(result: AnalysisResult) -> None:
     """The analyser's warnings and the rules it could not apply, folded away."""
     for warning in result.warnings:  # may quote a file name or a trace's own strings
         st.warning(md_text(warning), icon=":material/warning:")
+    coverage = views.coverage_rows(result.summary)
+    if coverage:
+        with st.expander("Kernel coverage: what the kernel table and operator links account for"):
+            st.table(
+                text_cells(
+                    pl.DataFrame({"": [r[0] for r in coverage], "value": [r[1] for r in coverage]})
+                )
+            )
     if result.skipped:
         with st.expander(f"{len(result.skipped)} checks did not apply to this input"):
             st.dataframe(

@@ -78,6 +78,11 @@ def render_text(doc: dict[str, Any]) -> str:
     source, summary, env = doc["source"], doc["summary"], doc["environment"]
     head = [f"{source['kind']} {source['path']}"]
     head += [str(v) for v in (env.get("device"), env.get("gpu_name")) if v]
+    from diagnostics.report.sections import gpu_identity, kernel_coverage_rows
+
+    identity = gpu_identity(env)
+    if identity:
+        head.append(identity)
     if env.get("pytorch_version"):
         head.append(f"PyTorch {env['pytorch_version']}")
     if len(source.get("ranks") or ()) > 1:
@@ -134,6 +139,7 @@ def render_text(doc: dict[str, Any]) -> str:
         )
     if summary.get("peak_memory_bytes") is not None:
         lines.append(f"peak memory: {summary['peak_memory_bytes'] / 2**30:.2f} GiB")
+    lines.extend(f"{label}: {value}" for label, value in kernel_coverage_rows(summary))
     ranks = summary.get("ranks")
     if ranks:
         spread = ranks.get("spread")

@@ -25,6 +25,7 @@ from diagnostics.facts import (
     step_time_spread,
 )
 from diagnostics.facts.comm_ranks import CollectiveMatch
+from diagnostics.facts.device import identify_device
 from diagnostics.facts.ranks import rank_collectives
 from diagnostics.facts.summary import overlap_summary
 from diagnostics.metrics import KeyMetrics, compute_key_metrics
@@ -389,6 +390,8 @@ def summarise(
                 {key: _finite(idle.get(key)) for key in IDLE_KEYS} if idle else None
             )
     summary.update(_comm_summary(facts))
+    if facts is not None and facts.kernel_coverage is not None:
+        summary["kernel_coverage"] = facts.kernel_coverage.to_dict()
     if match is not None:
         summary["comm_ranks"] = match.to_summary()
     summary["events"] = sum(t.events.height for t in loaded.traces) if loaded.traces else None
@@ -403,6 +406,16 @@ def summarise(
     return summary
 
 
+def _run_device_properties(env: dict[str, Any]) -> dict[str, Any]:
+    """The trainer's environment record (gpu_name, gpu_compute_capability "9.0") in
+    deviceProperties' terms, for a run recorded without a trace."""
+    props: dict[str, Any] = {"name": env["gpu_name"]}
+    major, _, minor = str(env.get("gpu_compute_capability") or "").partition(".")
+    if major.isdigit():
+        props["computeMajor"], props["computeMinor"] = int(major), int(minor or 0)
+    return props
+
+
 def _environment(
     run: RunData | None, primary: LoadedTrace | None, facts: TraceFacts | None
 ) -> dict[str, Any]:
@@ -411,6 +424,13 @@ def _environment(
         "device": None,
         "gpu_name": None,
         "cpu_count": None,
+        # the GPU's identity from the trace (diagnostics.facts.device): null when unknown
+        "gpu_vendor": None,
+        "gpu_architecture": None,
+        "gpu_generation": None,
+        "gpu_model": None,
+        "gpu_compute_capability": None,
+        "gpu_identity_source": None,
     }
     if run is not None:
         for key in env:
@@ -433,4 +453,14 @@ def _environment(
         if meta.distributed_info:
             env["world_size"] = meta.distributed_info.get("world_size")
             env["backend"] = meta.distributed_info.get("backend")
+    identity = facts.device_identity if facts is not None and facts.device == "cuda" else None
+    if identity is None and env["gpu_name"] and env["device"] == "cuda":
+        identity = identify_device([_run_device_properties(env)])
+    if identity is not None:
+        env["gpu_vendor"] = identity.vendor
+        env["gpu_architecture"] = identity.architecture
+        env["gpu_generation"] = identity.generation
+        env["gpu_model"] = identity.model
+        env["gpu_compute_capability"] = identity.compute_capability
+        env["gpu_identity_source"] = identity.source
     return env

@@ -19,6 +19,8 @@ from diagnostics.runs import RunFolder, RunManifest, RunStatus
 if TYPE_CHECKING:
     from diagnostics.facts.comm_ranks import CollectiveMatch
     from diagnostics.facts.comms import CommFacts
+    from diagnostics.facts.coverage import KernelCoverage
+    from diagnostics.facts.device import DeviceIdentity
     from diagnostics.facts.gpu_timeline import GpuTimeline
     from diagnostics.facts.precision import PrecisionFacts
     from diagnostics.facts.trace_parts import TraceParts
@@ -46,8 +48,9 @@ class TraceFacts:
     idle_gaps: pl.DataFrame
     # name, calls, host_us, device_us (device time linked through correlation ids)
     operators: pl.DataFrame
-    # name, calls, device_us, mean_us, tensor_core:bool, fp16:bool, bf16:bool (named format),
-    # cuda_core_gemm:bool, precision (bf16|fp16|half|tf32|fp32|null): facts/kernel_classes.py
+    # name, calls, device_us, mean_us, tensor_core:bool (Tensor/Matrix Cores), fp16:bool,
+    # bf16:bool (named format), cuda_core_gemm:bool, precision (kernel_families.PRECISIONS or
+    # null), family, unit (matrix|vector|memory|communication|null): facts/kernel_classes.py
     kernels: pl.DataFrame
     # direction (HtoD|DtoH|DtoD|HtoH|PtoP|Memset), src_memory, dst_memory (Pageable|Pinned|
     # Device|...), count, bytes, dur_us, bandwidth_gb_s
@@ -85,6 +88,11 @@ class TraceFacts:
     # which parts the trace holds (CPU side, GPU activity, steps, links, CUDA graphs) and
     # which figures its missing parts leave unknown: diagnostics.facts.trace_parts
     parts: TraceParts | None = None
+    # vendor, architecture, model of the GPU (diagnostics.facts.device); None: not computed
+    device_identity: DeviceIdentity | None = None
+    # how much kernel time the kernel-family table and the operator links account for
+    # (diagnostics.facts.coverage); None: no kernels
+    kernel_coverage: KernelCoverage | None = None
 
     @property
     def host_side(self) -> bool:
@@ -100,6 +108,8 @@ class TraceFacts:
 
     @property
     def compute_capability(self) -> tuple[int, int] | None:
+        """deviceProperties' computeMajor/Minor as written. On AMD HIP echoes the gfx target
+        there (9.4 = gfx942): read ``device_identity`` for what the GPU is."""
         for props in self.device_properties:
             if "computeMajor" in props:
                 return int(props["computeMajor"]), int(props.get("computeMinor", 0))

@@ -79,6 +79,11 @@ SUMMARY_KEYS: dict[str, str] = {
     "gpu_unlinked_in_recording, graph_kernels, graph_kernel_share_pct, lacks: [{part, "
     "figures}]}: each missing part and the figures it leaves unknown (null in this summary) "
     "or estimated (diagnostics/facts/trace_parts.py)",
+    "kernel_coverage": "a trace with kernels: {kernel_us, classified_pct, by_unit_pct: {matrix, "
+    "vector, memory, communication, unknown}, by_precision_pct: {<precision>|unknown: %}, "
+    "unknown_kernels: [{name, calls, device_us}] (largest 10), unknown_kernel_count, "
+    "operator_attributed_pct}: shares of summed kernel time the kernel-family table "
+    "classifies and that link to a CPU operator (null: no CPU operators); docs/KERNELS.md",
     "findings_by_severity": "{high, medium, low}: number of findings",
     "trace_run_steps": "run folder with a trace: [{trace_step, run_step}], the profiler's "
     "steps matched to the run's step records on one clock",

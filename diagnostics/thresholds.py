@@ -208,7 +208,8 @@ class Thresholds:
     # -- tensor-cores-unused --------------------------------------------------------------
     tensor_core_min_capability: int = _t(
         7,
-        "compute capability major version from which the GPU has Tensor Cores",
+        "NVIDIA compute capability major version from which the GPU has Tensor Cores (AMD: "
+        "the rule's gfx list, CDNA gfx908 and newer, has Matrix Cores)",
         "NVIDIA Volta (7.0) introduced Tensor Cores; torch-tb-profiler checks the same",
     )
     tensor_core_eligible_min_pct: float = _t(
@@ -220,8 +221,16 @@ class Thresholds:
     )
     tensor_core_used_max_pct: float = _t(
         5.0,
-        "share of kernel time on Tensor Cores below which they count as unused, %",
+        "share of kernel time on Tensor Cores / Matrix Cores below which they count as unused, %",
         "ours: a few library kernels use Tensor Cores even in fp32 (TF32); 5% is incidental",
+    )
+    kernel_classified_min_pct: float = _t(
+        90.0,
+        "share of kernel time on kernels the kernel-family table knows below which a rule "
+        "whose figure rests on classified time (tensor-cores-unused) says it could not tell, %",
+        "ours: tensor-cores-unused fires under 5 % on matrix units; with more than a tenth of "
+        "kernel time unread, that unread time could hold the matrix work, so the verdict is "
+        "not given (the twelve traces in ../shared/traces classify 94.0 % (A100 AlexNet) to 100 %)",
     )
     tensor_core_bf16_step_ratio: float = _t(
         0.177,

@@ -1,10 +1,10 @@
-"""Kernels: per kernel name, time, launch figures, Tensor Cores and the launching operator.
+"""Kernels: per kernel name, time, launch figures, Tensor/Matrix Cores and the launching operator.
 
 blocks_per_sm and occupancy_pct are CUPTI's per-launch figures (Kineto args "blocks per SM",
 "est. achieved occupancy %"), averaged weighted by duration as torch-tb-profiler does, so a
 long launch counts more than a short one; null where the trace does not carry them. The
-Tensor Core column is the rule's classification (facts.kernel_classes); the launching
-operator is the innermost operator around the runtime call that launched the kernel
+Tensor Core column (Matrix Cores on AMD) is the rule's classification (facts.kernel_classes);
+the launching operator is the innermost operator around the runtime call that launched the kernel
 (correlation id, facts.linking), the most frequent one when several launch it.
 """
 

@@ -10,6 +10,8 @@ import polars as pl
 from diagnostics.facts.breakdown import step_breakdown
 from diagnostics.facts.comms import comm_facts
 from diagnostics.facts.copies import copy_table
+from diagnostics.facts.coverage import kernel_coverage
+from diagnostics.facts.device import identify_device
 from diagnostics.facts.gpu import gpu_utilization
 from diagnostics.facts.gpu_timeline import gpu_timeline
 from diagnostics.facts.idle import idle_gaps
@@ -83,6 +85,15 @@ def _one_rank(events: pl.DataFrame, metadata: Any, rank: int) -> TraceFacts:
     parts = trace_parts(events, index)
     warnings.extend(_parts_warnings(parts, index))
     memory = memory_curve(events)
+    gpu = gpu_utilization(index, steps)
+    kernels = kernel_table(index)
+    used = gpu["device"].drop_nulls().to_list() if gpu.height and "device" in gpu.columns else []
+    identity = identify_device(
+        props,
+        getattr(metadata, "extra", None) or {},
+        kernels["name"].to_list(),
+        int(used[0]) if used else None,
+    )
     return TraceFacts(
         device="cuda" if parts.ran_on_gpu else "cpu",
         steps=steps.frame.select(
@@ -90,10 +101,10 @@ def _one_rank(events: pl.DataFrame, metadata: Any, rank: int) -> TraceFacts:
         ),
         steps_inferred=steps.inferred,
         breakdown=step_breakdown(events, steps, index),
-        gpu=gpu_utilization(index, steps),
+        gpu=gpu,
         idle_gaps=idle_gaps(events, index, steps),
         operators=operator_table(index),
-        kernels=kernel_table(index),
+        kernels=kernels,
         copies=copy_table(index),
         syncs=sync_table(events, index),
         sync_per_step=sync_per_step(events, index, steps),
@@ -110,6 +121,8 @@ def _one_rank(events: pl.DataFrame, metadata: Any, rank: int) -> TraceFacts:
         pytorch_version=version,
         rank=rank,
         warnings=tuple(dict.fromkeys(warnings)),
+        device_identity=identity,
+        kernel_coverage=kernel_coverage(kernels, index),
     )
 
 

@@ -1,31 +1,37 @@
-"""Kernel name classes: Tensor Core vs CUDA-core GEMMs, and the float format a kernel runs in.
+"""Kernel name classes: the unit a kernel runs on and the number format it runs in.
 
 The one place that reads meaning into kernel names (the kernel table, tensor-cores-unused,
-unstable-gradients and the Kernels view all use it). Matching is on substrings,
-case-insensitive, as torch-tb-profiler's tensor_core.py does; the names below are real
-kernels from the traces in ``../shared/traces`` and ``../shared/gpu-runs`` (see
-docs/KERNELS.md for the full table).
+unstable-gradients, the coverage figures and the Kernels view all use it). The knowledge is
+data: the ordered table of kernel families in ``facts/kernel_families.py`` (vendor, unit,
+precision, a real example each); this module turns it into polars expressions. Matching is
+case-insensitive, as torch-tb-profiler's tensor_core.py does (docs/KERNELS.md lists every
+family with its real kernel name).
 
-Tensor Cores, in order of precedence:
+Tensor Cores / Matrix Cores (``TENSOR_CORE``) are the families of unit ``matrix``; in order of
+precedence:
 
 1. **CUDA cores, whatever else the name says**: ``ffma`` (fused fp32 multiply-add),
    ``simt`` (CUTLASS's CUDA-core op class), ``sgemm`` (single-precision GEMM on CUDA cores)
    and cuDNN's ``scudnn``. ``sm80_xmma_gemm_f32f32_..._ffma_...`` and
    ``cutlass_80_simt_sgemm_...`` carry ``xmma``/``cutlass`` but run on CUDA cores (the fp32
    H200 run: 86 % of its kernel time).
-2. **Tensor Core families**: the MMA instructions (``hmma``, ``wmma``, ``imma``, Hopper's
-   ``wgmma``/``hgmma``/``gmma``), the tile shapes of each generation (Volta ``884``, Turing
-   ``1688``, Ampere ``16816`` and WMMA ``161616``), CUTLASS's ``tensorop`` op class, cuDNN and
-   cuBLAS's ``xmma`` kernels, Hopper's ``sm90`` kernels and cuBLAS's ``nvjet``, and the cuDNN
-   names on torch-tb-profiler's list.
+2. **Named matrix families**: the MMA instructions (``hmma``, ``wmma``, ``imma``, Hopper's
+   ``wgmma``/``hgmma``/``gmma``, Blackwell's ``tcgen05``), the tile shapes of each generation
+   (Volta ``884``, Turing ``1688``, Ampere ``16816`` and WMMA ``161616``), CUTLASS's
+   ``tensorop``, cuDNN and cuBLAS's ``xmma``, Hopper's ``sm90`` kernels and cuBLAS's
+   ``nvjet``, FlashAttention, Blackwell's ``bmm_Mx...``/``fmhaSm100...``; on AMD hipBLASLt's
+   Tensile ``Cijk_..._MI..`` kernels, Composable Kernel's xdlops, MIOpen's ``igemm_..._gtcx``
+   and AOTriton's ``attn_fwd``.
 3. **A low-precision format in a GEMM/convolution/attention name**: ``bf16``, ``f16``,
-   ``tf32``, ``i8`` (e.g. ``sm80_xmma_fprop_implicit_gemm_indexed_tf32f32_...``).
+   ``tf32``, ``i8`` (e.g. ``cutlass_tensorop_..._tf32_...``).
 
-Float format (``precision``): ``bf16`` (``bf16``, ``bfloat16``, ``c10::BFloat16``,
-``__nv_bfloat16``, cuBLAS ``nvjet_*_tst_``), ``fp16`` (``fp16``, ``c10::Half``, ``__half``,
-``hgemm``, Volta/Turing ``h884``/``h1688``, ``hmma``, cuBLAS ``nvjet_*_hsh_``), ``half`` when
-a name says only ``f16``/``half`` (ambiguous: cuDNN's fused attention is named
-``..._wgmma_f16_...`` for bf16 inputs too), ``tf32``, ``fp32`` for CUDA-core GEMMs, else null.
+Float format (``PRECISION``): the family's own format or the one its name encodes (Tensile's
+type letters, ``QkvE4m3``, ``MxE2m1``), else the name-wide patterns below (``NAME_PRECISION``):
+``bf16`` (``bf16``, ``bfloat16``, ``c10::BFloat16``, ``__nv_bfloat16``, cuBLAS
+``nvjet_*_tst_``), ``fp16`` (``fp16``, ``c10::Half``, ``__half``, ``hgemm``, Volta/Turing
+``h884``/``h1688``, ``hmma``, cuBLAS ``nvjet_*_hsh_``), ``half`` when a name says only
+``f16``/``half`` (ambiguous: cuDNN's fused attention is named ``..._wgmma_f16_...`` for bf16
+inputs too), ``tf32``, ``fp32`` for CUDA-core GEMMs, else null.
 A bf16 kernel is never fp16: that is what kept bf16 runs from being told to add a GradScaler.
 """
 
@@ -35,42 +41,29 @@ import re
 
 import polars as pl
 
-# 1. CUDA-core GEMMs and convolutions (checked first: they override the families below).
-CUDA_CORE_GEMM_PATTERNS: tuple[str, ...] = ("ffma", "simt", "sgemm", "scudnn")
-# 2. Tensor Core families (substrings).
-TENSOR_CORE_PATTERNS: tuple[str, ...] = (
-    # MMA instructions: Volta/Turing/Ampere hmma/imma, WMMA API, Hopper warp-group MMA.
-    "hmma",
-    "wmma",
-    "imma",
-    "gmma",  # wgmma, hgmma, gmma_
-    # Tile shapes: Volta 884, Turing 1688, Ampere 16816 and WMMA 161616 (torch-tb-profiler).
+from diagnostics.facts.kernel_families import FAMILIES, FAMILY_BY_ID, KernelFamily
+
+BF16_PATTERNS: tuple[str, ...] = ("bf16", "bfloat16", "nvjet_tst_", "_tst_")
+FP16_PATTERNS: tuple[str, ...] = (
+    "fp16",
+    "c10::half",
+    "__half",
+    "hgemm",
     "h884",
-    "s884",
-    "i884",
-    "884gemm",
     "h1688",
-    "s1688",
-    "c1688",
-    "1688gemm",
-    "i8816",
-    "16816",
-    "161616",
-    # CUTLASS tensor-op class; cuDNN/cuBLAS xmma kernels; Hopper sm90 kernels; cuBLAS nvjet.
-    "tensorop",
-    "xmma",
-    "sm90_",
-    "cutlass3x",
-    "nvjet",
-    # cuDNN Volta kernels on torch-tb-profiler's list (after NVIDIA PyProf).
-    "dgrad_1x1_stride_2x2",
-    "first_layer_wgrad_kernel",
-    "conv1x1",
-    "conv2d_c1_k1",
-    "direct_group",
+    "h16816",
+    "hmma",
+    "_hsh_",
+    "_hss_",
+    "_hhh_",
 )
-# 3. Matrix-multiply kernels, whose low-precision format means Tensor Cores.
-# (Narrow on purpose: "mma" alone is in "GammaBeta...", "conv" in "convert_fp32_to_bf16".)
+# 16-bit, format not named: fp16 unless the trace shows bf16 elsewhere (see the docstring).
+HALF_PATTERNS: tuple[str, ...] = ("f16", "half", "hgmma")
+# Ampere's CUTLASS fp32-in tensor-op GEMMs run as TF32 (cutlass_80_tensorop_s1688gemm_*).
+TF32_PATTERNS: tuple[str, ...] = ("tf32", "tensorop_s1688gemm")
+# Matrix-multiply and convolution kernel names, whatever unit runs them (the fp16-training
+# facts ask "a GEMM in fp16?"). Narrow on purpose: "mma" alone is in "GammaBeta...", "conv"
+# in "convert_fp32_to_bf16".
 MATMUL_PATTERNS: tuple[str, ...] = (
     "gemm",
     "xmma",
@@ -91,26 +84,6 @@ MATMUL_PATTERNS: tuple[str, ...] = (
     "fmha",
     "flash_",
 )
-TENSOR_CORE_FORMAT_PATTERNS: tuple[str, ...] = ("bf16", "f16", "tf32", "i8")
-
-BF16_PATTERNS: tuple[str, ...] = ("bf16", "bfloat16", "nvjet_tst_", "_tst_")
-FP16_PATTERNS: tuple[str, ...] = (
-    "fp16",
-    "c10::half",
-    "__half",
-    "hgemm",
-    "h884",
-    "h1688",
-    "h16816",
-    "hmma",
-    "_hsh_",
-    "_hss_",
-    "_hhh_",
-)
-# 16-bit, format not named: fp16 unless the trace shows bf16 elsewhere (see the docstring).
-HALF_PATTERNS: tuple[str, ...] = ("f16", "half", "hgmma")
-# Ampere's CUTLASS fp32-in tensor-op GEMMs run as TF32 (cutlass_80_tensorop_s1688gemm_*).
-TF32_PATTERNS: tuple[str, ...] = ("tf32", "tensorop_s1688gemm")
 # Collective communication kernels (ncclKernel_*, ncclDevKernel_*; RCCL keeps the names).
 COMMUNICATION_PATTERNS: tuple[str, ...] = ("nccl",)
 
@@ -120,19 +93,47 @@ def _regex(patterns: tuple[str, ...]) -> str:
 
 
 _NAME = pl.col("name")
-CUDA_CORE_GEMM = _NAME.str.contains(_regex(CUDA_CORE_GEMM_PATTERNS))
-MATMUL = _NAME.str.contains(_regex(MATMUL_PATTERNS))
-TENSOR_CORE = ~CUDA_CORE_GEMM & (
-    _NAME.str.contains(_regex(TENSOR_CORE_PATTERNS))
-    | (MATMUL & _NAME.str.contains(_regex(TENSOR_CORE_FORMAT_PATTERNS)))
-)
+# The families whose GEMMs and convolutions run on CUDA cores (rule 1 of the docstring).
+CUDA_CORE_GEMM_FAMILIES: tuple[str, ...] = ("cublas-ffma", "cutlass-simt", "sgemm", "cudnn-scudnn")
+
+
+def _family_hit(family: KernelFamily) -> pl.Expr:
+    hit = _NAME.str.contains("(?i)" + family.match)
+    if family.also is not None:
+        hit = hit & _NAME.str.contains("(?i)" + family.also)
+    return hit
+
+
+def _first_family() -> pl.Expr:
+    chain = pl.when(_family_hit(FAMILIES[0])).then(pl.lit(FAMILIES[0].id))
+    for family in FAMILIES[1:]:
+        chain = chain.when(_family_hit(family)).then(pl.lit(family.id))
+    return chain.otherwise(pl.lit(None, pl.String))
+
+
+def _by_family(values: dict[str, str | None]) -> pl.Expr:
+    """One value per family id (null for an unknown family)."""
+    return FAMILY.replace_strict(values, default=None, return_dtype=pl.String)
+
+
+# The kernel's family id (kernel_families.FAMILIES, first match wins); null: not known.
+FAMILY = _first_family()
+UNIT = _by_family({f.id: f.unit for f in FAMILIES})
+VENDOR = _by_family({f.id: f.vendor for f in FAMILIES})
+CUDA_CORE_GEMM = FAMILY.is_in(list(CUDA_CORE_GEMM_FAMILIES)).fill_null(False)
+TENSOR_CORE = (UNIT == "matrix").fill_null(False)
+# Kept for callers that want "on Tensor Cores or Matrix Cores" in the vendor's own words.
+MATRIX_CORE = TENSOR_CORE
+# A GEMM or convolution: on matrix units, on CUDA cores, or named as one.
+MATMUL = TENSOR_CORE | CUDA_CORE_GEMM | _NAME.str.contains(_regex(MATMUL_PATTERNS))
 BF16 = _NAME.str.contains(_regex(BF16_PATTERNS))
 FP16 = ~BF16 & _NAME.str.contains(_regex(FP16_PATTERNS))
 HALF = BF16 | FP16 | _NAME.str.contains(_regex(HALF_PATTERNS))
 COMMUNICATION = _NAME.str.contains(_regex(COMMUNICATION_PATTERNS))
 # kept for callers of the earlier name: any 16-bit float kernel, fp16 or bf16
 HALF_PRECISION = HALF
-PRECISION = (
+# The format the name itself says, family aside (rule "float format" of the docstring).
+NAME_PRECISION = (
     pl.when(BF16)
     .then(pl.lit("bf16"))
     .when(FP16)
@@ -147,9 +148,31 @@ PRECISION = (
 )
 
 
+def _decoded_precision() -> pl.Expr:
+    """The format a family's name encodes (Tensile type letters, QkvE4m3, ...), else null."""
+    decoded = pl.lit(None, pl.String)
+    for family in FAMILIES:
+        if family.precision_token is None:
+            continue
+        token = _NAME.str.extract("(?i)" + family.precision_token, 1)
+        value = token.replace_strict(family.token_precision, default=None, return_dtype=pl.String)
+        decoded = pl.when(FAMILY.eq(family.id)).then(value).otherwise(decoded)
+    return decoded
+
+
+PRECISION = pl.coalesce(
+    _by_family({f.id: f.precision for f in FAMILIES if f.precision is not None}),
+    _decoded_precision(),
+    NAME_PRECISION,
+)
+
+
 def classify(names: list[str]) -> pl.DataFrame:
-    """name, tensor_core, cuda_core_gemm, precision for each name (the Kernels view's columns)."""
+    """name, family, vendor, unit, tensor_core, cuda_core_gemm, precision for each name."""
     return pl.DataFrame({"name": names}, schema={"name": pl.String}).with_columns(
+        FAMILY.alias("family"),
+        VENDOR.alias("vendor"),
+        UNIT.alias("unit"),
         TENSOR_CORE.alias("tensor_core"),
         CUDA_CORE_GEMM.alias("cuda_core_gemm"),
         PRECISION.alias("precision"),
@@ -174,5 +197,11 @@ def is_half_precision(name: str) -> bool:
 
 
 def precision_of(name: str) -> str | None:
-    """bf16, fp16, half (16-bit, format not named), tf32, fp32 (CUDA-core GEMM) or None."""
+    """One of kernel_families.PRECISIONS (half: 16-bit, format not named) or None."""
     return pl.DataFrame({"name": [name]}).select(PRECISION).item()
+
+
+def family_of(name: str) -> KernelFamily | None:
+    """The kernel's family (kernel_families.FAMILIES, first match wins), or None."""
+    family_id = pl.DataFrame({"name": [name]}).select(FAMILY).item()
+    return FAMILY_BY_ID.get(family_id) if family_id is not None else None

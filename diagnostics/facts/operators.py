@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from diagnostics.facts.kernel_classes import CUDA_CORE_GEMM, PRECISION, TENSOR_CORE
+from diagnostics.facts.kernel_classes import CUDA_CORE_GEMM, FAMILY, PRECISION, TENSOR_CORE, UNIT
 from diagnostics.facts.linking import TraceIndex
 
 OPERATORS_SCHEMA: dict[str, pl.DataType] = {
@@ -40,7 +40,9 @@ KERNELS_SCHEMA: dict[str, pl.DataType] = {
     "fp16": pl.Boolean,  # named fp16 (never bf16): see kernel_classes
     "bf16": pl.Boolean,
     "cuda_core_gemm": pl.Boolean,  # a GEMM/convolution on CUDA cores (ffma, simt, sgemm)
-    "precision": pl.String,  # bf16, fp16, half (16-bit, format not named), tf32, fp32, null
+    "precision": pl.String,  # kernel_families.PRECISIONS (half: 16-bit, not named), null
+    "family": pl.String,  # kernel_families.FAMILIES id, null: not known
+    "unit": pl.String,  # matrix, vector, memory, communication, null: not known
 }
 
 
@@ -153,7 +155,7 @@ def operator_table(index: TraceIndex) -> pl.DataFrame:
 
 def kernel_table(index: TraceIndex) -> pl.DataFrame:
     """name, calls, device_us, mean_us, min_us, max_us, tensor_core, fp16, bf16,
-    cuda_core_gemm, precision over every kernel in the trace; by device_us, desc."""
+    cuda_core_gemm, precision, family, unit over every kernel in the trace; by device_us."""
     kernels = index.gpu.filter(pl.col("cat") == "kernel")
     if kernels.height == 0:
         return pl.DataFrame(schema=KERNELS_SCHEMA)
@@ -170,6 +172,8 @@ def kernel_table(index: TraceIndex) -> pl.DataFrame:
             TENSOR_CORE.alias("tensor_core"),
             CUDA_CORE_GEMM.alias("cuda_core_gemm"),
             PRECISION.alias("precision"),
+            FAMILY.alias("family"),
+            UNIT.alias("unit"),
         )
         .with_columns(
             (pl.col("precision") == "fp16").fill_null(False).alias("fp16"),

@@ -47,12 +47,22 @@ def environment_rows(result: Any) -> list[tuple[str, str]]:
         ("PyTorch", env.get("pytorch_version") or getattr(facts, "pytorch_version", None)),
         ("device", env.get("device") or getattr(facts, "device", None)),
         ("GPU", gpu_name(result)),
+        ("GPU architecture", gpu_identity(env)),
         ("CPU cores", env.get("cpu_count")),
     ]
     world = world_size(result)
     if world:
         rows.append(("ranks in the job", world))
-    shown = {"pytorch_version", "device", "gpu_name", "cpu_count"}
+    shown = {
+        "pytorch_version",
+        "device",
+        "gpu_name",
+        "cpu_count",
+        "gpu_vendor",
+        "gpu_model",
+        "gpu_architecture",
+        "gpu_generation",
+    }
     rows.extend((key.replace("_", " "), value) for key, value in env.items() if key not in shown)
     return [
         (label, fmt.evidence_value("", value))
@@ -130,6 +140,58 @@ def summary_rows(metrics: KeyMetrics, summary: Mapping[str, Any]) -> list[tuple[
     timeline = summary.get("gpu_timeline")
     if isinstance(timeline, Mapping) and timeline.get("total_us"):
         rows.append(("GPU timeline, as TraceLens measures it", _timeline_text(timeline)))
+    rows.extend(kernel_coverage_rows(summary))
+    return rows
+
+
+def gpu_identity(environment: Mapping[str, Any]) -> str | None:
+    """'AMD MI300X (gfx942, CDNA 3)', 'NVIDIA H100 (sm_90, Hopper)'; None when unknown."""
+    vendor = {"nvidia": "NVIDIA", "amd": "AMD"}.get(str(environment.get("gpu_vendor") or ""))
+    head = " ".join(str(p) for p in (vendor, environment.get("gpu_model")) if p)
+    detail = ", ".join(
+        str(p)
+        for p in (environment.get("gpu_architecture"), environment.get("gpu_generation"))
+        if p
+    )
+    if not head and not detail:
+        return None
+    return f"{head or 'GPU'} ({detail})" if detail else head
+
+
+def kernel_coverage_rows(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """What the kernel-family table and the operator links account for (summary
+    ``kernel_coverage``): shares of kernel time by unit and by precision, the largest
+    kernels it does not know. Empty without kernels."""
+    coverage = summary.get("kernel_coverage")
+    if not isinstance(coverage, Mapping):
+        return []
+
+    def shares(key: str) -> str:
+        values = coverage.get(key) or {}
+        return ", ".join(
+            f"{name} {fmt.pct(value)}" for name, value in values.items() if value and value > 0
+        )
+
+    rows = [
+        ("kernel time classified by name", fmt.pct(coverage.get("classified_pct"))),
+        ("kernel time by unit", shares("by_unit_pct")),
+        ("kernel time by precision", shares("by_precision_pct")),
+        (
+            "kernel time attributed to a CPU operator",
+            fmt.pct(coverage.get("operator_attributed_pct"))
+            if coverage.get("operator_attributed_pct") is not None
+            else "unknown (no CPU operators in the trace)",
+        ),
+    ]
+    unknown = coverage.get("unknown_kernels") or []
+    if unknown:
+        count = int(coverage.get("unknown_kernel_count") or len(unknown))
+        listed = "; ".join(
+            f"{str(k.get('name'))[:90]} ({fmt.ms(float(k.get('device_us') or 0) / 1000.0)})"
+            for k in unknown[:5]
+        )
+        more = f" and {count - 5} more" if count > 5 else ""
+        rows.append(("kernels the table does not know", listed + more))
     return rows
 
 

@@ -183,6 +183,12 @@ class Rule:
         workers it would watch do not restart, say), or None."""
         return None
 
+    def cannot_tell(self, inputs: AnalysisInputs, thresholds: Thresholds) -> str | None:
+        """With the inputs judgeable: why this rule's figure cannot be trusted on them under
+        these thresholds (too little of the kernel time is classified, say), or None. The
+        engine reports it as a skip, like an unmet need."""
+        return None
+
     def check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:
         raise NotImplementedError
 

@@ -28,6 +28,10 @@ def run_rules(inputs: AnalysisInputs, thresholds: Any = None) -> RulesOutcome:
             skipped.append(Skipped(rule.id, reason))
             continue
         try:
+            reason = rule.cannot_tell(inputs, resolved)
+            if reason is not None:
+                skipped.append(Skipped(rule.id, reason))
+                continue
             findings.extend(rule.check(inputs, resolved))
         except Exception as exc:  # a broken rule is reported, the others still run
             errors.append(Skipped(rule.id, f"{type(exc).__name__}: {exc}"))

@@ -1,38 +1,48 @@
-"""tensor-cores-unused: matrix multiplies and convolutions run without Tensor Cores.
+"""tensor-cores-unused: matrix multiplies and convolutions run without Tensor Cores (NVIDIA) or
+Matrix Cores (AMD).
 
 What it finds
-    A CUDA trace from a GPU of compute capability 7.0 or newer in which Tensor-Core-eligible
-    work (kernels launched by matmul, linear and convolution operators, as torch-tb-profiler
+    A GPU trace from a GPU with matrix units (NVIDIA compute capability 7.0 or newer: Tensor
+    Cores; AMD CDNA, gfx908 and newer: Matrix Cores) in which matrix-unit-eligible work
+    (kernels launched by matmul, linear and convolution operators, as torch-tb-profiler
     counts it; GEMM/conv kernels by name when kernels are not linked to operators) takes a
-    material share of GPU time but almost none of the kernel time is on
-    Tensor Core kernels. Kernels are classified by name in ``facts/kernel_classes.py``
-    (table with real kernel names in docs/KERNELS.md): ``ffma``, ``simt``, ``sgemm`` or
-    ``scudnn`` mean CUDA cores even under ``xmma``/``cutlass``
-    (``sm80_xmma_gemm_f32f32_..._ffma_...``, ``cutlass_80_simt_sgemm_...``); the Tensor Core
-    families are ``hmma``/``wmma``/``imma``/``gmma``, the ``884``/``1688``/``16816`` tiles,
-    ``tensorop``, ``xmma``, Hopper ``sm90_``/``nvjet``, and ``bf16``/``f16``/``tf32``/``i8``
-    GEMMs. That is fp32 training without AMP or TF32. The estimated saving is the measured
-    bf16/fp32 step-time ratio (``tensor_core_bf16_step_ratio``, H200) applied to the share of
-    step time in CUDA-core GEMMs.
+    material share of GPU time but almost none of the kernel time is on matrix-unit kernels.
+    Kernels are classified by the kernel-family table (``facts/kernel_families.py``, real
+    names in docs/KERNELS.md): ``ffma``, ``simt``, ``sgemm`` or ``scudnn`` mean CUDA cores
+    even under ``xmma``/``cutlass`` (``sm80_xmma_gemm_f32f32_..._ffma_...``,
+    ``cutlass_80_simt_sgemm_...``); the NVIDIA matrix families are ``hmma``/``wmma``/
+    ``imma``/``gmma``/``tcgen05``, the ``884``/``1688``/``16816`` tiles, ``tensorop``,
+    ``xmma``, Hopper ``sm90_``/``nvjet``, FlashAttention, Blackwell ``bmm_Mx...``/
+    ``fmhaSm100...`` and ``bf16``/``f16``/``tf32``/``i8`` GEMMs; the AMD ones hipBLASLt's
+    Tensile ``Cijk_..._MI...``, Composable Kernel xdlops, MIOpen ``igemm_..._gtcx`` and
+    AOTriton attention. That is fp32 training without AMP or TF32. When less than
+    ``kernel_classified_min_pct`` of kernel time is on kernels the table knows, the rule
+    says it could not tell and lists the unknown kernels. The estimated saving is the
+    measured bf16/fp32 step-time ratio (``tensor_core_bf16_step_ratio``, H200) applied to
+    the share of step time in CUDA-core GEMMs.
 
 Why it matters
-    Tensor Cores multiply half-precision (and TF32) matrices several times faster than the
-    fp32 pipeline; a model dominated by GEMMs leaves most of the GPU's arithmetic unused.
+    Tensor Cores and Matrix Cores multiply half-precision (and TF32) matrices several times
+    faster than the fp32 vector pipeline; a model dominated by GEMMs leaves most of the GPU's
+    arithmetic unused.
 
 How to fix
-    Train under ``torch.autocast("cuda", dtype=torch.bfloat16)`` (Ampere and newer; fp16
-    with a GradScaler on Volta/Turing), or at least allow TF32 matmuls with
+    Train under ``torch.autocast("cuda", dtype=torch.bfloat16)`` (NVIDIA Ampere and newer,
+    AMD CDNA; fp16 with a GradScaler on Volta/Turing), or at least allow TF32 matmuls with
     ``torch.backends.cuda.matmul.allow_tf32 = True``.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import polars as pl
 
-from diagnostics.facts.kernel_classes import CUDA_CORE_GEMM, TENSOR_CORE
-from diagnostics.model import AnalysisInputs
+from diagnostics.facts.coverage import KernelCoverage, kernel_coverage
+from diagnostics.facts.device import DeviceIdentity, identify_device
+from diagnostics.facts.kernel_classes import CUDA_CORE_GEMM, FAMILY, PRECISION, TENSOR_CORE, UNIT
+from diagnostics.model import AnalysisInputs, TraceFacts
 from diagnostics.percent import pct
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import Example, Finding, Fix, Need, Rule, Severity, need_cuda_trace
@@ -55,7 +65,8 @@ FIX_CODE = """\
 loss = model(**batch).loss
 loss.backward()
 
-# after: bf16 autocast puts matmuls and convolutions on Tensor Cores (Ampere+)
+# after: bf16 autocast puts matmuls and convolutions on Tensor Cores (NVIDIA Ampere+)
+# or Matrix Cores (AMD CDNA; ROCm's PyTorch takes the same "cuda" device type)
 with torch.autocast("cuda", dtype=torch.bfloat16):
     loss = model(**batch).loss
 loss.backward()
@@ -63,32 +74,93 @@ loss.backward()
 """
 
 
+# AMD gfx targets with Matrix Cores (MFMA): CDNA 1-4. Older GCN (gfx906, MI50) has none.
+AMD_MATRIX_CORE_ARCHITECTURES = frozenset(
+    {"gfx908", "gfx90a", "gfx940", "gfx941", "gfx942", "gfx950"}
+)
+
+
+def device_of(trace: TraceFacts) -> DeviceIdentity:
+    """The trace's GPU identity (computed by the facts; rebuilt for facts made without it)."""
+    if trace.device_identity is not None:
+        return trace.device_identity
+    return identify_device(trace.device_properties, {}, trace.kernels["name"].to_list())
+
+
+def coverage_of(trace: TraceFacts) -> KernelCoverage | None:
+    """Classified share of the kernel time, read from the names (not the table's columns)."""
+    kernels = trace.kernels.select("name", "calls", "device_us").with_columns(
+        FAMILY.alias("family"), UNIT.alias("unit"), PRECISION.alias("precision")
+    )
+    return kernel_coverage(kernels)
+
+
+def _architecture_known(inputs: AnalysisInputs) -> bool:
+    trace = inputs.trace
+    if trace is None:
+        return False
+    identity = device_of(trace)
+    if identity.vendor == "amd":
+        return identity.architecture is not None
+    return trace.compute_capability is not None
+
+
 class TensorCoresUnused(Rule):
     id = "tensor-cores-unused"
-    title = "Tensor Cores sit idle: matmuls run in fp32"
+    title = "Tensor Cores (NVIDIA) or Matrix Cores (AMD) sit idle: matmuls run in fp32"
     severity = Severity.MEDIUM
     needs = (
-        need_cuda_trace("kernel names show whether Tensor Cores ran"),
+        need_cuda_trace("kernel names show whether Tensor Cores or Matrix Cores ran"),
         Need(
-            "the GPU's compute capability",
-            lambda inputs: inputs.trace is not None and inputs.trace.compute_capability is not None,
-            "the trace does not record the GPU's compute capability",
+            "the GPU's architecture (NVIDIA compute capability, AMD gfx target)",
+            _architecture_known,
+            "the trace does not record the GPU's architecture (compute capability or gfx target)",
         ),
     )
     threshold_names = (
         "tensor_core_min_capability",
         "tensor_core_eligible_min_pct",
         "tensor_core_used_max_pct",
+        "kernel_classified_min_pct",
         "tensor_core_bf16_step_ratio",
     )
 
+    def cannot_tell(self, inputs: AnalysisInputs, thresholds: Thresholds) -> str | None:
+        trace = cuda_trace(inputs)
+        coverage = coverage_of(trace) if trace is not None else None
+        if coverage is None or coverage.classified_pct >= thresholds.kernel_classified_min_pct:
+            return None
+        unknown = ", ".join(
+            f"{k['name'][:80]} ({k['device_us'] / 1000:.2f} ms)"
+            for k in coverage.unknown_kernels[:3]
+        )
+        return (
+            f"could not tell: only {pct(coverage.classified_pct)} of kernel time is on kernels "
+            f"the kernel-family table knows (needs {pct(thresholds.kernel_classified_min_pct)}); "
+            f"largest unknown: {unknown}"
+        )
+
     def check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:
         trace = cuda_trace(inputs)
-        assert trace is not None and trace.compute_capability is not None
-        major, minor = trace.compute_capability
+        assert trace is not None
+        identity = device_of(trace)
         kernels = trace.kernels
-        if major < thresholds.tensor_core_min_capability or kernels.height == 0:
+        if kernels.height == 0:
             return []
+        amd = identity.vendor == "amd"
+        if amd:
+            if identity.architecture not in AMD_MATRIX_CORE_ARCHITECTURES:
+                return []
+            where = f"{identity.describe()}"
+            modern = True
+        else:
+            assert trace.compute_capability is not None
+            major, minor = trace.compute_capability
+            if major < thresholds.tensor_core_min_capability:
+                return []
+            where = f"compute capability {major}.{minor}"
+            modern = major >= 8
+        unit = identity.matrix_unit
         # classified by name in one place (facts/kernel_classes.py), not by the table's flag
         flagged = kernels.with_columns(
             TENSOR_CORE.alias("tc"),
@@ -122,15 +194,18 @@ class TensorCoresUnused(Rule):
         cuda_core_us = float(flagged.filter(pl.col("cuda_core"))["device_us"].sum())
         saving_pct, saving_basis = self._saving(cuda_core_us, kernel_us, trace.steps, thresholds)
         patch: dict[str, Any] = (
-            {"train.amp": "bf16"}
-            if major >= 8
-            else {"train.amp": "fp16", "train.grad_scaler": True}
+            {"train.amp": "bf16"} if modern else {"train.amp": "fp16", "train.grad_scaler": True}
         )
         steps = trace.steps
+        coverage = coverage_of(trace)
         evidence: dict[str, Any] = {
             "source": "trace: kernel names and GPU time",
-            "compute_capability": f"{major}.{minor}",
+            "gpu_vendor": identity.vendor,
+            "gpu_architecture": identity.architecture,
+            "compute_capability": identity.compute_capability if not amd else None,
+            "matrix_unit": unit,
             "tensor_core_kernel_pct": r(tc_pct, 1),
+            "classified_kernel_pct": r(coverage.classified_pct, 1) if coverage else None,
             "eligible_pct": r(eligible_pct, 1),
             "eligible_us": r(eligible_us, 0),
             "eligible_method": method,
@@ -148,7 +223,7 @@ class TensorCoresUnused(Rule):
                 "Kernel time by kind",
                 "kind",
                 "GPU time (µs)",
-                ["Tensor Core", "eligible, not on Tensor Cores", "other"],
+                [unit[:-1], f"eligible, not on {unit}", "other"],
                 {
                     "GPU time (µs)": [
                         tc_us,
@@ -156,20 +231,23 @@ class TensorCoresUnused(Rule):
                         max(kernel_us - tc_us - eligible_us, 0.0),
                     ]
                 },
-                highlight_x=["eligible, not on Tensor Cores"],
+                highlight_x=[f"eligible, not on {unit}"],
             ),
         }
-        dtype = "bf16" if major >= 8 else "fp16 with a GradScaler"
+        dtype = "bf16" if modern else "fp16 with a GradScaler"
         return [
             Finding(
                 rule=self.id,
                 severity=self.severity,
-                title=f"{pct(eligible_pct)} of GPU time is Tensor-Core-eligible work run without them",
+                title=(
+                    f"{pct(eligible_pct)} of GPU time is {unit[:-1].replace(' ', '-')}-eligible "
+                    "work run without them"
+                ),
                 evidence=evidence,
                 recommendation=(
-                    f"On this compute capability {major}.{minor} GPU only {pct(tc_pct)} of "
-                    f"kernel time used Tensor Cores while matmul/convolution work took "
-                    f"{pct(eligible_pct)}. Train with autocast in {dtype}."
+                    f"On this {where} GPU only {pct(tc_pct)} of kernel time used {unit} "
+                    f"while matmul/convolution work took {pct(eligible_pct)}. Train with "
+                    f"autocast in {dtype}."
                 ),
                 fix=Fix(code=FIX_CODE, config_patch=patch),
                 estimated_saving_pct=saving_pct,
@@ -243,6 +321,17 @@ class TensorCoresUnused(Rule):
             ),
         ),
         Example(
+            "trace: MI300X bf16 hipBLASLt GEMMs and AOTriton attention on Matrix Cores",
+            False,
+            lambda: _on_mi300x(
+                _one_gemm(
+                    "Cijk_Alik_Bljk_B_BS_BH_Bias_HA_S_SAV_UserArgs_MT256x128x64_MI16x16x1_SN_"
+                    "LDSB1_AFC1_AFEM1_AFEM1_ASEM1_CLR1_CADS0_DTVA0_DTVB0_EPS0_FDSI0_GRPM1_"
+                    "GRVWA8_GRVWB8_GSUAMB_GLS0_ISA942_IU1_K1"
+                )
+            ),
+        ),
+        Example(
             "trace: Pascal (6.0) GPU has no Tensor Cores",
             False,
             lambda: ex.inputs(
@@ -253,6 +342,14 @@ class TensorCoresUnused(Rule):
             ),
         ),
     )
+
+
+def _on_mi300x(inputs: AnalysisInputs) -> AnalysisInputs:
+    """The same inputs on an AMD MI300X: deviceProperties as ROCm's Kineto writes them
+    (tracelens_mi300x_qwen1.5-0.5b_infer_profmem.json.gz; HIP echoes gfx942 as 9.4)."""
+    assert inputs.trace is not None
+    props = {"id": 0, "name": "AMD Instinct MI300X VF", "computeMajor": 9, "computeMinor": 4}
+    return replace(inputs, trace=replace(inputs.trace, device_properties=(props,)))
 
 
 def _one_gemm(name: str, *, fp16: bool = False, **trace: Any) -> Any:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from diagnostics.views.analysis import (
     SEVERITY_BADGES,
     Card,
+    coverage_rows,
     evidence_rows,
     leak_slope,
     operator_time_column,
@@ -91,6 +92,7 @@ from diagnostics.views.uploads import (
 
 __all__ = [
     "Card",
+    "coverage_rows",
     "CompareCard",
     "FormField",
     "LAUNCH_FORM",

@@ -11,6 +11,7 @@ import polars as pl
 
 from diagnostics.metrics import GPU_BUSY, GPU_KERNEL_UTILISATION, KeyMetrics
 from diagnostics.report import fmt as report_fmt
+from diagnostics.report.sections import gpu_identity, kernel_coverage_rows
 from diagnostics.views.fmt import fmt_bytes, fmt_ms, fmt_pct, fmt_rate
 
 
@@ -136,4 +137,14 @@ def source_caption(source: Mapping[str, Any], environment: Mapping[str, Any]) ->
         value = environment.get(key)
         if value:
             parts.append(f"{prefix}{value}")
+        if key == "gpu_name" and gpu_identity(environment):
+            parts.append(str(gpu_identity(environment)))
     return " · ".join(parts) or "trace"
+
+
+def coverage_rows(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The kernel-coverage rows (label, value) as the reports word them: kernel time
+    classified by unit and precision, attributed to operators, and the unknown kernels."""
+    return [
+        (label[:1].upper() + label[1:], value) for label, value in kernel_coverage_rows(summary)
+    ]

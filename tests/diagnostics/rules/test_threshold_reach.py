@@ -55,6 +55,10 @@ def _candidates(name: str) -> list[float | int]:
 def _said(rule, inputs, thresholds: Thresholds) -> str:
     if rule.skip_reason(inputs) is not None:
         return "skipped"
+    # as the engine does: a rule that cannot tell on these thresholds says so
+    cannot_tell = rule.cannot_tell(inputs, thresholds)
+    if cannot_tell is not None:
+        return cannot_tell
     return json.dumps([f.to_dict() for f in rule.check(inputs, thresholds)], sort_keys=True)
 
 
