@@ -35,6 +35,8 @@ import re
 
 import polars as pl
 
+from diagnostics.facts.comm_families import COMM_KERNEL_NAME
+
 # 1. CUDA-core GEMMs and convolutions (checked first: they override the families below).
 CUDA_CORE_GEMM_PATTERNS: tuple[str, ...] = ("ffma", "simt", "sgemm", "scudnn")
 # 2. Tensor Core families (substrings).
@@ -111,8 +113,6 @@ FP16_PATTERNS: tuple[str, ...] = (
 HALF_PATTERNS: tuple[str, ...] = ("f16", "half", "hgmma")
 # Ampere's CUTLASS fp32-in tensor-op GEMMs run as TF32 (cutlass_80_tensorop_s1688gemm_*).
 TF32_PATTERNS: tuple[str, ...] = ("tf32", "tensorop_s1688gemm")
-# Collective communication kernels (ncclKernel_*, ncclDevKernel_*; RCCL keeps the names).
-COMMUNICATION_PATTERNS: tuple[str, ...] = ("nccl",)
 
 
 def _regex(patterns: tuple[str, ...]) -> str:
@@ -129,7 +129,9 @@ TENSOR_CORE = ~CUDA_CORE_GEMM & (
 BF16 = _NAME.str.contains(_regex(BF16_PATTERNS))
 FP16 = ~BF16 & _NAME.str.contains(_regex(FP16_PATTERNS))
 HALF = BF16 | FP16 | _NAME.str.contains(_regex(HALF_PATTERNS))
-COMMUNICATION = _NAME.str.contains(_regex(COMMUNICATION_PATTERNS))
+# Communication kernels of every family (NCCL/RCCL, symmetric memory, DeepEP, ...): the
+# one table in facts.comm_families
+COMMUNICATION = COMM_KERNEL_NAME
 # kept for callers of the earlier name: any 16-bit float kernel, fp16 or bf16
 HALF_PRECISION = HALF
 PRECISION = (
