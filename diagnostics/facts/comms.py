@@ -89,7 +89,7 @@ COMM_STEP_SCHEMA: dict[str, pl.DataType] = {
     "exposed_pct": pl.Float64,  # exposed_us / dur_us, %
 }
 
-# One row per collective (GPU: an NCCL kernel; CPU: an outermost host collective range).
+# One row per collective (GPU: a communication kernel; CPU: an outermost host collective range).
 COLLECTIVE_SCHEMA: dict[str, pl.DataType] = {
     "step": pl.Int64,  # profiler step whose host range launched it (null: outside steps)
     "name": pl.String,

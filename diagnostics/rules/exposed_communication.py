@@ -87,9 +87,9 @@ class ExposedCommunication(Rule):
     needs = (
         TRACE,
         Need(
-            "communication in the trace (NCCL kernels or collectives)",
+            "communication in the trace (communication kernels or collectives)",
             lambda inputs: inputs.trace is not None and inputs.trace.comms is not None,
-            "the trace holds no communication (no NCCL kernels or collectives)",
+            "the trace holds no communication (no communication kernels or collectives)",
         ),
         Need(
             "profiled steps to measure the communication against",
