@@ -93,7 +93,7 @@ COMM_STEP_SCHEMA: dict[str, pl.DataType] = {
 COLLECTIVE_SCHEMA: dict[str, pl.DataType] = {
     "step": pl.Int64,  # profiler step whose host range launched it (null: outside steps)
     "name": pl.String,
-    "ordinal": pl.UInt32,  # its position among the same name within the step
+    "ordinal": pl.UInt32,  # its position among the same name and process group in the step
     "start_us": pl.Float64,
     "end_us": pl.Float64,
     "family": pl.String,  # facts.comm_families id: "nccl", "symmetric_memory", "c10d", ...
@@ -256,11 +256,13 @@ def _step_of(starts: pl.DataFrame, steps: pl.DataFrame, time_col: str) -> pl.Dat
 
 def _collective_table(rows: pl.DataFrame, steps: pl.DataFrame, when_col: str) -> pl.DataFrame:
     """rows: name, start_us, end_us, and ``when_col`` (the host time that places it in a
-    step) -> COLLECTIVE_SCHEMA, numbered within (step, name) in start order."""
+    step) -> COLLECTIVE_SCHEMA, numbered within (step, process group, name) in start order."""
     return (
         _step_of(rows, steps, when_col)
         .sort("start_us")
-        .with_columns(pl.int_range(pl.len()).over(["step", "name"]).alias("ordinal"))
+        .with_columns(
+            pl.int_range(pl.len()).over(["step", "process_group_name", "name"]).alias("ordinal")
+        )
         .select(list(COLLECTIVE_SCHEMA))
         .cast(COLLECTIVE_SCHEMA)
     )
