@@ -317,6 +317,7 @@ def _comm_summary(facts: TraceFacts | None) -> dict[str, Any]:
         "comm_exposed_us": _finite(comms.exposed_us),
         "comm_exposed_us_per_step": _finite(comms.exposed_us_per_step),
         "comm_exposed_pct": _finite(comms.exposed_pct),
+        "comm_families": comms.families.to_dicts(),
     }
 
 

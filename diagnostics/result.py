@@ -43,7 +43,8 @@ SUMMARY_KEYS: dict[str, str] = {
     "gpu_copy_us": "union of memory copies (memcpy) in gpu_busy_us, µs",
     "gpu_copy_overlap_us": "copy time that ran while compute kernels ran, µs",
     "gpu_copy_overlap_pct": "gpu_copy_overlap_us over gpu_copy_us, % (null without copies)",
-    "gpu_comm_us": "union of communication kernels (NCCL) in gpu_busy_us, µs",
+    "gpu_comm_us": "union of communication kernels (every family: NCCL/RCCL, symmetric "
+    "memory, vLLM custom all-reduce, DeepEP, NVSHMEM) in gpu_busy_us, µs",
     "gpu_comm_overlap_us": "communication time that ran while compute kernels ran, µs",
     "gpu_comm_overlap_pct": "gpu_comm_overlap_us over gpu_comm_us, % (null without communication)",
     "gpu_idle_breakdown_pct": "{host_wait, kernel_wait, other}: share of GPU idle time, %",
@@ -57,14 +58,18 @@ SUMMARY_KEYS: dict[str, str] = {
     "peak_memory_bytes": "peak CUDA memory allocated (run records, else the trace), bytes",
     "events": "rows of the event table (all ranks)",
     "ranks": "several ranks: {count, table: [per-rank rows], spread: step-time spread}",
-    "comm_source": '"gpu_kernels" (NCCL kernels) or "host_ops" (CPU/gloo collectives); '
-    "null: no communication in the trace",
+    "comm_source": '"gpu_kernels" (communication kernels) or "host_ops" (CPU/gloo '
+    "collectives); null: no communication in the trace",
     "comm_collective_us": "union of communication over the profiled steps, µs",
     "comm_overlap_pct": "share of communication overlapped by compute, % (HTA's "
     "get_comm_comp_overlap; CPU traces: by the training loop thread's operators)",
     "comm_exposed_us": "communication with no compute beside it, over the profiled steps, µs",
     "comm_exposed_us_per_step": "mean exposed communication per profiled step, µs",
     "comm_exposed_pct": "exposed communication over summed step time, %",
+    "comm_families": "[{family, collectives, busy_us, collective_names}]: communication by "
+    "family (nccl, symmetric_memory, vllm_custom_all_reduce, deepep, nvshmem; host: c10d, "
+    "symmetric_memory_op, vllm_collective_op), most time first; busy_us sums the "
+    "collectives' durations over the whole trace; collective_names as PyTorch recorded them",
     "comm_ranks": "two or more ranks: {matched_collectives, significant_collectives, "
     "skew_us_p50, skew_us_max, per_rank: [{rank, matched, collective_us, wait_us, "
     "transfer_us, wait_pct, late_count, late_share_pct, caused_wait_share_pct}]}: "

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from diagnostics.facts import selectors as sel
+from diagnostics.facts.comm_families import COMM_KERNEL_NAME, HOST_COLLECTIVE_NAME
 
 # Width of the drawing in pixels that the default tolerance is derived from.
 PIXELS = 1500
@@ -77,11 +78,10 @@ def step_window(steps: pl.DataFrame, step: int) -> tuple[float, float]:
 
 
 def _kind() -> pl.Expr:
-    cat, name = pl.col("cat"), pl.col("name")
-    nccl = name.str.to_lowercase().str.contains("nccl", literal=True)
+    cat = pl.col("cat")
     return (
         pl.when(cat == "kernel")
-        .then(pl.when(nccl).then(pl.lit("collective")).otherwise(pl.lit("kernel")))
+        .then(pl.when(COMM_KERNEL_NAME).then(pl.lit("collective")).otherwise(pl.lit("kernel")))
         .when(cat == "gpu_memcpy")
         .then(pl.lit("memcpy"))
         .when(cat == "gpu_memset")
@@ -92,7 +92,7 @@ def _kind() -> pl.Expr:
         .then(pl.lit("runtime"))
         .when(sel.DATALOADER_NAME)
         .then(pl.lit("dataloader"))
-        .when(nccl)
+        .when(HOST_COLLECTIVE_NAME)
         .then(pl.lit("collective"))
         .otherwise(pl.lit("operator"))
     )

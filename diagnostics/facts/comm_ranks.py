@@ -2,15 +2,17 @@
 
 Matching. A collective on one communicator must be called by every member in the same order
 (NCCL's and gloo's contract), so the k-th collective of a kind that a step issued on one
-rank is the k-th of that kind in the same step on every other rank. Each rank keeps only
-its compact collective table (``CommFacts.collectives``: step, name, ordinal within (step,
-name), start, end); rows with the same (step, name, ordinal) on two or more ranks are one
-collective. Profiler steps carry the training step number (``ProfilerStep#N``), which is
-the same on every rank of one job, so ranks whose profiling windows begin at different
-steps still match, and traces of different jobs share no step and match nothing. The name
-(e.g. ``ncclKernel_AllReduce_RING_LL_Sum_float``) stands in for the communicator, which the
-event table does not keep: two process groups running the same kind of collective in one
-step may interleave differently on different ranks, and are then paired in start order.
+communicator is the k-th of that kind on it in the same step on every other rank. Each rank
+keeps only its compact collective table (``CommFacts.collectives``: step, process group,
+name, ordinal within (step, process group, name), start, end); rows with the same (step,
+process group, name, ordinal) on two or more ranks are one collective. Profiler steps carry
+the training step number (``ProfilerStep#N``), which is the same on every rank of one job, so
+ranks whose profiling windows begin at different steps still match, and traces of different
+jobs share no step and match nothing. The process group is PyTorch's ``Process Group Name``
+where it recorded one (2.1+, on NCCL kernels); without it the name (e.g.
+``ncclKernel_AllReduce_RING_LL_Sum_float``) stands in for the communicator: two process
+groups running the same kind of collective in one step may interleave differently on
+different ranks, and are then paired in start order.
 
 Splitting each rank's time in a matched collective (TraceLens's NCCL analyser does the same
 split): NCCL kernels of one collective cannot finish before the last member has arrived, so
@@ -45,6 +47,7 @@ SIGNIFICANT_SHARE = 0.01
 
 MATCHED_SCHEMA: dict[str, pl.DataType] = {
     "step": pl.Int64,
+    "process_group_name": pl.String,  # the communicator where recorded, else null
     "name": pl.String,
     "ordinal": pl.UInt32,
     "ranks": pl.UInt32,  # ranks that issued it
@@ -107,14 +110,21 @@ def match_collectives(
     None). None when fewer than two ranks share a collective.
     """
     parts = [
-        t.filter(pl.col("step").is_not_null()).with_columns(pl.lit(r, pl.Int64).alias("rank"))
+        t.filter(pl.col("step").is_not_null()).with_columns(
+            pl.lit(r, pl.Int64).alias("rank"),
+            *(
+                []
+                if "process_group_name" in t.columns
+                else [pl.lit(None, pl.String).alias("process_group_name")]
+            ),
+        )
         for r, t in tables.items()
         if t is not None and t.height
     ]
     if len(parts) < 2:
         return None
     rows = pl.concat(parts, how="vertical_relaxed")
-    key = ["step", "name", "ordinal"]
+    key = ["step", "process_group_name", "name", "ordinal"]
     rows = rows.with_columns(
         pl.len().over(key).alias("_n"),
         pl.col("start_us").max().over(key).alias("last_start_us"),

@@ -1,16 +1,22 @@
 """Communication facts of one rank: collective time, overlap with compute, exposed time.
 
-Which events are communication (``comm_kind``, the one classifier):
+Which events are communication (``comm_kind``, the one classifier) comes from the table of
+communication families (``facts.comm_families``), not from one prefix:
 
-- ``gpu_kernel``: a ``kernel`` whose name starts with ``nccl``. That covers NCCL's kernel
-  names before 2.19 (``ncclKernel_AllReduce_RING_LL_Sum_float``) and after
-  (``ncclDevKernel_AllReduce_Sum_f32_RING_LL``), RCCL's (same names), and generic ones
-  (``ncclDevKernel_Generic``). HTA's ``is_comm_kernel`` uses the same ``nccl`` prefix.
+- ``gpu_kernel``: a ``kernel`` of a GPU family: NCCL and RCCL (``ncclKernel_*``,
+  ``ncclDevKernel_*``, ``ncclDevKernel_Generic``; HTA's ``is_comm_kernel`` stops here),
+  PyTorch's symmetric memory (``multimem_all_reduce_kernel``: vLLM's NVLS all-reduce),
+  vLLM's custom all-reduce (``cross_device_reduce_1stage``), DeepEP's dispatch/combine and
+  NVSHMEM.
 - ``host_op``: a ``cpu_op`` or ``user_annotation`` range that issues a collective from the
-  host: ``c10d::*`` ops (``c10d::allreduce_``, ``c10d::_allgather_base_``, ...),
-  ``record_param_comms`` (PyTorch's parameter-recording wrapper around every collective),
-  and the backends' own ranges ``nccl:*`` (``nccl:all_reduce``), ``gloo:*``, ``ucc:*``,
-  ``mpi:*``. On a CPU/gloo run these are the only trace of communication.
+  host: ``c10d::*`` ops, ``record_param_comms`` (PyTorch's parameter-recording wrapper
+  around every collective), the backends' own ranges ``nccl:*``, ``gloo:*``, ``ucc:*``,
+  ``mpi:*``, ``symm_mem::*`` and vLLM's ``vllm::all_reduce``. On a CPU/gloo run these are
+  the only trace of communication.
+
+Each collective keeps its family and, where PyTorch recorded them on the kernel (2.1+:
+``Collective name``, ``In msg nelems``, ``Process Group Name``/``Ranks``), what it was, how
+many elements it moved and over which process group; null where the trace has none.
 
 How overlap is counted (the method of HTA's ``get_comm_comp_overlap``, vectorised): per
 device, communication kernels and computation kernels (every other ``kernel``; copies and
@@ -35,12 +41,14 @@ what the cross-rank matching (``facts.comm_ranks``) needs; it is kept instead of
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 import polars as pl
 
 from diagnostics.facts import selectors as sel
+from diagnostics.facts.comm_families import COMM_FAMILIES as _FAMILIES
+from diagnostics.facts.comm_families import CommPlace, comm_family_expr
 from diagnostics.facts.intervals import clip_to, covered_between, merge_intervals, total_length
 from diagnostics.facts.linking import TraceIndex
 from diagnostics.facts.steps import Steps
@@ -51,23 +59,14 @@ class CommKind(StrEnum):
     HOST_OP = "host_op"
 
 
-NCCL_KERNEL_PREFIX = "nccl"  # ncclKernel_* (NCCL < 2.19), ncclDevKernel_* (2.19+)
-HOST_COLLECTIVE_PREFIXES: tuple[str, ...] = ("c10d::", "nccl:", "gloo:", "ucc:", "mpi:")
-HOST_COLLECTIVE_NAMES: tuple[str, ...] = ("record_param_comms",)
-
-
 def comm_kind_expr(name: str = "name", cat: str = "cat") -> pl.Expr:
     """The communication classifier as a polars expression: a ``CommKind`` value or null."""
-    n, c = pl.col(name), pl.col(cat)
-    host = pl.lit(False)
-    for prefix in HOST_COLLECTIVE_PREFIXES:
-        host = host | n.str.starts_with(prefix)
-    host = (host | n.is_in(list(HOST_COLLECTIVE_NAMES))) & c.is_in(["cpu_op", "user_annotation"])
-    gpu = (c == "kernel") & n.str.to_lowercase().str.starts_with(NCCL_KERNEL_PREFIX)
+    gpu_ids = [f.id for f in _FAMILIES if f.place == CommPlace.GPU_KERNEL]
+    family = comm_family_expr(name, cat)
     return (
-        pl.when(gpu)
+        pl.when(family.is_in(gpu_ids))
         .then(pl.lit(CommKind.GPU_KERNEL.value))
-        .when(host)
+        .when(family.is_not_null())
         .then(pl.lit(CommKind.HOST_OP.value))
         .otherwise(pl.lit(None, pl.String))
     )
@@ -90,13 +89,28 @@ COMM_STEP_SCHEMA: dict[str, pl.DataType] = {
     "exposed_pct": pl.Float64,  # exposed_us / dur_us, %
 }
 
-# One row per collective (GPU: an NCCL kernel; CPU: an outermost host collective range).
+# One row per collective (GPU: a communication kernel; CPU: an outermost host collective range).
 COLLECTIVE_SCHEMA: dict[str, pl.DataType] = {
     "step": pl.Int64,  # profiler step whose host range launched it (null: outside steps)
     "name": pl.String,
-    "ordinal": pl.UInt32,  # its position among the same name within the step
+    "ordinal": pl.UInt32,  # its position among the same name and process group in the step
     "start_us": pl.Float64,
     "end_us": pl.Float64,
+    "family": pl.String,  # facts.comm_families id: "nccl", "symmetric_memory", "c10d", ...
+    # what PyTorch recorded about it (null where the trace has none)
+    "collective_name": pl.String,  # "allreduce", "broadcast", "_allgather_base", ...
+    "in_msg_nelems": pl.Int64,
+    "process_group_name": pl.String,
+    "process_group_ranks": pl.String,
+}
+_COLLECTIVE_ARGS = ("collective_name", "in_msg_nelems", "process_group_name", "process_group_ranks")
+
+# One row per communication family seen: how many collectives, and their summed duration.
+COMM_FAMILY_SCHEMA: dict[str, pl.DataType] = {
+    "family": pl.String,
+    "collectives": pl.UInt32,
+    "busy_us": pl.Float64,  # summed durations of its collectives (the whole trace)
+    "collective_names": pl.String,  # the distinct recorded names, joined by ","; else null
 }
 
 
@@ -114,6 +128,29 @@ class CommFacts:
     trace_overlap_pct: float | None
     per_step: pl.DataFrame  # COMM_STEP_SCHEMA
     collectives: pl.DataFrame  # COLLECTIVE_SCHEMA
+    families: pl.DataFrame = field(  # COMM_FAMILY_SCHEMA
+        default_factory=lambda: pl.DataFrame(schema=COMM_FAMILY_SCHEMA)
+    )
+
+
+def family_table(collectives: pl.DataFrame) -> pl.DataFrame:
+    """COLLECTIVE_SCHEMA rows -> COMM_FAMILY_SCHEMA, most time first."""
+    return (
+        collectives.group_by("family")
+        .agg(
+            pl.len().alias("collectives"),
+            (pl.col("end_us") - pl.col("start_us")).sum().alias("busy_us"),
+            pl.col("collective_name").drop_nulls().unique().sort().str.join(","),
+        )
+        .with_columns(
+            pl.when(pl.col("collective_name") != "")
+            .then(pl.col("collective_name"))
+            .alias("collective_names")
+        )
+        .select(list(COMM_FAMILY_SCHEMA))
+        .cast(COMM_FAMILY_SCHEMA)
+        .sort(["busy_us", "family"], descending=[True, False])
+    )
 
 
 def _state_segments(comm: pl.DataFrame, comp: pl.DataFrame) -> pl.DataFrame:
@@ -219,11 +256,13 @@ def _step_of(starts: pl.DataFrame, steps: pl.DataFrame, time_col: str) -> pl.Dat
 
 def _collective_table(rows: pl.DataFrame, steps: pl.DataFrame, when_col: str) -> pl.DataFrame:
     """rows: name, start_us, end_us, and ``when_col`` (the host time that places it in a
-    step) -> COLLECTIVE_SCHEMA, numbered within (step, name) in start order."""
+    step) -> COLLECTIVE_SCHEMA, numbered within (step, process group, name) in start order."""
     return (
         _step_of(rows, steps, when_col)
         .sort("start_us")
-        .with_columns(pl.int_range(pl.len()).over(["step", "name"]).alias("ordinal"))
+        .with_columns(
+            pl.int_range(pl.len()).over(["step", "process_group_name", "name"]).alias("ordinal")
+        )
         .select(list(COLLECTIVE_SCHEMA))
         .cast(COLLECTIVE_SCHEMA)
     )
@@ -235,7 +274,15 @@ def _host_collectives(events: pl.DataFrame) -> pl.DataFrame:
         sel.DURATION
         & pl.col("dur").is_not_null()
         & (comm_kind_expr() == CommKind.HOST_OP.value).fill_null(False)
-    ).select("pid", "tid", "name", pl.col("ts").alias("start_us"), sel.END_US)
+    ).select(
+        "pid",
+        "tid",
+        "name",
+        pl.col("ts").alias("start_us"),
+        sel.END_US,
+        comm_family_expr().alias("family"),
+        *_COLLECTIVE_ARGS,
+    )
 
 
 def _outermost(ranges: pl.DataFrame) -> pl.DataFrame:
@@ -271,7 +318,7 @@ def comm_facts(events: pl.DataFrame, index: TraceIndex, steps: Steps) -> CommFac
     if index.gpu.height:
         comm_rows, comp_rows = gpu_comm_split(index.gpu)
         if comm_rows.height == 0:
-            # A GPU trace without NCCL kernels: host collectives alone say nothing about
+            # A GPU trace without communication kernels: host collectives alone say nothing about
             # how long the device communicated; report nothing rather than a wrong figure.
             return None
         # A kernel's place in a step comes from its launching call (GPU time may run past
@@ -282,6 +329,11 @@ def comm_facts(events: pl.DataFrame, index: TraceIndex, steps: Steps) -> CommFac
                 "start_us",
                 "end_us",
                 pl.coalesce("rt_start_us", "start_us").alias("_when"),
+                comm_family_expr().alias("family"),
+                *(
+                    pl.col(c) if c in comm_rows.columns else pl.lit(None).alias(c)
+                    for c in _COLLECTIVE_ARGS
+                ),
             ),
             steps.frame,
             "_when",
@@ -316,7 +368,14 @@ def comm_facts(events: pl.DataFrame, index: TraceIndex, steps: Steps) -> CommFac
     )
     segments = overlap_of(ranges.with_columns(pl.lit(0, pl.Int64).alias("device")), loop_ops)
     table = _collective_table(
-        _outermost(ranges).select("name", "start_us", "end_us", pl.col("start_us").alias("_when")),
+        _outermost(ranges).select(
+            "name",
+            "start_us",
+            "end_us",
+            pl.col("start_us").alias("_when"),
+            "family",
+            *_COLLECTIVE_ARGS,
+        ),
         steps.frame,
         "_when",
     )
@@ -355,4 +414,5 @@ def _finish(source: str, segments: pl.DataFrame, steps: Steps, table: pl.DataFra
         ),
         per_step=per_step,
         collectives=table,
+        families=family_table(table),
     )

@@ -41,6 +41,7 @@ import re
 
 import polars as pl
 
+from diagnostics.facts.comm_families import COMM_KERNEL_NAME
 from diagnostics.facts.kernel_families import FAMILIES, FAMILY_BY_ID, KernelFamily
 
 BF16_PATTERNS: tuple[str, ...] = ("bf16", "bfloat16", "nvjet_tst_", "_tst_")
@@ -84,8 +85,6 @@ MATMUL_PATTERNS: tuple[str, ...] = (
     "fmha",
     "flash_",
 )
-# Collective communication kernels (ncclKernel_*, ncclDevKernel_*; RCCL keeps the names).
-COMMUNICATION_PATTERNS: tuple[str, ...] = ("nccl",)
 
 
 def _regex(patterns: tuple[str, ...]) -> str:
@@ -129,7 +128,9 @@ MATMUL = TENSOR_CORE | CUDA_CORE_GEMM | _NAME.str.contains(_regex(MATMUL_PATTERN
 BF16 = _NAME.str.contains(_regex(BF16_PATTERNS))
 FP16 = ~BF16 & _NAME.str.contains(_regex(FP16_PATTERNS))
 HALF = BF16 | FP16 | _NAME.str.contains(_regex(HALF_PATTERNS))
-COMMUNICATION = _NAME.str.contains(_regex(COMMUNICATION_PATTERNS))
+# Communication kernels of every family (NCCL/RCCL, symmetric memory, DeepEP, ...): the
+# one table in facts.comm_families
+COMMUNICATION = COMM_KERNEL_NAME
 # kept for callers of the earlier name: any 16-bit float kernel, fp16 or bf16
 HALF_PRECISION = HALF
 # The format the name itself says, family aside (rule "float format" of the docstring).

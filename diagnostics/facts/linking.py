@@ -60,6 +60,11 @@ def gpu_events(events: pl.DataFrame) -> pl.DataFrame:
             "bytes",
             "blocks_per_sm",
             "occupancy_pct",
+            # what a collective kernel was (facts.comms keeps them per collective)
+            "collective_name",
+            "in_msg_nelems",
+            "process_group_name",
+            "process_group_ranks",
         )
         .with_row_index("gpu_id")
     )

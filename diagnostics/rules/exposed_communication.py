@@ -1,13 +1,15 @@
 """exposed-communication: collectives the step waits for, not hidden behind compute.
 
 What it finds
-    A trace whose communication (NCCL kernels on a GPU, gloo/c10d collectives on a CPU)
+    A trace whose communication (communication kernels of any family on a GPU: NCCL/RCCL,
+    symmetric memory, vLLM's custom all-reduce, DeepEP, NVSHMEM; gloo/c10d collectives on a CPU)
     runs without compute beside it for more than a threshold share of the profiled step
     time. With several ranks matched, the share of collective time spent waiting for a later
     rank is taken out first: that is a straggler's cost (rank-stragglers), which no overlap
     can hide; what is judged is the exposed transfer. It reports collective time, the share overlapped by compute (HTA's
     ``get_comm_comp_overlap``), the exposed time per step and, with several ranks, how much
-    of the communication was waiting for a later rank rather than transferring.
+    of the communication was waiting for a later rank rather than transferring. With one
+    rank of a larger job it says that waiting cannot be told from transfer.
 
 Why it matters
     DistributedDataParallel all-reduces gradient buckets while backward still runs; when the
@@ -64,6 +66,20 @@ for i, batch in enumerate(loader):
 """
 
 
+def _families(comms: CommFacts) -> list[dict[str, Any]] | None:
+    """Collectives and their time per communication family (facts.comm_families)."""
+    if comms.families.height == 0:
+        return None
+    return [
+        {
+            "family": row["family"],
+            "collectives": row["collectives"],
+            "busy_us": r(row["busy_us"], 0),
+        }
+        for row in comms.families.iter_rows(named=True)
+    ]
+
+
 class ExposedCommunication(Rule):
     id = "exposed-communication"
     title = "Communication is not overlapped with compute"
@@ -71,9 +87,9 @@ class ExposedCommunication(Rule):
     needs = (
         TRACE,
         Need(
-            "communication in the trace (NCCL kernels or collectives)",
+            "communication in the trace (communication kernels or collectives)",
             lambda inputs: inputs.trace is not None and inputs.trace.comms is not None,
-            "the trace holds no communication (no NCCL kernels or collectives)",
+            "the trace holds no communication (no communication kernels or collectives)",
         ),
         Need(
             "profiled steps to measure the communication against",
@@ -101,7 +117,7 @@ class ExposedCommunication(Rule):
         steps = per_step["step"].to_list()
         evidence: dict[str, Any] = {
             "source": (
-                "trace: NCCL kernels against computation kernels on the same GPU"
+                "trace: communication kernels against computation kernels on the same GPU"
                 if comms.source == "gpu_kernels"
                 else "trace: host collectives against the training loop thread's operators"
             ),
@@ -113,6 +129,7 @@ class ExposedCommunication(Rule):
             "exposed_pct": r(exposed_pct, 1),
             "threshold_pct": thresholds.exposed_comm_min_pct,
             "collectives": comms.collectives_count,
+            "families": _families(comms),
             "comm_wait_pct": r(wait, 1) if wait is not None else None,
             "exposed_transfer_pct": r(transfer_pct, 1),
             "ranks": self._ranks(inputs),
@@ -135,6 +152,16 @@ class ExposedCommunication(Rule):
             if wait is not None and exposed_pct - transfer_pct >= 1.0
             else ""
         )
+        world = (trace.distributed or {}).get("world_size")
+        if wait is None and isinstance(world, int) and world > 1:
+            # One rank of a larger job: a collective kernel runs from this rank's arrival
+            # until the last member's, so its exposed time holds waiting for the others too.
+            waiting = (
+                f" This is one rank of {world}: the time its collectives spent waiting for "
+                "later ranks cannot be told apart from transfer without the other ranks' "
+                "traces, so part of the exposed time may be a straggler's cost; analyse "
+                "the ranks' traces together to split it."
+            )
         overlap = (
             f"only {pct(comms.overlap_pct)} of it overlapped compute"
             if comms.overlap_pct is not None

@@ -1,14 +1,19 @@
 """rank-stragglers: one rank's steps are slower than the others'.
 
 What it finds
-    With traces from several ranks of one job, a rank whose mean step time exceeds the
-    ranks' median by more than a threshold, or (with collectives matched across ranks) the
-    rank the others wait for: the one whose late starts caused most of the waiting in
-    collectives (HTA's late-start signal, weighed by how long each late start made the
-    others wait), while that waiting is a material share of the step. In lockstep every
-    rank's step time is the same, so this is how a 2-rank straggler shows. It names the cause (data wait, host-to-device copies or compute) from that
-    rank's own step parts against the median rank, only when that one part explains most
-    of the excess (TraceML's bar), and says so when none does.
+    With traces from several ranks of one job, the rank the others wait for. With
+    collectives matched across ranks, that is the rank whose late starts caused most of the
+    waiting in them (HTA's late-start signal, weighed by how long each late start made the
+    others wait), while that waiting is a material share of the step; it is named even when
+    another rank has the longest step, since a rank that waits in collectives has a long
+    step because it waits. Without that, a rank whose mean step time exceeds the ranks'
+    median by more than a threshold, unless the matched collectives show it caused less
+    than its even share of the waiting. It names the cause (data wait, host-to-device copies
+    or compute) from that rank's own step parts against the median of the others, only when
+    that one part explains most of the excess (TraceML's bar), and says so when none does.
+    Its confidence (evidence ``confidence``; low confidence lowers the severity and says so)
+    follows how many profiled steps per rank and matched collectives it rests on: one step
+    per rank is little evidence.
 
 Why it matters
     In synchronous data-parallel training every all-reduce waits for the slowest rank, so
@@ -113,6 +118,69 @@ def name_cause(
     return (top if known[top] >= min_share_pct / 100.0 * excess_ms else None), excess
 
 
+def _waits_rather_than_delays(ranks: pl.DataFrame, rank: int) -> bool:
+    """True when matched collectives show ``rank`` caused less than an even 1/N share of the
+    waiting in them: whatever lengthens its step, the others are not waiting for it."""
+    caused = _value(ranks, "caused_wait_share_pct", rank)
+    return caused is not None and caused < 100.0 / ranks.height
+
+
+def _longest_is_waiting(ranks: pl.DataFrame, rank: int, step_ms: float, median: float) -> str:
+    wait = _value(ranks, "comm_wait_ms_per_step", rank)
+    caused = _value(ranks, "caused_wait_share_pct", rank)
+    late = _value(ranks, "late_share_pct", rank)
+    return (
+        f"Rank {rank} has the longest step ({step_ms:.1f} ms, "
+        f"{pct(100.0 * (step_ms - median) / median)} over the median) but is not the "
+        f"straggler: it waits {wait if wait is not None else float('nan'):.1f} ms a step in "
+        f"collectives itself, was last in {pct(late)} of them and caused {pct(caused)} of the "
+        "waiting; its step is long because it waits."
+    )
+
+
+# How much a finding rests on: a rank's mean step time from one or two profiled steps is
+# mostly where its step boundaries fall (ranks in lockstep have the same step time over many
+# steps), and a late-start share over a handful of collectives can be a coin toss.
+LOW_CONFIDENCE_STEPS = 3  # fewer profiled steps per rank than this: little evidence
+HIGH_CONFIDENCE_STEPS = 10
+LOW_CONFIDENCE_COLLECTIVES = 10  # fewer significant matched collectives: little evidence
+HIGH_CONFIDENCE_COLLECTIVES = 30
+
+
+def _confidence(
+    ranks: pl.DataFrame, inputs: AnalysisInputs, from_collectives: bool
+) -> tuple[str, dict[str, int | None]]:
+    """("low" | "medium" | "high", {steps_per_rank, significant_collectives})."""
+    steps = ranks["steps"].drop_nulls()
+    steps_per_rank = int(steps.min()) if steps.len() else 0  # type: ignore[arg-type]
+    match = inputs.collective_match
+    significant = match.significant if match is not None else None
+    basis = {"steps_per_rank": steps_per_rank, "significant_collectives": significant}
+    counted = significant if from_collectives else None
+    if steps_per_rank < LOW_CONFIDENCE_STEPS or (
+        counted is not None and counted < LOW_CONFIDENCE_COLLECTIVES
+    ):
+        return "low", basis
+    if steps_per_rank >= HIGH_CONFIDENCE_STEPS and (
+        counted is None or counted >= HIGH_CONFIDENCE_COLLECTIVES
+    ):
+        return "high", basis
+    return "medium", basis
+
+
+def _confidence_note(confidence: str, basis: dict[str, int | None]) -> str:
+    if confidence != "low":
+        return ""
+    steps = basis["steps_per_rank"]
+    collectives = basis["significant_collectives"]
+    counted = f" and {collectives} significant collectives" if collectives is not None else ""
+    return (
+        f" Little evidence: {steps} profiled step{'s' if steps != 1 else ''} per rank{counted}; "
+        "profile more steps on every rank (a longer active window in torch.profiler.schedule) "
+        "to confirm before acting on it."
+    )
+
+
 class RankStragglers(Rule):
     id = "rank-stragglers"
     title = "A rank is slower than the others"
@@ -164,35 +232,56 @@ class RankStragglers(Rule):
         if not np.isfinite(median) or median <= 0:
             return []
         slowdown = 100.0 * (means - median) / median
-        slow = np.flatnonzero(slowdown > thresholds.straggler_slowdown_pct)
         rank_ids = ranks["rank"].to_list()
         late = self._late_rank(ranks, median, thresholds)
-        if slow.size:
-            worst = int(rank_ids[int(np.nanargmax(means))])
-            worst_ms = float(np.nanmax(means))
-            excess_ms = worst_ms - median
-            # the others wait for the slowest: bringing it to the median saves that difference
-            saving = 100.0 * excess_ms / worst_ms
-            signal = f"steps {pct(100.0 * excess_ms / median)} slower than the median rank"
-            lead = (
-                f"Rank {worst} takes {worst_ms:.1f} ms per step against a median of "
-                f"{median:.1f} ms; every other rank waits for it at each all-reduce."
-            )
-        elif late is not None:
+        # A rank is slow by its step time only when the collectives, where they were matched,
+        # do not contradict it: a rank that holds the others up arrives late, so one that
+        # caused less than its even share of the waiting has a long step because it waits
+        # (or because its one profiled step began earlier), not because it is slow.
+        slow = [
+            int(rank_ids[i])
+            for i in np.flatnonzero(slowdown > thresholds.straggler_slowdown_pct)
+            if not _waits_rather_than_delays(ranks, int(rank_ids[i]))
+        ]
+        longest = int(rank_ids[int(np.nanargmax(means))])
+        if late is not None:
             worst, excess_ms = late
             worst_ms = float(means[rank_ids.index(worst)])
             # in lockstep every step time includes the wait for it; without it they'd be
             # shorter by the others' wait
             saving = 100.0 * excess_ms / median
+            late_share = _value(ranks, "late_share_pct", worst)
+            caused = _value(ranks, "caused_wait_share_pct", worst)
             signal = (
-                f"starts collectives last; the other ranks wait {excess_ms:.1f} ms a step for it"
+                f"starts collectives last ({pct(late_share)} of them) and caused "
+                f"{pct(caused)} of the others' waiting"
             )
             lead = (
-                f"Rank {worst} arrives late to collectives and caused "
-                f"{pct(_value(ranks, 'caused_wait_share_pct', worst))} of the waiting in them; "
-                f"the other ranks spend {excess_ms:.1f} ms a step waiting for it, so every "
-                "rank's step is that much longer."
+                f"Rank {worst} arrives late to collectives: last in {pct(late_share)} of them, "
+                f"it caused {pct(caused)} of the waiting in them; the other ranks spend "
+                f"{excess_ms:.1f} ms a step waiting for it, so every rank's step is that much "
+                "longer."
             )
+            if longest != worst and slowdown[rank_ids.index(longest)] > 0:
+                lead += " " + _longest_is_waiting(ranks, longest, float(np.nanmax(means)), median)
+            straggler_ranks = [worst]
+        elif slow:
+            worst = max(slow, key=lambda r: means[rank_ids.index(r)])
+            worst_ms = float(means[rank_ids.index(worst)])
+            excess_ms = worst_ms - median
+            # the others wait for the slowest: bringing it to the median saves that difference
+            saving = 100.0 * excess_ms / worst_ms
+            signal = f"steps {pct(100.0 * excess_ms / median)} slower than the median rank"
+            caused = _value(ranks, "caused_wait_share_pct", worst)
+            lead = (
+                f"Rank {worst} takes {worst_ms:.1f} ms per step against a median of {median:.1f} ms"
+                + (
+                    f"; its late starts caused {pct(caused)} of the waiting in collectives."
+                    if caused is not None
+                    else "; in synchronous training the other ranks wait for it at each collective."
+                )
+            )
+            straggler_ranks = sorted(slow)
         else:
             return []
         cause, parts = name_cause(ranks, worst, excess_ms, thresholds.straggler_cause_min_share_pct)
@@ -204,17 +293,19 @@ class RankStragglers(Rule):
             else " No single part (data wait, host-to-device, compute) explains "
             f"{pct(thresholds.straggler_cause_min_share_pct)} of its excess."
         )
-        straggler_ranks = sorted(
-            {int(rank_ids[i]) for i in slow} | ({late[0]} if late is not None else set())
-        )
+        confidence, basis = _confidence(ranks, inputs, from_collectives=late is not None)
         evidence: dict[str, Any] = {
             "source": "traces of several ranks: step parts per rank"
             + (" and collectives matched across ranks" if late is not None else ""),
+            "confidence": confidence,
+            "steps_per_rank": basis["steps_per_rank"],
+            "significant_collectives": basis["significant_collectives"],
             "median_step_ms": r(median),
             "straggler_ranks": straggler_ranks,
             "slowest_rank": worst,
             "slowest_step_ms": r(worst_ms),
             "slowdown_pct": r(100.0 * (worst_ms - median) / median, 1),
+            "longest_step_rank": longest,
             "excess_ms_per_step": r(excess_ms),
             "late_share_pct": r(_value(ranks, "late_share_pct", worst), 1),
             "caused_wait_share_pct": r(_value(ranks, "caused_wait_share_pct", worst), 1),
@@ -229,6 +320,8 @@ class RankStragglers(Rule):
                     "data_wait_ms_per_step": r(row.get("data_wait_ms_per_step")),
                     "compute_ms_per_step": r(row.get("compute_ms_per_step")),
                     "comm_wait_ms_per_step": r(row.get("comm_wait_ms_per_step")),
+                    "late_share_pct": r(row.get("late_share_pct"), 1),
+                    "caused_wait_share_pct": r(row.get("caused_wait_share_pct"), 1),
                 }
                 for row in ranks.iter_rows(named=True)
             ],
@@ -246,10 +339,10 @@ class RankStragglers(Rule):
         return [
             Finding(
                 rule=self.id,
-                severity=self.severity,
+                severity=Severity.LOW if confidence == "low" else self.severity,
                 title=f"Rank {worst} {signal}" + (f" ({cause_name})" if cause_name else ""),
                 evidence=evidence,
-                recommendation=lead + explained,
+                recommendation=lead + explained + _confidence_note(confidence, basis),
                 fix=Fix(code=FIX_CODE, config_patch=_injected_delay_patch(inputs, worst)),
                 estimated_saving_pct=r(min(saving, 100.0), 1),
             )

@@ -43,6 +43,14 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     # kernels: CUPTI's launch figures (absent from some CUDA versions' traces)
     blocks_per_sm: float | None = msgspec.field(name="blocks per SM", default=None)
     occupancy_pct: float | None = msgspec.field(name="est. achieved occupancy %", default=None)
+    # collectives (NCCL kernels, record_param_comms): Any, so that an unexpected type drops
+    # the value rather than the kernel; numbers may come as numeric strings
+    collective_name: Any = msgspec.field(name="Collective name", default=None)
+    in_msg_nelems: Any = msgspec.field(name="In msg nelems", default=None)
+    out_msg_nelems: Any = msgspec.field(name="Out msg nelems", default=None)
+    group_size: Any = msgspec.field(name="Group size", default=None)
+    process_group_name: Any = msgspec.field(name="Process Group Name", default=None)
+    process_group_ranks: Any = msgspec.field(name="Process Group Ranks", default=None)
 
 
 NO_ARGS = Args()
@@ -87,6 +95,12 @@ RAW_SCHEMA: dict[str, pl.DataType] = {
     "input_dims": pl.String,
     "blocks_per_sm": pl.Float64,
     "occupancy_pct": pl.Float64,
+    "collective_name": pl.String,
+    "in_msg_nelems": pl.Int64,
+    "out_msg_nelems": pl.Int64,
+    "group_size": pl.Int64,
+    "process_group_name": pl.String,
+    "process_group_ranks": pl.String,
 }
 _EVENT_FIELDS = ("ph", "name", "cat", "ts", "dur", "pid", "tid", "id")
 RAW_EVENT_SCHEMA = {name: dtype for name, dtype in RAW_SCHEMA.items() if name != "id"}
@@ -101,6 +115,15 @@ _FLOW_FIELDS = ("name", "cat", "ts", "pid", "tid", "id")
 _GPU_CATS = ("kernel", "memcpy", "gpu_memcpy", "memset", "gpu_memset", "cuda_sync")
 _RUNTIME_CATS = ("runtime", "cuda_runtime", "cuda_driver", "driver")
 _CPU_CATS = ("operator", "cpu_op", "user_annotation", "python_function")
+_COLLECTIVE_ARGS = (
+    "collective_name",
+    "in_msg_nelems",
+    "out_msg_nelems",
+    "group_size",
+    "process_group_name",
+    "process_group_ranks",
+)
+_TEXT_ARGS = frozenset({"collective_name", "process_group_name", "process_group_ranks"})
 _GPU_ARGS = (
     "device",
     "stream",
@@ -110,9 +133,17 @@ _GPU_ARGS = (
     "bytes",
     "blocks_per_sm",
     "occupancy_pct",
+    *_COLLECTIVE_ARGS,
 )
 _RUNTIME_ARGS = ("correlation", "external_id", "external_id_legacy")
-_CPU_ARGS = ("external_id", "external_id_legacy", "input_types", "dtype", "input_dims")
+_CPU_ARGS = (
+    "external_id",
+    "external_id_legacy",
+    "input_types",
+    "dtype",
+    "input_dims",
+    *_COLLECTIVE_ARGS,
+)
 _MEMORY_ARGS = (
     "memory_bytes",
     "bytes",
@@ -183,6 +214,9 @@ def _to_series(name: str, values: list[Any]) -> pl.Series:
         # ints and nulls (nearly every chunk) take polars' typed fast path
         return pl.Series(name, values, dtype=dtype)
     except (OverflowError, TypeError, ValueError, pl.exceptions.PolarsError):
+        if name in _TEXT_ARGS:
+            # a number or a list where text was expected: written as text, not dropped
+            return pl.Series(name, list(map(_text_of, values)), dtype=pl.String)
         # pid/tid/id: numeric strings parse, label strings ("Spans") become null; and an
         # integer beyond int64 (JSON allows any size): null rather than a crash
         return pl.Series(name, values, dtype=dtype, strict=False)
@@ -350,6 +384,14 @@ def _arg_columns(events: list[Event], cats: pl.Series, names: pl.Series) -> list
 
 
 _ENCODE = msgspec.json.Encoder().encode
+
+
+def _text_of(value: Any) -> str | None:
+    if value is None or value.__class__ is str:
+        return value
+    if value.__class__ in (int, float, bool):
+        return str(value)
+    return _ENCODE(value).decode()  # a list of ranks written as a list, not as text
 
 
 def _raw_texts(values: list[list[Any] | None]) -> list[str | None]:

@@ -117,6 +117,12 @@ def _normalise_chunk(
             pl.col("input_dims").alias("input_shapes"),
             pl.col("blocks_per_sm"),
             pl.col("occupancy_pct"),
+            pl.col("collective_name"),
+            pl.col("in_msg_nelems"),
+            pl.col("out_msg_nelems"),
+            pl.col("group_size"),
+            pl.col("process_group_name"),
+            pl.col("process_group_ranks"),
         )
         .cast(EVENT_SCHEMA)  # type: ignore[arg-type]
         .collect()

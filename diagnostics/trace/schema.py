@@ -95,6 +95,13 @@ EVENT_SCHEMA: dict[str, pl.DataType] = {
     "input_shapes": pl.String,
     "blocks_per_sm": pl.Float64,  # kernels: args["blocks per SM"] (CUPTI), else null
     "occupancy_pct": pl.Float64,  # kernels: args["est. achieved occupancy %"], else null
+    # collectives (PyTorch 2.1+ writes them on NCCL kernels and record_param_comms ops):
+    "collective_name": pl.String,  # args["Collective name"]: "allreduce", "broadcast", ...
+    "in_msg_nelems": pl.Int64,  # args["In msg nelems"]: elements sent
+    "out_msg_nelems": pl.Int64,  # args["Out msg nelems"]: elements received
+    "group_size": pl.Int64,  # args["Group size"]: ranks in the process group
+    "process_group_name": pl.String,  # args["Process Group Name"]: "0" is the default group
+    "process_group_ranks": pl.String,  # args["Process Group Ranks"] as written: "[0, 1]"
 }
 
 EVENT_COLUMNS: tuple[str, ...] = tuple(EVENT_SCHEMA)
