@@ -30,7 +30,7 @@ from diagnostics.model import AnalysisInputs
 from diagnostics.percent import pct
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity, need_cuda_trace
-from diagnostics.rules.evidence import chart, cuda_trace, r
+from diagnostics.rules.evidence import chart, cuda_trace, r, step_range
 from diagnostics.thresholds import Thresholds
 
 FIX_CODE = """\
@@ -102,7 +102,7 @@ class HostDeviceSync(Rule):
             "gpu_idle_during_sync_us": r(idle_sync_us, 0),
             "calls": calls,
             "threshold_pct": thresholds.sync_share_min_pct,
-            "steps": [int(joined["step"].min()), int(joined["step"].max())],
+            "steps": step_range(joined["step"]),
             "chart": chart(
                 "bar",
                 "Time blocked in host-device synchronisation per step",
