@@ -113,6 +113,17 @@ def config_value(run: RunData | None, key: str, default: Any = None) -> Any:
     return default if run is None else dotted_get(run.config, key, default)
 
 
+def config_count(run: RunData | None, key: str) -> int | None:
+    """A config value that counts things (``data.num_workers``) as an int; None when absent
+    or not a whole number of 0 or more (a hand-edited ``"many"`` is unknown, not a crash)."""
+    value = config_value(run, key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if not (math.isfinite(value) and value == int(value) and value >= 0):
+        return None
+    return int(value)
+
+
 def has_steps(run: RunData | None, *columns: str) -> bool:
     """The run has step records with at least one non-null value in each column."""
     if run is None or run.steps.height == 0:

@@ -47,6 +47,8 @@ SMALL = SHARED_TRACES / "hta_a100_alexnet_with_syncs.json.gz"
 # six ProfilerStep#N ranges and a DataLoader-bound run: too-few-workers fires (high) on it
 STEPPED = SHARED_TRACES / "kineto_resnet50_num_workers_0.pt.trace.json.gz"
 HEALTHY_RUN = SHARED_RUNS / "gpu-healthy"
+# DataLoader-bound (one worker, slow samples): too-few-workers fires on it
+SLOW_LOADER_RUN = SHARED_RUNS / "gpu-slow-loader"
 
 pytestmark = pytest.mark.skipif(
     not (SMALL.exists() and STEPPED.exists()), reason="needs ../shared/traces"
@@ -163,18 +165,42 @@ def test_every_rule_runs_without_error_on_each_hostile_trace(
     assert ran <= {rule.id for rule in RULES}
 
 
-def test_every_rule_runs_without_error_on_a_run_with_hostile_environment_names(tmp_path):
+# hand-edited run manifests whose values the rules read: (section, key, value)
+RUN_EDITS = {
+    # before: too-few-workers raised TypeError ("can't multiply sequence by non-int")
+    "workers_in_words": ("config", ("data", "num_workers"), "many"),
+    "batch_in_words": ("config", ("train", "batch_size"), "lots"),
+    "cores_in_words": ("environment", ("cpu_count",), "x"),
+    "gpu_memory_in_words": ("environment", ("gpu_memory_bytes",), "x"),
+    "hostile_gpu_name": ("environment", ("gpu_name",), HOSTILE_NAME),
+}
+
+
+def edited_run(tmp_path: Path, section: str, keys: tuple[str, ...], value: Any) -> Path:
     run = tmp_path / "run"
-    shutil.copytree(HEALTHY_RUN, run)
+    shutil.copytree(SLOW_LOADER_RUN, run)
     manifest = json.loads((run / "run.json").read_text())
-    manifest["environment"]["gpu_name"] = HOSTILE_NAME
+    place = manifest[section]
+    for key in keys[:-1]:
+        place = place[key]
+    place[keys[-1]] = value
     (run / "run.json").write_text(json.dumps(manifest))
-    loaded = load(run)
+    return run
+
+
+@pytest.mark.parametrize("case", sorted(RUN_EDITS))
+def test_every_rule_runs_without_error_on_each_hostile_run(tmp_path, case):
+    loaded = load(edited_run(tmp_path, *RUN_EDITS[case]))
     trace = loaded.traces[0]
     facts = compute_facts(trace.events, trace.metadata)
     outcome = run_rules(AnalysisInputs(trace=facts, run=loaded.run, events=trace.events))
     assert outcome.errors == ()
+    # the H200 slow-loader run's own finding survives the edit
+    assert "too-few-workers" in {f.rule for f in outcome.findings}
 
+
+def test_a_hostile_gpu_name_in_a_run_is_escaped_in_text_output(tmp_path):
+    run = edited_run(tmp_path, *RUN_EDITS["hostile_gpu_name"])
     proc = run_cli("analyze", str(run), "--format", "text")
     assert proc.returncode == 0, proc.stderr
     assert not any(c in proc.stdout for c in RAW_CONTROLS)
@@ -362,6 +388,27 @@ def test_output_that_is_not_a_regular_file_is_refused_and_untouched(tmp_path, co
     assert line.startswith(f"error: {out}: is a ") and "left untouched" in line
     assert _identity(out) == before
     assert target.read_text() == "keep me"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["-m", "diagnostics", "rules"], ["-m", "trainer.config_docs"]],
+    ids=["rules", "config-docs"],
+)
+def test_the_reference_writers_refuse_a_device_too(tmp_path, command):
+    """The other -o writers (diagnostics.text_output.emit_or_exit_code)."""
+    out = _char_device(tmp_path)
+    before = _identity(out)
+    proc = subprocess.run(
+        [sys.executable, *command, "-o", str(out)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert one_error_line(proc).startswith(f"error: {out}: is a device")
+    assert _identity(out) == before
 
 
 def test_output_to_a_regular_file_keeps_its_permissions_and_dash_is_stdout(tmp_path):
