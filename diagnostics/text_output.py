@@ -52,6 +52,10 @@ def check_output_path(path: str | os.PathLike[str]) -> None:
     ``lstat``: a symbolic link is judged as itself, since the rename would replace the
     link, never write through it.
     """
+    name = os.fspath(path)
+    if not name or name.endswith(os.sep):
+        # "" is no file, and "new/" would be written as a file named "new"
+        raise OutputRefused(name or "-o", "is not a file name (-o - writes to standard output)")
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:

@@ -411,6 +411,17 @@ def test_the_reference_writers_refuse_a_device_too(tmp_path, command):
     assert _identity(out) == before
 
 
+@pytest.mark.parametrize("name", ["", "new/"])
+def test_output_that_names_no_file_is_refused(tmp_path, name):
+    """Before: "" was an internal error (Path.with_name on an empty name) and "new/" wrote
+    a file called "new"."""
+    out = f"{tmp_path}/{name}" if name else name
+    proc = run_cli("analyze", str(SMALL), "-o", out)
+    assert proc.returncode == 2
+    assert "is not a file name" in one_error_line(proc)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_output_to_a_regular_file_keeps_its_permissions_and_dash_is_stdout(tmp_path):
     out = tmp_path / "result.json"
     out.write_text("old")
