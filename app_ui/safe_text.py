@@ -16,7 +16,8 @@ Imports no streamlit: it is plain string work, tested without a browser.
 from __future__ import annotations
 
 import re
-import unicodedata
+
+from diagnostics.printable import printable
 
 # Everything that opens markup mid-line: emphasis and code (* _ `), links and images ([ ]),
 # raw HTML and autolinks (< >), headings and quotes (# >), Streamlit directives, icons and
@@ -36,9 +37,11 @@ _BLOCK_START = re.compile(r"^(\s*)(\d{0,9})([-+.)])(?=\s|$)")
 
 
 def _one_line(text: str) -> str:
-    """Control and format characters (newlines, bidi overrides, zero-width) become spaces:
-    a value stays on its line and cannot start a new markdown block or hide its text."""
-    return "".join(" " if unicodedata.category(ch) in {"Cc", "Cf"} else ch for ch in text)
+    """Control and format characters (newlines, bidi overrides, zero-width) become visible
+    escapes (``\\n``, ``\\u202e``: diagnostics.printable, as on the CLI): a value stays on
+    its line, cannot start a new markdown block or hide its text, and reads as what it holds.
+    The backslashes are then escaped for markdown like any other."""
+    return printable(text)
 
 
 def md_text(value: object) -> str:

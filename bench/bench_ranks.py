@@ -151,9 +151,11 @@ def main() -> None:
     rows = []
     for ranks in args.ranks:
         folder = make_rank_set(ranks)
+        result = OUT / f"ranks-{ranks}-result.json"
         size_mb = sum(p.stat().st_size for p in folder.glob("*.json")) / 2**20
         ours = measure(
-            [sys.executable, "-m", "diagnostics", "analyze", str(folder), "-o", os.devnull],
+            # a regular file beside the rank folder: -o refuses a device such as /dev/null
+            [sys.executable, "-m", "diagnostics", "analyze", str(folder), "-o", str(result)],
             args.timeout_s,
         )
         hta = (

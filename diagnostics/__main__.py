@@ -27,7 +27,15 @@ from diagnostics.cli_limits import (
     limits_from,
     resource_error,
 )
-from diagnostics.text_output import emit
+from diagnostics.printable import printable
+from diagnostics.text_output import (
+    STDOUT,
+    OutputRefused,
+    check_output_path,
+    emit,
+    print_stderr,
+    write_error_line,
+)
 
 USAGE = (
     "usage: python -m diagnostics {analyze,report,rules} ...\n"
@@ -56,7 +64,11 @@ def _analyze_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("path", help="trace file, folder of rank traces, or run folder")
     parser.add_argument("--format", choices=("json", "text"), default="json")
-    parser.add_argument("-o", "--output", help="write to this file instead of stdout")
+    parser.add_argument(
+        "-o",
+        "--output",
+        help="write to this file instead of stdout (a regular file or a new name; - for stdout)",
+    )
     add_limit_options(parser)
     add_isolation_options(parser)
     parser.add_argument("--thresholds", help="rule thresholds override (.toml or .json)")
@@ -72,7 +84,8 @@ def _ms(value: Any) -> str:
 
 
 def render_text(doc: dict[str, Any]) -> str:
-    """A compact human summary of the result JSON."""
+    """A compact human summary of the result JSON; every line is :func:`printable`, so a
+    file, GPU or version name from the input cannot split a line or drive the terminal."""
     from diagnostics.metrics import GPU_BUSY, GPU_KERNEL_UTILISATION
 
     source, summary, env = doc["source"], doc["summary"], doc["environment"]
@@ -163,7 +176,7 @@ def render_text(doc: dict[str, Any]) -> str:
         lines.append(f"warning: {warning}")
     for note in doc.get("notes") or []:
         lines.append(f"note: {note}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(printable(line) for line in lines) + "\n"
 
 
 def analyze_main(argv: Sequence[str]) -> int:
@@ -171,8 +184,10 @@ def analyze_main(argv: Sequence[str]) -> int:
         args = _analyze_parser().parse_args(list(argv))
         limits = limits_from(args)
         child = isolation_from(args)
-    except (_UsageError, _LimitOptionError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        if args.output not in (None, STDOUT):
+            check_output_path(args.output)  # refused before a minute of analysis, not after
+    except (_UsageError, _LimitOptionError, OutputRefused) as exc:
+        print_stderr(f"error: {exc}")
         return 2
     if "polars" not in sys.modules and (os.cpu_count() or 1) <= 2:
         # On two cores the loader's inflate thread has the second one; a second polars
@@ -180,7 +195,7 @@ def analyze_main(argv: Sequence[str]) -> int:
         # CPU time, 10 MB less RSS with one). POLARS_MAX_THREADS set by the user wins.
         os.environ.setdefault("POLARS_MAX_THREADS", "1")
     # Imported after parsing so that usage errors stay instant.
-    from diagnostics.errors import InputError
+    from diagnostics.errors import AnalysisBug, InputError
     from diagnostics.thresholds import ThresholdsError
 
     try:
@@ -192,20 +207,21 @@ def analyze_main(argv: Sequence[str]) -> int:
             else render_text(doc)
         )
         emit(text, args.output)
+    except AnalysisBug as exc:  # a bug met in the bounded child: exit 1, as in this process
+        print_stderr(f"error: {exc}")  # "<path>: internal error in the analysis: ..."
+        return 1
     except (InputError, ThresholdsError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print_stderr(f"error: {exc}")
         return 2
     except OSError as exc:
-        where = args.output or "stdout"
-        print(f"error: {where}: cannot write ({exc.strerror or exc})", file=sys.stderr)
+        print_stderr(write_error_line(args.output, exc))
         return 2
     except (MemoryError, RecursionError) as exc:
-        print(resource_error(args.path, exc), file=sys.stderr)
+        print_stderr(resource_error(args.path, exc))
         return 2
     except Exception as exc:  # a bug: still one line, and a distinct exit code
-        print(
-            f"internal error: {args.path}: {type(exc).__name__}: {' '.join(str(exc).split())}",
-            file=sys.stderr,
+        print_stderr(
+            f"internal error: {args.path}: {type(exc).__name__}: {' '.join(str(exc).split())}"
         )
         return 1
     return 0
@@ -227,10 +243,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             from diagnostics.rules.docs import main as rules_main
         except ImportError:
-            print("error: the rule reference is not available in this build", file=sys.stderr)
+            print_stderr("error: the rule reference is not available in this build")
             return 2
         return rules_main(rest)
-    print(f"error: unknown command {command!r}\n{USAGE}", file=sys.stderr, end="")
+    print_stderr(f"error: unknown command {command!r}")
+    sys.stderr.write(USAGE)
     return 2
 
 

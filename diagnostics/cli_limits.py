@@ -20,11 +20,13 @@ if TYPE_CHECKING:
 
 
 class LimitOptionError(Exception):
-    """A limit option (or its environment variable) that is not a positive number."""
+    """A limit option (or its environment variable) outside its bounds
+    (diagnostics.limit_values)."""
 
 
 def add_limit_options(parser: argparse.ArgumentParser) -> None:
     """--max-decompressed-mb and --max-events; defaults from the environment, else built in."""
+    from diagnostics.limit_values import MAX_DECOMPRESSED_MB, MAX_EVENTS, flag_type
     from diagnostics.trace.budget import ENV_MAX_DECOMPRESSED_MB, ENV_MAX_EVENTS, Limits
 
     try:
@@ -33,14 +35,14 @@ def add_limit_options(parser: argparse.ArgumentParser) -> None:
         raise LimitOptionError(str(exc)) from None
     parser.add_argument(
         "--max-decompressed-mb",
-        type=float,
+        type=flag_type(MAX_DECOMPRESSED_MB),
         default=defaults.max_decompressed_bytes / 2**20,
         help="refuse an input whose JSON (all files together) is larger than this, MiB "
         f"(default %(default).0f, or ${ENV_MAX_DECOMPRESSED_MB})",
     )
     parser.add_argument(
         "--max-events",
-        type=int,
+        type=flag_type(MAX_EVENTS),
         default=defaults.max_events,
         help="refuse an input with more events than this, all files together "
         f"(default %(default)d, or ${ENV_MAX_EVENTS})",
@@ -48,13 +50,10 @@ def add_limit_options(parser: argparse.ArgumentParser) -> None:
 
 
 def limits_from(args: argparse.Namespace) -> dict[str, int]:
-    """The analyze() keyword arguments for the parsed limit options."""
-    if args.max_decompressed_mb <= 0:
-        raise LimitOptionError("--max-decompressed-mb must be positive")
-    if args.max_events <= 0:
-        raise LimitOptionError("--max-events must be positive")
+    """The analyze() keyword arguments for the parsed limit options (each already within
+    its bounds: the flags' argparse types and Limits.from_env refuse anything else)."""
     return {
-        "max_decompressed_bytes": int(args.max_decompressed_mb * 2**20),
+        "max_decompressed_bytes": max(1, int(args.max_decompressed_mb * 2**20)),
         "max_events": int(args.max_events),
     }
 
@@ -82,16 +81,18 @@ def resource_error(path: str, exc: BaseException) -> str:
 
 def add_isolation_options(parser: argparse.ArgumentParser) -> None:
     """--max-memory-mb and --timeout-s: analyse in a child process bounded as the app's."""
+    from diagnostics.limit_values import ANALYSIS_MEMORY_MB, ANALYSIS_TIMEOUT_S, flag_type
+
     parser.add_argument(
         "--max-memory-mb",
-        type=float,
+        type=flag_type(ANALYSIS_MEMORY_MB),
         help="analyse in a child process with this address-space limit, MiB (as the app does "
         "for uploads); a failed allocation is then one line, exit 2. Under an address-space "
         "limit already (ulimit -v, prlimit --as) the child always runs, with that limit",
     )
     parser.add_argument(
         "--timeout-s",
-        type=float,
+        type=flag_type(ANALYSIS_TIMEOUT_S),
         help="analyse in a child process stopped after this many seconds (exit 2); default "
         "in a child: $PIPELINE_DOCTOR_ANALYSIS_TIMEOUT_S, else 300",
     )
@@ -112,9 +113,6 @@ def isolation_from(args: argparse.Namespace) -> ChildLimits | None:
         return None
     from diagnostics.isolated import ChildLimits
 
-    for flag, value in (("--max-memory-mb", args.max_memory_mb), ("--timeout-s", args.timeout_s)):
-        if value is not None and not value > 0:
-            raise LimitOptionError(f"{flag} must be positive")
     try:
         defaults = ChildLimits.from_env()
     except ValueError as exc:

@@ -35,7 +35,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from diagnostics.errors import InputError
+from diagnostics.errors import AnalysisBug, InputError
+from diagnostics.limit_values import (
+    ANALYSIS_MEMORY_MB,
+    ANALYSIS_TIMEOUT_S,
+    MAX_ANALYSES,
+    MIB,
+    limit_from_env,
+)
 from diagnostics.process_limits import KeptOutput, address_space_limit, die_with_parent_preexec
 from diagnostics.trace.budget import Limits, human_bytes
 
@@ -50,12 +57,12 @@ DEFAULT_ANALYSIS_MEMORY_BYTES = 8 * 1024**3
 # The largest real trace here (216k events) takes ~4 s; the event budget's worst case
 # about a minute on one core. Five minutes is a stall, not work.
 DEFAULT_ANALYSIS_TIMEOUT_S = 300.0
-ENV_ANALYSIS_MEMORY_MB = "PIPELINE_DOCTOR_ANALYSIS_MEMORY_MB"
-ENV_ANALYSIS_TIMEOUT_S = "PIPELINE_DOCTOR_ANALYSIS_TIMEOUT_S"
+ENV_ANALYSIS_MEMORY_MB = ANALYSIS_MEMORY_MB.env
+ENV_ANALYSIS_TIMEOUT_S = ANALYSIS_TIMEOUT_S.env
 # Each child may use the whole memory limit: two at once keep a server's worst case at
 # twice the limit, whatever the number of users uploading.
 DEFAULT_MAX_ANALYSES = 2
-ENV_MAX_ANALYSES = "PIPELINE_DOCTOR_MAX_ANALYSES"
+ENV_MAX_ANALYSES = MAX_ANALYSES.env
 # How long an analysis waits for a running one to end before it is told the server is busy:
 # the small uploads most users make analyse in a few seconds.
 DEFAULT_BUSY_WAIT_S = 10.0
@@ -110,29 +117,13 @@ class ChildLimits:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ChildLimits:
-        environ = os.environ if environ is None else environ
-        values = {}
-        for name, default in (
-            (ENV_ANALYSIS_MEMORY_MB, DEFAULT_ANALYSIS_MEMORY_BYTES / 2**20),
-            (ENV_ANALYSIS_TIMEOUT_S, DEFAULT_ANALYSIS_TIMEOUT_S),
-            (ENV_MAX_ANALYSES, DEFAULT_MAX_ANALYSES),
-        ):
-            raw = environ.get(name, "").strip()
-            try:
-                value = float(raw) if raw else default
-            except ValueError:
-                raise ValueError(f"{name}={raw!r} is not a number") from None
-            if not value > 0:
-                raise ValueError(f"{name}={raw!r} must be positive")
-            values[name] = value
-        if values[ENV_MAX_ANALYSES] != int(values[ENV_MAX_ANALYSES]):
-            raise ValueError(
-                f"{ENV_MAX_ANALYSES}={environ[ENV_MAX_ANALYSES]!r} is not a whole number"
-            )
+        memory_mib = limit_from_env(
+            ANALYSIS_MEMORY_MB, DEFAULT_ANALYSIS_MEMORY_BYTES / MIB, environ
+        )
         return cls(
-            memory_bytes=int(values[ENV_ANALYSIS_MEMORY_MB] * 2**20),
-            timeout_s=values[ENV_ANALYSIS_TIMEOUT_S],
-            max_analyses=int(values[ENV_MAX_ANALYSES]),
+            memory_bytes=int(memory_mib * MIB),
+            timeout_s=limit_from_env(ANALYSIS_TIMEOUT_S, DEFAULT_ANALYSIS_TIMEOUT_S, environ),
+            max_analyses=int(limit_from_env(MAX_ANALYSES, DEFAULT_MAX_ANALYSES, environ)),
         )
 
 
@@ -318,6 +309,8 @@ def _stopped(
             source, f"the analysis crashed ({signal.Signals(-code).name}) and was stopped"
         )
     detail = error.get("message") or (stderr.strip().splitlines() or ["no message"])[-1]
+    if code == _EXIT_BUG:
+        return AnalysisBug(source, f"internal error in the analysis: {detail}")
     return AnalysisStopped(source, f"internal error in the analysis: {detail}")
 
 

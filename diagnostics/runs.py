@@ -267,6 +267,28 @@ def _read_json(path: Path) -> dict[str, Any]:
 _NUMBER = (int, float)
 
 
+# world_size is how many ranks' files the reader looks for, one by one: the largest jobs
+# run tens of thousands of processes, and a value past this is a typo, not a run
+_MOST_PROCESSES = 2**20
+
+
+def _check_distributed(path: Path, info: Any) -> None:
+    """A manifest's ``distributed`` block: an object whose ``world_size``, when present, is
+    a whole number of processes; RunFolderError naming the field otherwise."""
+    if info is None:
+        return
+    if not isinstance(info, dict):
+        raise RunFolderError(f"{path}: unreadable (distributed is {info!r:.60}, not an object)")
+    size = info.get("world_size")
+    if size is None:
+        return
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= _MOST_PROCESSES:
+        raise RunFolderError(
+            f"{path}: unreadable (distributed.world_size is {size!r:.60}, not a whole number "
+            f"of processes from 1 to {_MOST_PROCESSES:,})"
+        )
+
+
 def _field(path: Path, raw: Mapping[str, Any], key: str, kinds: tuple[type, ...], default: Any):
     """``raw[key]`` if it has one of ``kinds`` (None allowed when the default is None)."""
     value = raw.get(key, default)
@@ -343,6 +365,7 @@ class RunFolder:
         notes = _field(path, raw, "notes", (list,), [])
         if not all(isinstance(note, str) for note in notes):
             raise RunFolderError(f"{path}: unreadable (notes are not all strings)")
+        _check_distributed(path, raw.get("distributed"))
         return RunManifest(
             version=version,
             run_id=_field(path, raw, "run_id", (str,), self.run_id),

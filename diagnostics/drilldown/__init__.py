@@ -69,7 +69,8 @@ class DrillDown:
 
     @property
     def step_ids(self) -> list[int]:
-        return [int(s) for s in self.steps["step"].to_list()]
+        # a step whose number is unknown (ProfilerStep#abc) cannot be asked for by number
+        return [int(s) for s in self.steps["step"].to_list() if s is not None]
 
     def _step(self, step: int) -> tuple[LoadedTrace, float, float]:
         start_us, end_us = step_window(self.steps, step)

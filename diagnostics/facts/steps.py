@@ -83,7 +83,7 @@ OVERLAP_TOLERANCE_US = 1.0
 
 def host_steps(events: pl.DataFrame) -> pl.DataFrame:
     """step, host_start_us, host_end_us of every ProfilerStep#N, in time order (as written)."""
-    return _host_ranges(events).drop("pid", "tid")
+    return _host_ranges(events).drop("pid", "tid", "name")
 
 
 def _host_ranges(events: pl.DataFrame) -> pl.DataFrame:
@@ -93,12 +93,15 @@ def _host_ranges(events: pl.DataFrame) -> pl.DataFrame:
             pl.col("name")
             .str.strip_prefix(sel.STEP_PREFIX)
             .str.extract(r"^(\d+)")
-            .cast(pl.Int64)
+            # "ProfilerStep#abc", or a number past int64: the range is a step all the same,
+            # its number unknown (null), and find_steps says so
+            .cast(pl.Int64, strict=False)
             .alias("step"),
             pl.col("ts").alias("host_start_us"),
             sel.END_US.alias("host_end_us"),
             "pid",
             "tid",
+            "name",
         )
         .sort("host_start_us", maintain_order=True)
     )
@@ -252,7 +255,17 @@ def _inferred_warning(inferred_from: str, count: int) -> str:
 def find_steps(events: pl.DataFrame, index: TraceIndex | None = None) -> Steps:
     index = index or build_index(events)
     warnings: list[str] = []
-    host, duplicates = _without_duplicates(_host_ranges(events))
+    ranges = _host_ranges(events)
+    unnumbered = ranges.filter(pl.col("step").is_null())["name"].str.slice(0, 60)
+    if unnumbered.len():
+        warnings.append(
+            f"{unnumbered.len()} ProfilerStep range(s) without a step number that fits a "
+            f"64-bit integer ({', '.join(unnumbered.unique(maintain_order=True).head(3))}"
+            f"{', ...' if unnumbered.n_unique() > 3 else ''}): each is counted as a step, "
+            "its number unknown"
+        )
+    ranges = ranges.drop("name")
+    host, duplicates = _without_duplicates(ranges)
     host, overlaps = _without_overlaps(host)
     host = host.drop("pid", "tid")
     warnings.extend(duplicates + overlaps)

@@ -24,7 +24,14 @@ from diagnostics.errors import InputError
 from diagnostics.report.formats import FORMAT_NAMES, render_report
 from diagnostics.report.pricing import GPU_PRICES, Pricing
 from diagnostics.severity import SEVERITY_ORDER
-from diagnostics.text_output import write_atomic
+from diagnostics.text_output import (
+    STDOUT,
+    OutputRefused,
+    check_output_path,
+    print_stderr,
+    write_atomic,
+    write_error_line,
+)
 
 SEVERITIES = tuple(SEVERITY_ORDER)
 
@@ -48,7 +55,11 @@ def _parser() -> argparse.ArgumentParser:
         "path", help="trace file (.json/.json.gz), folder of rank traces, or run folder"
     )
     parser.add_argument("--format", choices=FORMAT_NAMES, default="html")
-    parser.add_argument("-o", "--output", help="file to write (default: standard output)")
+    parser.add_argument(
+        "-o",
+        "--output",
+        help="file to write: a regular file or a new name (default, or -: standard output)",
+    )
     parser.add_argument(
         "--fail-on",
         choices=SEVERITIES,
@@ -89,11 +100,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         limits = limits_from(args)
         child = isolation_from(args)
-    except (_UsageError, LimitOptionError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        if args.output not in (None, STDOUT):
+            check_output_path(args.output)  # refused before the analysis, not after it
+    except (_UsageError, LimitOptionError, ValueError) as exc:  # OutputRefused is a ValueError
+        print_stderr(f"error: {exc}")
         return 2
 
     # Imported here so `--help` and option errors stay fast.
@@ -110,41 +120,42 @@ def main(argv: Sequence[str] | None = None) -> int:
             report = build_report(result, pricing=pricing)
         content = render_report(report, args.format)
     except InputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print_stderr(f"error: {exc}")
         return 2
     except (MemoryError, RecursionError) as exc:
-        print(resource_error(args.path, exc), file=sys.stderr)
+        print_stderr(resource_error(args.path, exc))
         return 2
     except Exception as exc:  # a bug must still reach the user as one line, not a traceback
-        print(
-            f"error: {args.path}: could not build the report ({type(exc).__name__}: {exc})",
-            file=sys.stderr,
+        # exit 2, not 1: here 1 is the --fail-on gate, which a CI job reads as findings
+        print_stderr(
+            f"error: {args.path}: could not build the report ({type(exc).__name__}: "
+            f"{' '.join(str(exc).split())})"
         )
         return 2
 
-    if args.output:
-        out = Path(args.output)
+    if args.output not in (None, STDOUT):
         try:
-            write_atomic(out, content)
+            write_atomic(Path(args.output), content)
+        except OutputRefused as exc:
+            print_stderr(f"error: {exc}")
+            return 2
         except OSError as exc:
-            print(f"error: {out}: cannot write the report ({exc.strerror or exc})", file=sys.stderr)
+            print_stderr(write_error_line(args.output, exc))
             return 2
     else:
         sys.stdout.write(content)
 
     counts = {s: sum(1 for f in report.findings if f.severity == s) for s in SEVERITIES}
-    where = args.output or "standard output"
-    print(
+    where = "standard output" if args.output in (None, STDOUT) else args.output
+    print_stderr(
         f"report ({args.format}) written to {where}: {len(report.findings)} finding(s) "
-        f"({counts['high']} high, {counts['medium']} medium, {counts['low']} low)",
-        file=sys.stderr,
+        f"({counts['high']} high, {counts['medium']} medium, {counts['low']} low)"
     )
     if args.fail_on and report.findings_at_or_above(args.fail_on):
         worst = report.findings_at_or_above(args.fail_on)[0]
-        print(
+        print_stderr(
             f"failing: {len(report.findings_at_or_above(args.fail_on))} finding(s) at or above "
-            f"{args.fail_on}, first: [{worst.severity}] {worst.rule}",
-            file=sys.stderr,
+            f"{args.fail_on}, first: [{worst.severity}] {worst.rule}"
         )
         return 1
     return 0

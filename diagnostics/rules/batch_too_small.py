@@ -39,6 +39,7 @@ from diagnostics.rules.evidence import (
     has_steps,
     r,
     run_device,
+    step_range,
 )
 from diagnostics.thresholds import Thresholds
 
@@ -143,9 +144,7 @@ class BatchTooSmall(Rule):
             steps = trace.steps
             where = {
                 "source": "trace: GPU busy share, [memory] peak, DataLoader share",
-                "steps": [int(steps["step"].min()), int(steps["step"].max())]
-                if steps.height
-                else None,
+                "steps": step_range(steps["step"]),
             }
             return util, t.gpu_util_low_pct, peak, float(trace.device_memory_bytes), loader, where
         run = inputs.run

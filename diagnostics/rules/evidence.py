@@ -22,6 +22,20 @@ HOST_MEMORY_KEYS = ("memory_total_bytes", "host_memory_bytes", "total_memory_byt
 GPU_MEMORY_KEYS = ("gpu_memory_bytes", "gpu_total_memory_bytes", "gpu_mem_total_bytes")
 
 
+def step_range(steps: pl.Series) -> list[int] | None:
+    """[first, last] step number for evidence; None when no step carries one (a trace whose
+    steps are all named like ``ProfilerStep#abc``: their numbers are unknown, not 0)."""
+    numbered = steps.drop_nulls()
+    if numbered.len() == 0:
+        return None
+    return [int(numbered.min()), int(numbered.max())]  # type: ignore[arg-type]
+
+
+def step_number(value: Any) -> int | None:
+    """One step's number for evidence, None when unknown."""
+    return None if value is None else int(value)
+
+
 def first_positive_int(mapping: dict[str, Any], keys: tuple[str, ...]) -> int | None:
     for key in keys:
         value = mapping.get(key)
@@ -41,18 +55,28 @@ def chart(
     max_points: int = 500,
 ) -> Chart:
     """A finding's chart, at most ``max_points`` per series (findings stay small in JSON),
-    with numpy numbers made plain and NaN/inf as gaps; ChartError when the parts disagree."""
+    with numpy numbers made plain and NaN/inf as gaps; ChartError when the parts disagree.
+
+    A point whose x is unknown (None: a step named ``ProfilerStep#abc``) has no place on
+    the axis and is left out of the chart, its values with it; the finding's figures still
+    count it."""
+    x = list(x)
+    if any(v is None for v in x) and all(len(values) == len(x) for values in series.values()):
+        keep = [i for i, v in enumerate(x) if v is not None]
+        x = [x[i] for i in keep]
+        columns = {name: list(values) for name, values in series.items()}
+        series = {name: [values[i] for i in keep] for name, values in columns.items()}
     return Chart(
         kind=kind,
         title=title,
         x_label=x_label,
         y_label=y_label,
-        x=tuple(_plain(v) for v in downsample(list(x), max_points)),
+        x=tuple(_plain(v) for v in downsample(x, max_points)),
         series={
             name: tuple(_plain(v) for v in downsample(list(values), max_points))
             for name, values in series.items()
         },
-        highlight_x=tuple(_plain(v) for v in highlight_x),
+        highlight_x=tuple(_plain(v) for v in highlight_x if v is not None),
     )
 
 
@@ -87,6 +111,17 @@ def run_device(run: RunData) -> Literal["cuda", "cpu"] | None:
 def config_value(run: RunData | None, key: str, default: Any = None) -> Any:
     """A config value by its dotted key (flat "data.num_workers" or nested data -> num_workers)."""
     return default if run is None else dotted_get(run.config, key, default)
+
+
+def config_count(run: RunData | None, key: str) -> int | None:
+    """A config value that counts things (``data.num_workers``) as an int; None when absent
+    or not a whole number of 0 or more (a hand-edited ``"many"`` is unknown, not a crash)."""
+    value = config_value(run, key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if not (math.isfinite(value) and value == int(value) and value >= 0):
+        return None
+    return int(value)
 
 
 def has_steps(run: RunData | None, *columns: str) -> bool:

@@ -38,7 +38,7 @@ from diagnostics.rules.base import (
     need_cuda_trace,
     need_trace_host_side,
 )
-from diagnostics.rules.evidence import chart, cuda_trace, r
+from diagnostics.rules.evidence import chart, cuda_trace, r, step_range
 from diagnostics.thresholds import Thresholds
 
 FIX_CODE = """\
@@ -113,7 +113,7 @@ class HostDeviceSync(Rule):
             "gpu_idle_during_sync_us": r(idle_sync_us, 0),
             "calls": calls,
             "threshold_pct": thresholds.sync_share_min_pct,
-            "steps": [int(joined["step"].min()), int(joined["step"].max())],
+            "steps": step_range(joined["step"]),
             "chart": chart(
                 "bar",
                 "Time blocked in host-device synchronisation per step",

@@ -34,7 +34,7 @@ from diagnostics.rules.base import (
     need_cuda_trace,
     need_trace_host_side,
 )
-from diagnostics.rules.evidence import chart, config_value, cuda_trace, r
+from diagnostics.rules.evidence import chart, config_value, cuda_trace, r, step_range
 from diagnostics.thresholds import Thresholds
 
 FIX_CODE = """\
@@ -103,7 +103,7 @@ class LaunchBoundKernels(Rule):
             "launch_delay_us_mean": r(weighted_delay, 1),
             "launch_delay_queueing": weighted_delay > thresholds.launch_delay_outlier_us,
             "top_kernels": rows,
-            "steps": [int(steps["step"].min()), int(steps["step"].max())] if steps.height else None,
+            "steps": step_range(steps["step"]),
             "chart": chart(
                 "bar",
                 "Short launches by kernel (GPU time below launch time)",

@@ -38,7 +38,7 @@ from diagnostics.model import AnalysisInputs
 from diagnostics.percent import pct
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import Example, Finding, Fix, Need, Rule, Severity, need_cuda
-from diagnostics.rules.evidence import chart, cuda_trace, r, run_device
+from diagnostics.rules.evidence import chart, cuda_trace, r, run_device, step_range
 from diagnostics.thresholds import Thresholds
 
 # What the host did during a GPU idle gap -> the rule whose fix removes that cause.
@@ -137,9 +137,7 @@ class LowGpuUtilization(Rule):
             "related_rules": related,
             # which steps, not absolute timestamps (a range of those read as a duration
             # printed "1451 h 20 min")
-            "steps": [int(trace.steps["step"].min()), int(trace.steps["step"].max())]
-            if trace.steps.height
-            else None,
+            "steps": step_range(trace.steps["step"]),
             "chart": chart(
                 "bar",
                 "Where the GPU idle time went (host activity during gaps)",

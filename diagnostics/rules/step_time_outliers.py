@@ -41,7 +41,15 @@ from diagnostics.model import AnalysisInputs
 from diagnostics.percent import pct
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import Example, Finding, Fix, Need, Rule, Severity
-from diagnostics.rules.evidence import chart, config_value, has_steps, numeric, r
+from diagnostics.rules.evidence import (
+    chart,
+    config_value,
+    has_steps,
+    numeric,
+    r,
+    step_number,
+    step_range,
+)
 from diagnostics.rules.stats import median, robust_sigma_outliers
 from diagnostics.rules.step_time_fixes import FIX_CODE
 from diagnostics.thresholds import Thresholds
@@ -221,7 +229,7 @@ class StepTimeOutliers(Rule):
         if excess_pct < thresholds.step_outlier_min_excess_pct:
             return []
         slow_rows = [keep[i] for i in slow]
-        slow_steps = [int(all_steps[i]) for i in slow_rows]
+        slow_steps = [step_number(all_steps[i]) for i in slow_rows]
         growth = self._growth(frame, parts, per_ms, slow_rows, keep)
         cause = max(growth, key=growth.get) if growth else "unknown"
         if growth and growth[cause] <= 0:
@@ -242,7 +250,7 @@ class StepTimeOutliers(Rule):
             "excess_pct_of_step_time": r(excess_pct, 1),
             "growth_of_each_part": growth_text or None,
             "excluded_steps": _excluded_text(all_steps, causes),
-            "steps": [int(all_steps[0]), int(all_steps[-1])],
+            "steps": step_range(frame["step"]),
             "chart": chart(
                 "line",
                 "Step time (slow steps marked)",
@@ -253,7 +261,9 @@ class StepTimeOutliers(Rule):
                 highlight_x=slow_steps[:100],
             ),
         }
-        shown = ", ".join(map(str, slow_steps[:6])) + (" …" if len(slow_steps) > 6 else "")
+        shown = ", ".join("?" if s is None else str(s) for s in slow_steps[:6]) + (
+            " …" if len(slow_steps) > 6 else ""
+        )
         return [
             Finding(
                 rule=self.id,

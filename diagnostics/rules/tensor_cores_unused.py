@@ -46,7 +46,7 @@ from diagnostics.model import AnalysisInputs, TraceFacts
 from diagnostics.percent import pct
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import Example, Finding, Fix, Need, Rule, Severity, need_cuda_trace
-from diagnostics.rules.evidence import chart, cuda_trace, r
+from diagnostics.rules.evidence import chart, cuda_trace, r, step_range
 from diagnostics.thresholds import Thresholds
 
 # Kernel names of the matrix-multiply and convolution work Tensor Cores can take.
@@ -217,7 +217,7 @@ class TensorCoresUnused(Rule):
                 {"name": row["name"], "calls": row["calls"], "device_us": r(row["device_us"], 0)}
                 for row in top.iter_rows(named=True)
             ],
-            "steps": [int(steps["step"].min()), int(steps["step"].max())] if steps.height else None,
+            "steps": step_range(steps["step"]),
             "chart": chart(
                 "bar",
                 "Kernel time by kind",

@@ -44,7 +44,15 @@ from diagnostics.rules.base import (
     need_any,
     need_run_steps,
 )
-from diagnostics.rules.evidence import chart, config_value, cpu_count, has_steps, numeric, r
+from diagnostics.rules.evidence import (
+    chart,
+    config_count,
+    config_value,
+    cpu_count,
+    has_steps,
+    numeric,
+    r,
+)
 from diagnostics.rules.stats import median
 from diagnostics.thresholds import Thresholds
 
@@ -90,6 +98,12 @@ def recommend_workers(
     by_duty_cycle = math.inf if cpu_ms <= 0 else spare * load_ms / cpu_ms
     cap = max(1, int(min(by_duty_cycle, MAX_WORKERS_PER_CORE * cores)))
     return min(needed, cap), cap, needed > cap
+
+
+def _configured_workers(inputs: AnalysisInputs) -> int | None:
+    """The run's data.num_workers, else what the trace's DataLoader ranges say."""
+    workers = config_count(inputs.run, "data.num_workers")
+    return workers if workers is not None else _current_workers_from_events(inputs)
 
 
 def _current_workers_from_events(inputs: AnalysisInputs) -> int | None:
@@ -165,7 +179,7 @@ class TooFewWorkers(Rule):
             "steps": steady["step"].to_list(),
             "wait_ms": wait,
             "other_ms": compute,
-            "num_workers": config_value(inputs.run, "data.num_workers"),
+            "num_workers": _configured_workers(inputs),
         }
 
     def _from_trace(self, inputs: AnalysisInputs) -> dict[str, Any] | None:
@@ -177,9 +191,7 @@ class TooFewWorkers(Rule):
         wait_ms = [v / 1000 for v in numeric(frame, "dataloader_us")]
         total_ms = [v / 1000 for v in numeric(frame, "total_us")]
         compute = [t - w for t, w in zip(total_ms, wait_ms, strict=True)]
-        workers = config_value(inputs.run, "data.num_workers")
-        if workers is None:
-            workers = _current_workers_from_events(inputs)
+        workers = _configured_workers(inputs)
         return {
             "source": "trace DataLoader ranges inside profiler steps",
             "wait_share_pct": median_share_pct(frame["dataloader_us"], frame["total_us"]),

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from diagnostics.errors import InputError
+from diagnostics.limit_values import MAX_DECOMPRESSED_MB, MAX_EVENTS, limit_from_env
 
 # 2 GiB of JSON is about 8 million Kineto events: far more than any one profiler window
 # writes, yet small enough that a bomb stops long before it hurts the machine.
@@ -25,8 +26,8 @@ DEFAULT_MAX_DECOMPRESSED_BYTES = 2 * 1024**3
 # 1.5 GiB bomb long before that bomb's 12 GB.
 DEFAULT_MAX_EVENTS = 5_000_000
 
-ENV_MAX_DECOMPRESSED_MB = "PIPELINE_DOCTOR_MAX_DECOMPRESSED_MB"
-ENV_MAX_EVENTS = "PIPELINE_DOCTOR_MAX_EVENTS"
+ENV_MAX_DECOMPRESSED_MB = MAX_DECOMPRESSED_MB.env
+ENV_MAX_EVENTS = MAX_EVENTS.env
 
 
 class BudgetExceeded(InputError):
@@ -39,19 +40,6 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n} bytes"
-
-
-def _positive(environ: Mapping[str, str], name: str, default: float) -> float:
-    raw = environ.get(name)
-    if raw is None or not raw.strip():
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number") from None
-    if not value > 0:
-        raise ValueError(f"{name}={raw!r} must be positive")
-    return value
 
 
 @dataclass(frozen=True)
@@ -69,9 +57,9 @@ class Limits:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Limits:
         """The defaults, overridden by PIPELINE_DOCTOR_MAX_DECOMPRESSED_MB / _MAX_EVENTS."""
         environ = os.environ if environ is None else environ
-        mib = _positive(environ, ENV_MAX_DECOMPRESSED_MB, DEFAULT_MAX_DECOMPRESSED_BYTES / 2**20)
-        events = _positive(environ, ENV_MAX_EVENTS, DEFAULT_MAX_EVENTS)
-        return cls(max_decompressed_bytes=int(mib * 2**20), max_events=int(events))
+        mib = limit_from_env(MAX_DECOMPRESSED_MB, DEFAULT_MAX_DECOMPRESSED_BYTES / 2**20, environ)
+        events = limit_from_env(MAX_EVENTS, DEFAULT_MAX_EVENTS, environ)
+        return cls(max_decompressed_bytes=max(1, int(mib * 2**20)), max_events=int(events))
 
 
 class SharedTotals:

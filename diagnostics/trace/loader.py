@@ -29,6 +29,7 @@ from diagnostics.trace.budget import (
     Limits,
 )
 from diagnostics.trace.decode import DEFAULT_CHUNK_BYTES, decode_trace
+from diagnostics.trace.metadata_fields import checked_device_properties, checked_distributed_info
 from diagnostics.trace.normalise import TableBuilder
 from diagnostics.trace.schema import LoadedTrace, TraceMetadata
 from diagnostics.trace.source import iter_blocks, prefetch
@@ -96,9 +97,8 @@ def _metadata(
     rank: int,
     rank_source: str,
 ) -> dict[str, Any]:
-    devices = top.get("deviceProperties")
-    device_properties = tuple(d for d in devices if isinstance(d, dict)) if devices else ()
-    distributed = top.get("distributedInfo")
+    device_properties = checked_device_properties(display, top.get("deviceProperties"))
+    distributed = checked_distributed_info(display, top.get("distributedInfo"))
     process_names: dict[int, str] = {}
     thread_names: dict[tuple[int, int], str] = {}
     for name, pid, tid, label in names:
@@ -179,8 +179,8 @@ def load_trace_file(
         sink=sink,
     )
     notes: list[str] = []
-    distributed = decoded.top.get("distributedInfo")
-    info_rank = distributed.get("rank") if isinstance(distributed, dict) else None
+    distributed = checked_distributed_info(display, decoded.top.get("distributedInfo"))
+    info_rank = distributed.get("rank") if distributed is not None else None
     if rank is not None:
         rank_source = "given"
     elif isinstance(info_rank, int) and info_rank >= 0:

@@ -28,6 +28,7 @@ from typing import BinaryIO
 import polars as pl
 
 from diagnostics.errors import InputError
+from diagnostics.printable import printable
 from diagnostics.trace.budget import Limits
 from diagnostics.upload_analysis import (
     IDENTITY_SCHEMA,
@@ -109,8 +110,13 @@ RANKS_LABELS: dict[str, str] = {
 
 
 def labelled(frame: pl.DataFrame, labels: dict[str, str]) -> pl.DataFrame:
-    """``frame`` with people's column names (numbers stay numbers; unknown columns kept)."""
-    return frame.rename({c: labels[c] for c in frame.columns if c in labels})
+    """``frame`` with people's column names (numbers stay numbers; unknown columns kept),
+    its text :func:`printable` (file, GPU and job names come from the uploaded files)."""
+    text = [c for c, dtype in frame.schema.items() if dtype == pl.String]
+    shown = frame.with_columns(
+        pl.col(c).map_elements(printable, return_dtype=pl.String) for c in text
+    )
+    return shown.rename({c: labels[c] for c in frame.columns if c in labels})
 
 
 def step_store_root() -> Path:

@@ -37,8 +37,9 @@ def test_md_text_is_inert_and_reads_as_written(value):
     text = md_text(value)
     assert active_markup(text) == [], text
     assert active_markup(f"**{text}** · {text}") == []
-    # a person reads the value itself (newlines and invisible characters become spaces)
-    expected = "".join(" " if ch in "\n\u202e\u200b" else ch for ch in value)
+    # a person reads the value itself, newlines and invisible characters as escapes
+    # (issue 23: spaces hid that a name held a newline or a right-to-left override)
+    expected = value.replace("\n", "\\n").replace("\u202e", "\\u202e").replace("\u200b", "\\u200b")
     assert shown(text) == expected
     assert "\n" not in text
 
