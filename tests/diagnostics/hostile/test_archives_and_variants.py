@@ -6,14 +6,29 @@ the verdict expected for it."""
 
 from __future__ import annotations
 
+import gc
 import gzip
+import io
+import struct
+import tarfile
+import zipfile
+import zlib
 from pathlib import Path
 
+import pytest
 from polars.testing import assert_frame_equal
 
+from app_ui.safe_text import shown
+from diagnostics.errors import InputError
+from diagnostics.isolated import analyze_upload_isolated
 from diagnostics.trace.loader import load_trace_file
+from diagnostics.views.archives import extract_traces
+from diagnostics.views.upload_set import analyse_upload_set
+from tests.app.test_pages import open_page
 
 QWEN_H100 = "tracelens_h100_qwen1.5-0.5b_infer_profmem.json.gz"
+ALEXNET = "hta_a100_alexnet_with_syncs.json.gz"
+TRACE = b'{"traceEvents": []}'
 
 
 # -- gzip -------------------------------------------------------------------------------
@@ -34,3 +49,236 @@ def test_a_two_member_gzip_split_past_1_mib_loads_as_the_single_member_file(
     single, joined = load_trace_file(original), load_trace_file(split)
     assert joined.events.height == single.events.height > 10_000
     assert_frame_equal(joined.events, single.events)
+
+
+# -- archives -----------------------------------------------------------------------------
+
+# The server may grow by this much while an archive bomb is refused: the upload's bytes are
+# already in memory before the measure starts; what is measured is the unpacking (before:
+# +3.1 GB for a 7 MB long-name bomb, +4.1 GB and a MemoryError for an 18 MB one).
+SERVER_GROWTH_BOUND_BYTES = 50 << 20
+CLAIMED_BYTES = 3 * 2**29  # 1.5 GiB, what the issue's header bombs claimed
+ZEROS_AFTER_HEADER = 4 << 20  # what follows the header: gzip makes it ~4 KiB
+
+
+def _tar_header(name: bytes, size: int, kind: bytes, magic: bytes = b"ustar\x0000") -> bytes:
+    """One 512-byte tar header block (POSIX ustar layout), its checksum computed by hand."""
+    block = bytearray(512)
+    block[0 : len(name)] = name
+    block[100:108] = b"0000644\0"
+    block[108:116] = block[116:124] = b"0000000\0"
+    block[124:136] = b"%011o\0" % size
+    block[136:148] = b"%011o\0" % 0
+    block[148:156] = b" " * 8  # the checksum counts its own field as spaces
+    block[156:157] = kind
+    block[257:265] = magic
+    block[148:156] = b"%06o\0 " % sum(block)
+    return bytes(block)
+
+
+def _header_bomb(path: Path, name: bytes, kind: bytes, magic: bytes) -> Path:
+    path.write_bytes(
+        gzip.compress(_tar_header(name, CLAIMED_BYTES, kind, magic) + bytes(ZEROS_AFTER_HEADER))
+    )
+    return path
+
+
+def long_name_bomb(folder: Path) -> Path:
+    return _header_bomb(folder / "longname.tar.gz", b"././@LongLink", b"L", b"ustar  \0")
+
+
+def pax_bomb(folder: Path) -> Path:
+    return _header_bomb(folder / "pax.tar.gz", b"././@PaxHeader", b"x", b"ustar\x0000")
+
+
+def million_member_zip_claim(path: Path) -> Path:
+    """A zip64 end-of-central-directory record (with its locator and the classic record)
+    that claims 1,000,000 members; nothing else."""
+    record = struct.pack("<4sQ2H2L4Q", b"PK\x06\x06", 44, 45, 45, 0, 0, 10**6, 10**6, 46 * 10**6, 0)
+    locator = struct.pack("<4sLQL", b"PK\x06\x07", 0, 0, 1)
+    classic = struct.pack(
+        "<4s4H2LH", b"PK\x05\x06", 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0
+    )
+    path.write_bytes(record + locator + classic)
+    return path
+
+
+def real_million_member_zip(path: Path, members: int = 10**6) -> Path:
+    """A real zip of ``members`` empty stored files (~98 MB for a million; ~4.5 s to build
+    here), with a zip64 end record as zip writers make past 65,535 members."""
+    crc, local, central, offset = zlib.crc32(b""), [], [], 0
+    for i in range(members):
+        name = b"r%d.json" % i
+        header = struct.pack("<4s5H3L2H", b"PK\x03\x04", 20, 0, 0, 0, 0, crc, 0, 0, len(name), 0)
+        central.append(
+            struct.pack(
+                "<4s6H3L5H2L",
+                *(b"PK\x01\x02", 20, 20, 0, 0, 0, 0, crc, 0, 0, len(name), 0, 0, 0, 0, 0, offset),
+            )
+            + name
+        )
+        local.append(header + name)
+        offset += len(header) + len(name)
+    directory = b"".join(central)
+    record = struct.pack(
+        "<4sQ2H2L4Q",
+        *(b"PK\x06\x06", 44, 45, 45, 0, 0, members, members, len(directory), offset),
+    )
+    locator = struct.pack("<4sLQL", b"PK\x06\x07", 0, offset + len(directory), 1)
+    classic = struct.pack(
+        "<4s4H2LH", b"PK\x05\x06", 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0
+    )
+    path.write_bytes(b"".join(local) + directory + record + locator + classic)
+    return path
+
+
+def _patched_zip(path: Path, *, flag: int = 0, method: int | None = None) -> Path:
+    """A one-member zip whose local and central headers are patched: general-purpose flag
+    bits or'ed with ``flag`` (bit 0: encrypted), the compression method set to ``method``."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("rank0.json", b'{"traceEvents": []}')
+    data = bytearray(buffer.getvalue())
+    for signature, flag_at, method_at in ((b"PK\x03\x04", 6, 8), (b"PK\x01\x02", 8, 10)):
+        at = data.index(signature)
+        (flags,) = struct.unpack_from("<H", data, at + flag_at)
+        struct.pack_into("<H", data, at + flag_at, flags | flag)
+        if method is not None:
+            struct.pack_into("<H", data, at + method_at, method)
+    path.write_bytes(bytes(data))
+    return path
+
+
+ARCHIVE_VERDICTS = {
+    "longname.tar.gz": (
+        long_name_bomb,
+        "longname.tar.gz: member ././@LongLink: its GNU long-name header claims 1.5 GiB, "
+        "over the 64.0 KiB such a header may hold; refused",
+    ),
+    "pax.tar.gz": (
+        pax_bomb,
+        "pax.tar.gz: member ././@PaxHeader: its pax header claims 1.5 GiB, over the "
+        "64.0 KiB such a header may hold; refused",
+    ),
+    "million.zip": (
+        lambda folder: million_member_zip_claim(folder / "million.zip"),
+        "million.zip: holds more than 1024 members (1,000,000, its directory says); "
+        "upload fewer files",
+    ),
+    "encrypted.zip": (
+        lambda folder: _patched_zip(folder / "encrypted.zip", flag=0x1),
+        "encrypted.zip: member rank0.json: is encrypted (password-protected); upload it "
+        "unencrypted",
+    ),
+    "ppmd.zip": (
+        lambda folder: _patched_zip(folder / "ppmd.zip", method=98),
+        "ppmd.zip: member rank0.json: uses zip compression method 98, which cannot be read "
+        "here (use stored, deflate, bzip2, lzma)",
+    ),
+}
+
+
+def _rss(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(field)
+
+
+def _reset_peak_rss() -> None:
+    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM (Linux >= 4.0)
+
+
+@pytest.mark.parametrize("case", sorted(ARCHIVE_VERDICTS))
+def test_hostile_archives_are_refused_in_one_line_in_process(case: str, tmp_path: Path) -> None:
+    build, verdict = ARCHIVE_VERDICTS[case]
+    path = build(tmp_path)
+    with pytest.raises(InputError) as info, path.open("rb") as handle:
+        extract_traces(path.name, handle, tmp_path / "out", max_bytes=2**31)
+    assert str(info.value) == verdict
+
+
+def test_hostile_archives_through_the_upload_function_leave_the_server_flat(
+    shared_traces_dir: Path, tmp_path: Path
+) -> None:
+    # the function the Upload page calls, with its bounded child: the server only writes
+    # the files; the child unpacks them and says what is wrong in one line
+    uploads = {}
+    for case, (build, _) in ARCHIVE_VERDICTS.items():
+        uploads[case] = io.BytesIO(build(tmp_path).read_bytes())
+    small = shared_traces_dir / ALEXNET  # a first upload warms this process up
+    analyse_upload_set(
+        [(small.name, io.BytesIO(small.read_bytes()))],
+        analyze_upload_isolated,
+        store_root=tmp_path / "steps",
+    )
+    gc.collect()
+    before = _rss("VmRSS")
+    _reset_peak_rss()
+    for case, handle in uploads.items():
+        with pytest.raises(InputError) as info:
+            analyse_upload_set(
+                [(case, handle)],
+                analyze_upload_isolated,
+                temp_root=tmp_path,
+                store_root=tmp_path / "steps",
+            )
+        assert str(info.value) == ARCHIVE_VERDICTS[case][1]
+    peak = _rss("VmHWM")
+    assert peak - before < SERVER_GROWTH_BOUND_BYTES, (before, peak)
+
+
+@pytest.mark.slow
+def test_a_real_million_member_zip_is_refused_before_its_members_are_listed(
+    tmp_path: Path,
+) -> None:
+    path = real_million_member_zip(tmp_path / "many.zip")
+    gc.collect()
+    before = _rss("VmRSS")
+    _reset_peak_rss()
+    with pytest.raises(InputError) as info, path.open("rb") as handle:
+        extract_traces("many.zip", handle, tmp_path / "out")
+    peak = _rss("VmHWM")
+    assert str(info.value) == (
+        "many.zip: holds more than 1024 members (1,000,000, its directory says); upload fewer files"
+    )
+    assert peak - before < SERVER_GROWTH_BOUND_BYTES, (before, peak)  # before: +600 MB
+
+
+def test_hostile_archives_through_the_upload_page_are_one_line_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PIPELINE_DOCTOR_RUNS_DIR", str(tmp_path / "runs"))
+    for case in ("longname.tar.gz", "pax.tar.gz", "million.zip"):
+        build, verdict = ARCHIVE_VERDICTS[case]
+        data = build(tmp_path).read_bytes()
+        at = open_page("pages/4_Upload_trace.py")
+        at.file_uploader[0].set_value((case, data, "application/octet-stream"))
+        gc.collect()
+        before = _rss("VmRSS")
+        _reset_peak_rss()
+        at.run()
+        peak = _rss("VmHWM")
+        assert not at.exception
+        assert [shown(e.value) for e in at.error] == [verdict]
+        assert peak - before < SERVER_GROWTH_BOUND_BYTES, (case, before, peak)
+
+
+def test_a_real_archive_with_pax_and_long_name_headers_is_read(tmp_path: Path) -> None:
+    # what GNU tar and Python write for a path over 100 characters: the reader keeps it
+    long_dir = "job/" + "x" * 120
+    buffer = io.BytesIO()
+    for fmt in (tarfile.GNU_FORMAT, tarfile.PAX_FORMAT):
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w:gz", format=fmt) as archive:
+            for rank in range(2):
+                info = tarfile.TarInfo(f"{long_dir}/rank{rank}.json")
+                info.size = len(TRACE)
+                archive.addfile(info, io.BytesIO(TRACE))
+        buffer.seek(0)
+        written = extract_traces("job.tar.gz", buffer, tmp_path / str(fmt))
+        assert [name for name, _ in written] == [
+            f"job.tar.gz/{long_dir}/rank0.json",
+            f"job.tar.gz/{long_dir}/rank1.json",
+        ]
+        assert [path.read_bytes() for _, path in written] == [TRACE, TRACE]
