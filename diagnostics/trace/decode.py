@@ -61,6 +61,22 @@ _NOT_WS = re.compile(rb"[^ \t\r\n]")
 _CUT = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")
 _KEY = re.compile(rb'"traceEvents"[ \t\r\n]*:[ \t\r\n]*')
 _BYTE_POS = re.compile(r"\(byte (\d+)\)")
+_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"', re.DOTALL)
+_VALID_SO_FAR = re.compile(r"truncated|trailing characters")
+
+
+def _outside_strings(text: bytearray, end: int) -> bool:
+    """Whether position ``end`` of ``text`` (which starts between tokens) is outside every
+    JSON string."""
+    pos = 0
+    while True:
+        quote = text.find(b'"', pos, end)
+        if quote < 0:
+            return True
+        string = _STRING.match(text, quote)
+        if string is None or string.end() > end:
+            return False
+        pos = string.end()
 
 
 # Receives each decoded chunk: (non-flow rows in RAW_EVENT_SCHEMA, flow rows or None).
@@ -153,10 +169,16 @@ class _Chunker:
                 if not self.buf.startswith(b"\xef\xbb\xbf"):
                     break
                 continue
+            # whitespace only so far: dropped, so a file of padding costs one block, not
+            # its size (and one search per block, not one over all of it)
+            self.offset += len(self.buf)
+            del self.buf[:]
             if not self.more():
                 if self.total == 0:
                     raise InputError(self.display, "is empty")
-                raise InputError(self.display, "holds only whitespace, no JSON")
+                raise InputError(
+                    self.display, f"holds only whitespace ({self.total:,} bytes), no JSON value"
+                )
         first = self.buf[0]
         if first == ord("["):
             return "list"
@@ -235,10 +257,26 @@ class _Chunker:
                 if not self.more():
                     return
             if not self.decode_prefix():
-                if len(self.buf) > 4 * self.chunk_bytes + HEAD_LIMIT_BYTES:
+                self.squeeze_whitespace()
+                if len(self.buf) > self.stuck_bytes:
                     self.diagnose_stuck()
                 if not self.more():
                     return
+
+    @property
+    def stuck_bytes(self) -> int:
+        """Text held with no event boundary in it before the decode gives up."""
+        return 4 * self.chunk_bytes + HEAD_LIMIT_BYTES
+
+    def squeeze_whitespace(self) -> None:
+        """Drops a run of whitespace longer than a chunk at the buffer's end, between
+        tokens: 100 MB of padding inside the array is valid JSON, and holding it whole was
+        reported as "Input data was truncated"."""
+        if _NOT_WS.search(self.buf, max(0, len(self.buf) - self.chunk_bytes - 1)):
+            return  # no long run at the end (the common case: checked in one chunk)
+        keep = len(self.buf.rstrip(b" \t\r\n")) + 1
+        if _outside_strings(self.buf, keep):
+            del self.buf[keep:]
 
     def find_cut(self, end: int) -> int | None:
         """Position of the comma after the last complete-looking event before ``end``."""
@@ -317,8 +355,15 @@ class _Chunker:
         try:
             _RAW_LIST_DECODER.decode(text)
         except msgspec.DecodeError as exc:
-            raise self.invalid_json(str(exc)) from None
-        raise InputError(self.display, "has a single event larger than the chunk limit")
+            # still open (truncated) or closed with the document's rest after it (trailing
+            # characters): the text is valid so far, one event is just that large
+            if not _VALID_SO_FAR.search(str(exc)):
+                raise self.invalid_json(str(exc)) from None
+        raise InputError(
+            self.display,
+            f"has a single event larger than {self.stuck_bytes >> 20} MiB (from byte "
+            f"{self.offset}), the most one event may take",
+        )
 
     def tail(self, mode: str) -> dict[str, Any]:
         """Decodes what is left: the last events and the keys after the array."""

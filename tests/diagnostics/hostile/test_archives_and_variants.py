@@ -282,3 +282,41 @@ def test_a_real_archive_with_pax_and_long_name_headers_is_read(tmp_path: Path) -
             f"job.tar.gz/{long_dir}/rank1.json",
         ]
         assert [path.read_bytes() for _, path in written] == [TRACE, TRACE]
+
+
+# -- true reasons, not "Input data was truncated" -------------------------------------------
+
+
+def test_an_80_mib_event_is_named_as_one_event_over_the_limit(tmp_path: Path) -> None:
+    path = tmp_path / "huge-event.json.gz"
+    name = b"a" * (80 << 20)
+    path.write_bytes(
+        gzip.compress(b'{"traceEvents": [{"name": "' + name + b'", "ph": "X", "ts": 1}]}', 1)
+    )
+    with pytest.raises(InputError) as info:
+        load_trace_file(path)
+    # byte 16: where '[' of '{"traceEvents": [' is, counted by hand
+    assert str(info.value) == (
+        f"{path}: has a single event larger than 80 MiB (from byte 16), the most one event may take"
+    )
+
+
+def test_a_file_of_100_mb_of_whitespace_has_no_json_value(tmp_path: Path) -> None:
+    path = tmp_path / "blank.json.gz"
+    path.write_bytes(gzip.compress(b" \n" * 50_000_000, 1))
+    with pytest.raises(InputError) as info:
+        load_trace_file(path)
+    assert str(info.value) == f"{path}: holds only whitespace (100,000,000 bytes), no JSON value"
+
+
+def test_100_mb_of_whitespace_inside_a_real_trace_is_valid_json_and_read(
+    shared_traces_dir: Path, tmp_path: Path
+) -> None:
+    original = shared_traces_dir / ALEXNET
+    text = gzip.decompress(original.read_bytes())
+    start = text.index(b"[", text.index(b'"traceEvents"')) + 1
+    padded = tmp_path / "padded.json.gz"
+    padded.write_bytes(gzip.compress(text[:start] + b" " * 100_000_000 + text[start:], 1))
+    single, read = load_trace_file(original), load_trace_file(padded)
+    assert read.events.height == single.events.height > 800
+    assert_frame_equal(read.events, single.events)
