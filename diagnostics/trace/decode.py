@@ -34,6 +34,7 @@ import msgspec
 import polars as pl
 
 from diagnostics.errors import InputError
+from diagnostics.trace.begin_end import BeginEndPairs
 from diagnostics.trace.columns import (
     RAW_EVENT_SCHEMA,
     RAW_FLOW_SCHEMA,
@@ -134,6 +135,7 @@ class _Chunker:
         self.names: list[tuple[str, Any, Any, Any]] = []
         self.skipped: Counter[str] = Counter()
         self.clock = TsClock()
+        self.pairs = BeginEndPairs()
 
     # -- reading ---------------------------------------------------------------------
     def more(self) -> bool:
@@ -342,6 +344,7 @@ class _Chunker:
         return events
 
     def add(self, events: list[Event]) -> None:
+        events = self.pairs.pair(events)
         if not events:
             return
         frame, flows, names = columns(events, self.clock)
@@ -380,6 +383,12 @@ class _Chunker:
                 ) from None
             raise self.invalid_json(message, base) from None
         raw_events = parts.pop("traceEvents")
+        if bytes(raw_events) != text[15 : 15 + len(raw_events)]:
+            # a later "traceEvents" key replaced the list being read: half of the events
+            raise InputError(
+                self.display,
+                "has the top-level key traceEvents twice; refused rather than read in part",
+            )
         try:
             events = _EVENTS_DECODER.decode(raw_events)
         except msgspec.ValidationError:
@@ -422,6 +431,7 @@ def decode_trace(
             "not a Chrome trace",
         ) from None
     top.pop("traceEvents", None)
+    chunker.skipped.update(chunker.pairs.finish())
     return DecodedTrace(
         frame=pl.concat(frames, rechunk=False) if frames else pl.DataFrame(schema=RAW_EVENT_SCHEMA),
         flows=(

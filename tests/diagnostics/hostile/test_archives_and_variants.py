@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import gzip
 import io
+import json
 import struct
 import tarfile
 import zipfile
@@ -19,6 +20,7 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from app_ui.safe_text import shown
+from diagnostics.analyze import analyze
 from diagnostics.errors import InputError
 from diagnostics.isolated import analyze_upload_isolated
 from diagnostics.trace.loader import load_trace_file
@@ -320,3 +322,90 @@ def test_100_mb_of_whitespace_inside_a_real_trace_is_valid_json_and_read(
     single, read = load_trace_file(original), load_trace_file(padded)
     assert read.events.height == single.events.height > 800
     assert_frame_equal(read.events, single.events)
+
+
+# -- Chrome-trace variants ------------------------------------------------------------------
+
+DDP_RESNET = "hta_a100_ddp_resnet_rank0_of_2_nccl.json.gz"
+
+
+def _as_begin_end(events: list[dict]) -> list[dict]:
+    """Each X event as a B/E pair, all written in time order as a tracer would: at one
+    instant ends before begins, a nested range's end before its parent's, a longer range's
+    begin first (zero-length ranges begin before they end)."""
+    keyed = []
+    for event in events:
+        if event.get("ph") != "X" or "dur" not in event:
+            keyed.append(((event.get("ts", 0), 1, 0), event))
+            continue
+        begin = {key: value for key, value in event.items() if key != "dur"} | {"ph": "B"}
+        end_ts = event["ts"] + event["dur"]
+        end = {"ph": "E", "ts": end_ts, "pid": event.get("pid"), "tid": event.get("tid")}
+        keyed.append(((event["ts"], 1, -event["dur"]), begin))
+        keyed.append(((end_ts, 0 if event["dur"] > 0 else 2, -event["ts"]), end))
+    keyed.sort(key=lambda pair: pair[0])
+    return [event for _, event in keyed]
+
+
+def test_a_real_trace_written_as_begin_end_pairs_reads_as_the_original(
+    shared_traces_dir: Path, tmp_path: Path
+) -> None:
+    # before: 1 step, "no GPU activity", and a false "no ProfilerStep#N ranges" warning
+    original = shared_traces_dir / DDP_RESNET
+    doc = json.loads(gzip.decompress(original.read_bytes()))
+    doc["traceEvents"] = _as_begin_end(doc["traceEvents"])
+    doc["traceEvents"].append({"ph": "E", "ts": 1, "pid": 1, "tid": 1})  # nothing to end
+    paired = tmp_path / "begin-end.json.gz"
+    paired.write_bytes(gzip.compress(json.dumps(doc).encode(), 1))
+    want, got = analyze(str(original)), analyze(str(paired))
+    assert got.summary["steps"] == want.summary["steps"] == 3  # ProfilerStep#4-6
+    assert got.summary["step_time_ms"] == pytest.approx(want.summary["step_time_ms"])
+    assert got.summary["gpu_busy_us"] == pytest.approx(want.summary["gpu_busy_us"])
+    said = " ".join(got.warnings + got.notes)
+    assert "no ProfilerStep" not in said
+    assert "skipped 1 of " in said
+    assert "an 'E' (end) event with no open 'B' on its thread" in said
+
+
+def test_phase_letters_in_the_other_case_are_read(shared_traces_dir: Path, tmp_path: Path) -> None:
+    original = shared_traces_dir / ALEXNET
+    doc = json.loads(gzip.decompress(original.read_bytes()))
+    for event in doc["traceEvents"]:
+        event["ph"] = {"X": "x", "i": "I", "M": "m"}.get(event.get("ph"), event.get("ph"))
+    odd = tmp_path / "odd-case.json"
+    odd.write_text(json.dumps(doc))
+    want, got = load_trace_file(original), load_trace_file(odd)
+    assert_frame_equal(got.events, want.events)
+
+
+def test_a_bare_event_array_reads_as_the_object_form(shared_traces_dir: Path, tmp_path: Path):
+    original = shared_traces_dir / ALEXNET
+    events = json.loads(gzip.decompress(original.read_bytes()))["traceEvents"]
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps(events))
+    assert_frame_equal(load_trace_file(bare).events, load_trace_file(original).events)
+
+
+def test_a_duplicate_trace_events_key_is_refused_not_half_read(
+    shared_traces_dir: Path, tmp_path: Path
+) -> None:
+    # before: the second list silently replaced the first (334 of 870 events read)
+    doc = json.loads(gzip.decompress((shared_traces_dir / ALEXNET).read_bytes()))
+    events = doc.pop("traceEvents")
+    half = len(events) // 2
+    text = (
+        '{"traceEvents": '
+        + json.dumps(events[:half])
+        + ", "
+        + json.dumps(doc)[1:-1]
+        + ', "traceEvents": '
+        + json.dumps(events[half:])
+        + "}"
+    )
+    path = tmp_path / "twice.json"
+    path.write_text(text)
+    with pytest.raises(InputError) as info:
+        load_trace_file(path)
+    assert str(info.value) == (
+        f"{path}: has the top-level key traceEvents twice; refused rather than read in part"
+    )
