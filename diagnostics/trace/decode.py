@@ -120,6 +120,13 @@ def _reason(message: str) -> str:
     return f"{match['at']} is {match['got']}, expected {want}"
 
 
+class _ArrayEnded(Exception):
+    """The events array closed inside a chunk, before byte ``at`` of the buffer."""
+
+    def __init__(self, at: int):
+        self.at = at
+
+
 class _Chunker:
     """Holds the undecoded text and turns complete events into column frames."""
 
@@ -136,6 +143,7 @@ class _Chunker:
         self.skipped: Counter[str] = Counter()
         self.clock = TsClock()
         self.pairs = BeginEndPairs()
+        self.array_done = False  # the events array has ended; the rest is for tail()
 
     # -- reading ---------------------------------------------------------------------
     def more(self) -> bool:
@@ -254,11 +262,11 @@ class _Chunker:
     # -- the events ----------------------------------------------------------------------
     def body(self) -> None:
         """Decodes complete events chunk by chunk while more text keeps arriving."""
-        while True:
+        while not self.array_done:
             while len(self.buf) < self.chunk_bytes:
                 if not self.more():
                     return
-            if not self.decode_prefix():
+            if not self.decode_prefix() and not self.array_done:
                 self.squeeze_whitespace()
                 if len(self.buf) > self.stuck_bytes:
                     self.diagnose_stuck()
@@ -299,7 +307,12 @@ class _Chunker:
             cut = self.find_cut(end)
             if cut is None:
                 return False
-            if self.decode_until(cut):
+            try:
+                decoded = self.decode_until(cut)
+            except _ArrayEnded as ended:
+                self.end_array(ended.at)
+                return True
+            if decoded:
                 self.buf[cut] = ord("[")  # the rest becomes a JSON array again
                 self.offset += cut
                 del self.buf[:cut]
@@ -319,6 +332,11 @@ class _Chunker:
             # a failure before the cut is a real syntax error in the file.
             position = _BYTE_POS.search(str(exc))
             if position is not None and int(position.group(1)) < cut:
+                if "trailing characters" in str(exc):
+                    # the events array closed before the cut: what follows is the rest of
+                    # the document (its other keys), not events
+                    # (msgspec reports the byte after the first trailing one)
+                    raise _ArrayEnded(int(position.group(1)) - 1) from None
                 raise self.invalid_json(str(exc)) from None
             return False
         finally:
@@ -368,10 +386,41 @@ class _Chunker:
             f"{self.offset}), the most one event may take",
         )
 
+    def twice(self) -> InputError:
+        return InputError(
+            self.display,
+            "has the top-level key traceEvents twice; refused rather than read in part",
+        )
+
+    def end_array(self, at: int) -> None:
+        """The events array ends before ``at``: its last events are decoded, and the
+        buffer keeps what follows it for :meth:`tail`."""
+        text = bytes(self.buf[:at])
+        try:
+            events = _EVENTS_DECODER.decode(text)
+        except msgspec.ValidationError:
+            events = self.decode_one_by_one(_RAW_LIST_DECODER.decode(text))
+        self.add(events)
+        self.offset += at
+        del self.buf[:at]
+        self.array_done = True
+
     def tail(self, mode: str) -> dict[str, Any]:
         """Decodes what is left: the last events and the keys after the array."""
-        base = self.offset - len(b'{"traceEvents":')
-        text = b'{"traceEvents":' + bytes(self.buf) + (b"}" if mode == "list" else b"")
+        opening = b'{"traceEvents":'
+        if self.array_done:  # the buffer starts after the array: read the rest, bounded
+            opening = b'{"traceEvents":[]'
+            while self.more():
+                if len(self.buf) > HEAD_LIMIT_BYTES:
+                    if b'"traceEvents"' in self.buf:
+                        raise self.twice()
+                    raise InputError(
+                        self.display,
+                        f"has more than {HEAD_LIMIT_BYTES >> 20} MiB after its traceEvents; "
+                        "is it a Chrome trace?",
+                    )
+        base = self.offset - len(opening)
+        text = opening + bytes(self.buf) + (b"}" if mode == "list" else b"")
         self.buf = bytearray()
         try:
             parts = _RAW_DICT_DECODER.decode(text)
@@ -384,11 +433,7 @@ class _Chunker:
             raise self.invalid_json(message, base) from None
         raw_events = parts.pop("traceEvents")
         if bytes(raw_events) != text[15 : 15 + len(raw_events)]:
-            # a later "traceEvents" key replaced the list being read: half of the events
-            raise InputError(
-                self.display,
-                "has the top-level key traceEvents twice; refused rather than read in part",
-            )
+            raise self.twice()  # a later key replaced the list being read: half the events
         try:
             events = _EVENTS_DECODER.decode(raw_events)
         except msgspec.ValidationError:

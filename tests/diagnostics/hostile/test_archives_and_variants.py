@@ -409,3 +409,46 @@ def test_a_duplicate_trace_events_key_is_refused_not_half_read(
     assert str(info.value) == (
         f"{path}: has the top-level key traceEvents twice; refused rather than read in part"
     )
+
+
+def _qwen_parts(folder: Path) -> tuple[list[dict], dict]:
+    doc = json.loads(gzip.decompress((folder / QWEN_H100).read_bytes()))
+    return doc.pop("traceEvents"), doc
+
+
+def test_a_duplicate_trace_events_key_past_the_first_chunk_is_refused_by_name(
+    shared_traces_dir: Path, tmp_path: Path
+) -> None:
+    # the chunked path (14.5k events, ~8 MB): before, "is not valid JSON: trailing
+    # characters (byte 2911525)", a false reason for a valid document
+    events, rest = _qwen_parts(shared_traces_dir)
+    half = len(events) // 2
+    path = tmp_path / "twice.json"
+    path.write_text(
+        '{"traceEvents": '
+        + json.dumps(events[:half])
+        + ', "traceEvents": '
+        + json.dumps(events[half:])
+        + ", "
+        + json.dumps(rest)[1:]
+    )
+    with pytest.raises(InputError) as info:
+        load_trace_file(path)
+    assert str(info.value) == (
+        f"{path}: has the top-level key traceEvents twice; refused rather than read in part"
+    )
+
+
+def test_megabytes_of_keys_after_the_events_are_read(shared_traces_dir: Path, tmp_path: Path):
+    # 8 devices and ~6 MB of other metadata after traceEvents, with "}, {" in them where
+    # the chunker looks for event boundaries; before: "is not valid JSON: trailing
+    # characters (byte 5422846)"
+    events, rest = _qwen_parts(shared_traces_dir)
+    rest["deviceProperties"] = [{"id": i, "name": "NVIDIA H100"} for i in range(8)]
+    rest["harness"] = [{"sample": i} for i in range(600_000)]
+    path = tmp_path / "trailer.json"
+    path.write_text('{"traceEvents": ' + json.dumps(events) + ", " + json.dumps(rest)[1:])
+    read = load_trace_file(path)
+    want = load_trace_file(shared_traces_dir / QWEN_H100)
+    assert_frame_equal(read.events, want.events)
+    assert [p["id"] for p in read.metadata.device_properties] == list(range(8))
