@@ -452,3 +452,26 @@ def test_megabytes_of_keys_after_the_events_are_read(shared_traces_dir: Path, tm
     want = load_trace_file(shared_traces_dir / QWEN_H100)
     assert_frame_equal(read.events, want.events)
     assert [p["id"] for p in read.metadata.device_properties] == list(range(8))
+
+
+def test_nested_begin_end_pairs_by_hand(tmp_path: Path) -> None:
+    # thread 1: a [0, 10] holds b [2, 5]; an E on thread 2 ends nothing; c never ends
+    events = [
+        {"ph": "B", "name": "a", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 0},
+        {"ph": "B", "name": "b", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 2},
+        {"ph": "E", "pid": 1, "tid": 2, "ts": 3},
+        {"ph": "E", "pid": 1, "tid": 1, "ts": 5},
+        {"ph": "B", "name": "c", "cat": "cpu_op", "pid": 1, "tid": 2, "ts": 6},
+        {"ph": "E", "pid": 1, "tid": 1, "ts": 10},
+    ]
+    path = tmp_path / "nested.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    trace = load_trace_file(path)
+    ranges = trace.events.select("name", "ts", "dur").sort("ts").rows()
+    assert ranges == [("a", 0.0, 10.0), ("b", 2.0, 3.0)]
+    assert any(
+        "skipped 2 of " in note
+        and "an 'E' (end) event with no open 'B' on its thread" in note
+        and "a 'B' (begin) event never ended on its thread" in note
+        for note in trace.metadata.warnings
+    ), trace.metadata.warnings
