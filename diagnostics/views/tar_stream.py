@@ -61,7 +61,10 @@ def _number(field: bytes) -> int:
 
 
 def _checksum_ok(block: bytes) -> bool:
-    stored = _number(block[148:156])
+    try:
+        stored = _number(block[148:156])
+    except ValueError:
+        return False
     unsigned = sum(block[:148]) + 8 * 32 + sum(block[156:])
     signed = unsigned - 2 * sum(b for b in block[:148] + block[156:] if b > 127)
     return stored in (unsigned, signed)
