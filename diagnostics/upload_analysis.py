@@ -6,7 +6,8 @@ it was recorded). Files that disagree are not merged as ranks silently: without 
 the answer is the question (``UploadSet.mismatches``), and no analysis runs.
 
 ``analyse_upload_files`` runs inside the bounded child (diagnostics.isolated), so no trace
-is ever loaded in the server: it reads one file at a time for its identity row and its
+is ever loaded, and no archive unpacked, in the server: it unpacks the upload's archives
+beside them (diagnostics.views.archives), then reads one file at a time for its identity row and its
 drill-down tables, writes that file's event table to the upload's ``store`` folder
 (diagnostics.drilldown.stored), drops it, and only then runs the chosen analysis. What it
 returns is small: tables, findings, and paths into ``store``.
@@ -24,6 +25,7 @@ import polars as pl
 
 from diagnostics.analyze import analyze_files
 from diagnostics.drilldown import DrillDown, build_drilldown
+from diagnostics.errors import InputError
 from diagnostics.trace.budget import Budget, Limits
 from diagnostics.trace.loader import load_trace_file
 from diagnostics.trace.schema import LoadedTrace
@@ -211,10 +213,21 @@ def analyse_upload_files(
 ) -> UploadSet:
     """The upload's identities, and unless the files disagree with no ``mode`` given, its
     analysis (one for all files as ranks, or one per file) with a drill-down per file whose
-    event table is under ``store``. Raises InputError; budgets hold for all files together.
+    event table is under ``store``. Archives among ``paths`` (by their display names) are
+    unpacked first, into folders beside them. Raises InputError; budgets hold for all files
+    together.
     """
+    from diagnostics.views.archives import unpack_archives
+    from diagnostics.views.uploads import MAX_UPLOAD_FILES
+
     limits = limits or Limits.from_env()
-    names = list(display_names)
+    names, paths = unpack_archives(
+        [Path(p) for p in paths], list(display_names), limits.max_decompressed_bytes
+    )
+    if len(paths) > MAX_UPLOAD_FILES:
+        raise InputError(
+            f"{len(paths)} files", f"too many at once; upload at most {MAX_UPLOAD_FILES}"
+        )
     budget = Budget(limits)
     rows, drills = [], []
     for i, (path, name) in enumerate(zip(paths, names, strict=True)):

@@ -34,6 +34,7 @@ import msgspec
 import polars as pl
 
 from diagnostics.errors import InputError
+from diagnostics.trace.begin_end import BeginEndPairs
 from diagnostics.trace.columns import (
     RAW_EVENT_SCHEMA,
     RAW_FLOW_SCHEMA,
@@ -61,6 +62,22 @@ _NOT_WS = re.compile(rb"[^ \t\r\n]")
 _CUT = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")
 _KEY = re.compile(rb'"traceEvents"[ \t\r\n]*:[ \t\r\n]*')
 _BYTE_POS = re.compile(r"\(byte (\d+)\)")
+_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"', re.DOTALL)
+_VALID_SO_FAR = re.compile(r"truncated|trailing characters")
+
+
+def _outside_strings(text: bytearray, end: int) -> bool:
+    """Whether position ``end`` of ``text`` (which starts between tokens) is outside every
+    JSON string."""
+    pos = 0
+    while True:
+        quote = text.find(b'"', pos, end)
+        if quote < 0:
+            return True
+        string = _STRING.match(text, quote)
+        if string is None or string.end() > end:
+            return False
+        pos = string.end()
 
 
 # Receives each decoded chunk: (non-flow rows in RAW_EVENT_SCHEMA, flow rows or None).
@@ -103,6 +120,13 @@ def _reason(message: str) -> str:
     return f"{match['at']} is {match['got']}, expected {want}"
 
 
+class _ArrayEnded(Exception):
+    """The events array closed inside a chunk, before byte ``at`` of the buffer."""
+
+    def __init__(self, at: int):
+        self.at = at
+
+
 class _Chunker:
     """Holds the undecoded text and turns complete events into column frames."""
 
@@ -118,6 +142,8 @@ class _Chunker:
         self.names: list[tuple[str, Any, Any, Any]] = []
         self.skipped: Counter[str] = Counter()
         self.clock = TsClock()
+        self.pairs = BeginEndPairs()
+        self.array_done = False  # the events array has ended; the rest is for tail()
 
     # -- reading ---------------------------------------------------------------------
     def more(self) -> bool:
@@ -153,10 +179,16 @@ class _Chunker:
                 if not self.buf.startswith(b"\xef\xbb\xbf"):
                     break
                 continue
+            # whitespace only so far: dropped, so a file of padding costs one block, not
+            # its size (and one search per block, not one over all of it)
+            self.offset += len(self.buf)
+            del self.buf[:]
             if not self.more():
                 if self.total == 0:
                     raise InputError(self.display, "is empty")
-                raise InputError(self.display, "holds only whitespace, no JSON")
+                raise InputError(
+                    self.display, f"holds only whitespace ({self.total:,} bytes), no JSON value"
+                )
         first = self.buf[0]
         if first == ord("["):
             return "list"
@@ -230,15 +262,31 @@ class _Chunker:
     # -- the events ----------------------------------------------------------------------
     def body(self) -> None:
         """Decodes complete events chunk by chunk while more text keeps arriving."""
-        while True:
+        while not self.array_done:
             while len(self.buf) < self.chunk_bytes:
                 if not self.more():
                     return
-            if not self.decode_prefix():
-                if len(self.buf) > 4 * self.chunk_bytes + HEAD_LIMIT_BYTES:
+            if not self.decode_prefix() and not self.array_done:
+                self.squeeze_whitespace()
+                if len(self.buf) > self.stuck_bytes:
                     self.diagnose_stuck()
                 if not self.more():
                     return
+
+    @property
+    def stuck_bytes(self) -> int:
+        """Text held with no event boundary in it before the decode gives up."""
+        return 4 * self.chunk_bytes + HEAD_LIMIT_BYTES
+
+    def squeeze_whitespace(self) -> None:
+        """Drops a run of whitespace longer than a chunk at the buffer's end, between
+        tokens: 100 MB of padding inside the array is valid JSON, and holding it whole was
+        reported as "Input data was truncated"."""
+        if _NOT_WS.search(self.buf, max(0, len(self.buf) - self.chunk_bytes - 1)):
+            return  # no long run at the end (the common case: checked in one chunk)
+        keep = len(self.buf.rstrip(b" \t\r\n")) + 1
+        if _outside_strings(self.buf, keep):
+            del self.buf[keep:]
 
     def find_cut(self, end: int) -> int | None:
         """Position of the comma after the last complete-looking event before ``end``."""
@@ -259,7 +307,12 @@ class _Chunker:
             cut = self.find_cut(end)
             if cut is None:
                 return False
-            if self.decode_until(cut):
+            try:
+                decoded = self.decode_until(cut)
+            except _ArrayEnded as ended:
+                self.end_array(ended.at)
+                return True
+            if decoded:
                 self.buf[cut] = ord("[")  # the rest becomes a JSON array again
                 self.offset += cut
                 del self.buf[:cut]
@@ -279,6 +332,11 @@ class _Chunker:
             # a failure before the cut is a real syntax error in the file.
             position = _BYTE_POS.search(str(exc))
             if position is not None and int(position.group(1)) < cut:
+                if "trailing characters" in str(exc):
+                    # the events array closed before the cut: what follows is the rest of
+                    # the document (its other keys), not events
+                    # (msgspec reports the byte after the first trailing one)
+                    raise _ArrayEnded(int(position.group(1)) - 1) from None
                 raise self.invalid_json(str(exc)) from None
             return False
         finally:
@@ -304,6 +362,7 @@ class _Chunker:
         return events
 
     def add(self, events: list[Event]) -> None:
+        events = self.pairs.pair(events)
         if not events:
             return
         frame, flows, names = columns(events, self.clock)
@@ -317,13 +376,51 @@ class _Chunker:
         try:
             _RAW_LIST_DECODER.decode(text)
         except msgspec.DecodeError as exc:
-            raise self.invalid_json(str(exc)) from None
-        raise InputError(self.display, "has a single event larger than the chunk limit")
+            # still open (truncated) or closed with the document's rest after it (trailing
+            # characters): the text is valid so far, one event is just that large
+            if not _VALID_SO_FAR.search(str(exc)):
+                raise self.invalid_json(str(exc)) from None
+        raise InputError(
+            self.display,
+            f"has a single event larger than {self.stuck_bytes >> 20} MiB (from byte "
+            f"{self.offset}), the most one event may take",
+        )
+
+    def twice(self) -> InputError:
+        return InputError(
+            self.display,
+            "has the top-level key traceEvents twice; refused rather than read in part",
+        )
+
+    def end_array(self, at: int) -> None:
+        """The events array ends before ``at``: its last events are decoded, and the
+        buffer keeps what follows it for :meth:`tail`."""
+        text = bytes(self.buf[:at])
+        try:
+            events = _EVENTS_DECODER.decode(text)
+        except msgspec.ValidationError:
+            events = self.decode_one_by_one(_RAW_LIST_DECODER.decode(text))
+        self.add(events)
+        self.offset += at
+        del self.buf[:at]
+        self.array_done = True
 
     def tail(self, mode: str) -> dict[str, Any]:
         """Decodes what is left: the last events and the keys after the array."""
-        base = self.offset - len(b'{"traceEvents":')
-        text = b'{"traceEvents":' + bytes(self.buf) + (b"}" if mode == "list" else b"")
+        opening = b'{"traceEvents":'
+        if self.array_done:  # the buffer starts after the array: read the rest, bounded
+            opening = b'{"traceEvents":[]'
+            while self.more():
+                if len(self.buf) > HEAD_LIMIT_BYTES:
+                    if b'"traceEvents"' in self.buf:
+                        raise self.twice()
+                    raise InputError(
+                        self.display,
+                        f"has more than {HEAD_LIMIT_BYTES >> 20} MiB after its traceEvents; "
+                        "is it a Chrome trace?",
+                    )
+        base = self.offset - len(opening)
+        text = opening + bytes(self.buf) + (b"}" if mode == "list" else b"")
         self.buf = bytearray()
         try:
             parts = _RAW_DICT_DECODER.decode(text)
@@ -335,6 +432,8 @@ class _Chunker:
                 ) from None
             raise self.invalid_json(message, base) from None
         raw_events = parts.pop("traceEvents")
+        if bytes(raw_events) != text[15 : 15 + len(raw_events)]:
+            raise self.twice()  # a later key replaced the list being read: half the events
         try:
             events = _EVENTS_DECODER.decode(raw_events)
         except msgspec.ValidationError:
@@ -377,6 +476,7 @@ def decode_trace(
             "not a Chrome trace",
         ) from None
     top.pop("traceEvents", None)
+    chunker.skipped.update(chunker.pairs.finish())
     return DecodedTrace(
         frame=pl.concat(frames, rechunk=False) if frames else pl.DataFrame(schema=RAW_EVENT_SCHEMA),
         flows=(

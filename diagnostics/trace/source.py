@@ -108,7 +108,10 @@ def _gunzip(handle, display: str, budget: Budget, block_bytes: int) -> Iterator[
             budget.take_bytes(len(out), display, compressed=True)
             yield out
         if inflater.eof:
-            rest = inflater.unused_data + pending
+            # what follows the member is unused_data alone: Python 3.11 leaves the same
+            # bytes in unconsumed_tail too, and feeding both inflated the next member twice
+            rest = inflater.unused_data
+            pending = b""
             if not rest:
                 rest = _read(handle, display, _READ_BYTES)
             if not rest:

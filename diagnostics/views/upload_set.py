@@ -1,7 +1,7 @@
 """Several uploaded traces: are they ranks of one job? Ask before merging them.
 
 The server only writes the upload to a private temporary folder (always removed) and hands
-the paths to a bounded child (diagnostics.isolated.analyze_upload_isolated, which runs
+the paths to a bounded child, which unpacks any archives there (diagnostics.isolated.analyze_upload_isolated, which runs
 diagnostics.upload_analysis): no trace is loaded in the server. Files that disagree are
 not merged as ranks silently: ``analyse_upload_set`` returns the question
 (``UploadSet.mismatches``) until the user chooses "ranks" or "separate".
@@ -45,7 +45,7 @@ from diagnostics.views.archives import (
     is_archive_name,
 )
 from diagnostics.views.ranks import RANK_TABLE_LABELS
-from diagnostics.views.uploads import MAX_UPLOAD_FILES, write_inputs
+from diagnostics.views.uploads import MAX_UPLOAD_FILES, write_uploads
 
 __all__ = [
     "ACCEPTED_EXTENSIONS",
@@ -166,14 +166,6 @@ def prune_stores(root: Path, *, keep: int = MAX_STORES, max_age_s: float = MAX_S
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _write_inputs(
-    files: Sequence[tuple[str, BinaryIO]], folder: Path, limits: Limits
-) -> tuple[list[str], list[Path]]:
-    names, paths = write_inputs(files, folder, limits.max_decompressed_bytes)
-    check_names(names)  # the count again, now with the archives' members
-    return names, paths
-
-
 def analyse_upload_set(
     files: Sequence[tuple[str, BinaryIO]],
     analyse: Callable[..., UploadSet],
@@ -181,9 +173,9 @@ def analyse_upload_set(
     temp_root: str | Path | None = None,
     store_root: str | Path | None = None,
 ) -> UploadSet:
-    """Writes the upload to a private temporary folder (always removed), unpacks its
-    archives within the input's byte budget, and has ``analyse`` identify the files and
-    analyse them as ranks of one job or one by one.
+    """Writes the upload to a private temporary folder (always removed) and has
+    ``analyse`` unpack its archives within the input's byte budget, identify the files and
+    analyse them as ranks of one job or one by one. Nothing is unpacked or loaded here.
 
     One file, or files that agree, are analysed as ranks straight away; files that disagree
     wait for ``mode`` (nothing is analysed meanwhile). ``analyse`` is
@@ -193,7 +185,7 @@ def analyse_upload_set(
     """
     check_names([name for name, _ in files])
     try:
-        limits = Limits.from_env()
+        Limits.from_env()  # a misconfigured limit is one line before anything is written
     except ValueError as exc:
         raise InputError("server configuration", str(exc)) from None
     root = Path(store_root) if store_root is not None else step_store_root()
@@ -203,7 +195,8 @@ def analyse_upload_set(
     folder = Path(tempfile.mkdtemp(prefix="pipeline-doctor-upload-", dir=temp_root))
     done: UploadSet | None = None
     try:
-        names, paths = _write_inputs(files, folder, limits)
+        paths = write_uploads(files, folder)
+        names = [name for name, _ in files]
         done = analyse(paths, display_names=names, mode=mode, store=store)
         return done
     finally:

@@ -90,21 +90,15 @@ def upload_limits_text(environ: dict[str, str] | None = None) -> str:
 def write_inputs(
     files: Sequence[tuple[str, BinaryIO]], folder: Path, max_unpacked_bytes: int
 ) -> tuple[list[str], list[Path]]:
-    """The uploaded files written into ``folder`` and their archives unpacked beside them:
-    (the names the user sees, the paths). All archives of the upload draw on one byte
-    budget, ``max_unpacked_bytes`` (the input's decompressed-byte limit)."""
-    from diagnostics.views.archives import ArchiveBudget, extract_traces, is_archive_name
+    """The uploaded files written into ``folder`` and their archives unpacked beside them,
+    in this process: (the names the user sees, the paths). All archives of the upload draw
+    on one byte budget, ``max_unpacked_bytes`` (the input's decompressed-byte limit). The
+    Upload page instead writes the files only and has its bounded child unpack them
+    (diagnostics.upload_analysis)."""
+    from diagnostics.views.archives import unpack_archives
 
-    plain = [(n, h) for n, h in files if not is_archive_name(n)]
-    paths = write_uploads(plain, folder)
-    names = [name for name, _ in plain]
-    budget = ArchiveBudget(max_unpacked_bytes)
-    archives = [(n, h) for n, h in files if is_archive_name(n)]
-    for i, (name, handle) in enumerate(archives):
-        for shown, path in extract_traces(name, handle, folder / f"archive-{i}", budget=budget):
-            names.append(shown)
-            paths.append(path)
-    return names, paths
+    names = [name for name, _ in files]
+    return unpack_archives(write_uploads(files, folder), names, max_unpacked_bytes)
 
 
 def analyse_uploads(

@@ -171,8 +171,11 @@ def test_phases_the_table_does_not_hold_are_ignored_with_a_note(tmp_path):
         {"ph": "C", "name": "mem", "pid": 1, "ts": 3, "args": {"v": 1}},
     ]
     trace = load_trace_file(write_json(tmp_path / "t.json", events))
-    assert trace.events.height == 1
-    assert any("1 'B', 1 'C', 1 'E'" in note for note in trace.metadata.notes)
+    # the B/E pair is one range now (diagnostics.trace.begin_end); only the counter is left
+    assert trace.events.height == 2
+    assert any(
+        "ignored events of phases" in note and "(1 'C')" in note for note in trace.metadata.notes
+    )
 
 
 def test_rank_from_distributed_info_then_file_name_then_zero(tmp_path):
