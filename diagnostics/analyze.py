@@ -215,6 +215,8 @@ def analyze_loaded(
     if facts is not None:
         warnings.extend(w for w in facts.warnings if w not in warnings)
     warnings.extend(f"rule {e.rule} failed and was skipped: {e.reason}" for e in outcome.errors)
+    if loaded.run is not None:  # after the rules: they read the run's records too
+        warnings.extend(w for w in loaded.run.folder.record_warnings() if w not in warnings)
     summary = summarise(loaded, facts, rank_facts, inputs.metrics, match)
     if rank_metadata:
         summary["events"] = sum(m.event_count for m in rank_metadata)

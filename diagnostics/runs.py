@@ -36,10 +36,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import socket
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -316,6 +318,37 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+def _fits(value: Any, dtype: pl.DataType) -> bool:
+    """A JSON value of the column's type (null always fits; bool is no number here)."""
+    if value is None:
+        return True
+    if dtype == pl.Int64:
+        return type(value) is int and -(2**63) <= value < 2**63
+    if dtype == pl.Float64:
+        return type(value) in (int, float) and math.isfinite(value)
+    if dtype == pl.Boolean:
+        return type(value) is bool
+    if dtype == pl.String:
+        return type(value) is str
+    return True
+
+
+def _typed_records(
+    records: list[dict[str, Any]], schema: dict[str, pl.DataType]
+) -> tuple[list[dict[str, Any]], Counter[str]]:
+    """The records whose every field has its column's type, and the fields that did not
+    (a record with one wrong field is left out whole: its other numbers are suspect too)."""
+    kept: list[dict[str, Any]] = []
+    wrong: Counter[str] = Counter()
+    for record in records:
+        bad = [name for name, dtype in schema.items() if not _fits(record.get(name), dtype)]
+        if bad:
+            wrong.update(bad)
+        else:
+            kept.append(record)
+    return kept, wrong
+
+
 def _frame(records: list[dict[str, Any]], schema: dict[str, pl.DataType]) -> pl.DataFrame:
     columns = {name: [rec.get(name) for rec in records] for name in schema}
     return pl.DataFrame(columns, schema=schema, strict=False)
@@ -338,6 +371,12 @@ class RunFolder:
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
+        # records left out as read (wrong types, no step number): file -> one warning
+        self._left_out: dict[str, str] = {}
+
+    def record_warnings(self) -> tuple[str, ...]:
+        """Why records read so far were left out, one line per file (empty: none were)."""
+        return tuple(self._left_out.values())
 
     def __repr__(self) -> str:
         return f"RunFolder({str(self.path)!r})"
@@ -464,12 +503,33 @@ class RunFolder:
             except Exception as exc:  # a parquet cut short by a crash: fall back to lines
                 if not (self.path / lines).exists():
                     raise RunFolderError(f"{parquet_path}: unreadable ({exc})") from None
-                frame = _frame(_read_lines(self.path / lines), schema)
+                frame = self._checked_lines(lines, schema, key)
         else:
-            frame = _frame(_read_lines(self.path / lines), schema)
+            frame = self._checked_lines(lines, schema, key)
         if key is not None and frame.height:
             frame = frame.unique(subset=key, keep="last", maintain_order=True).sort(key)
         return frame
+
+    def _checked_lines(
+        self, lines: str, schema: dict[str, pl.DataType], key: str | None
+    ) -> pl.DataFrame:
+        """A .jsonl file's records as a frame; records with a field of the wrong type, or
+        without the key, are left out and said (``record_warnings``), so the order and the
+        statistics come from valid records only."""
+        records = _read_lines(self.path / lines)
+        kept, wrong = _typed_records(records, schema)
+        if key is not None:
+            keyed = [r for r in kept if r.get(key) is not None]
+            if len(keyed) < len(kept):
+                wrong[f"no {key}"] += len(kept) - len(keyed)
+            kept = keyed
+        if wrong:
+            fields = ", ".join(f"{name} ({n})" for name, n in wrong.most_common(5))
+            self._left_out[lines] = (
+                f"{self.path / lines}: left out {len(records) - len(kept)} of {len(records)} "
+                f"records with a field of the wrong type or missing: {fields}"
+            )
+        return _frame(kept, schema)
 
     @property
     def trace_dir(self) -> Path:

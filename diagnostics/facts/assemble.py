@@ -67,6 +67,13 @@ def _parts_warnings(parts: TraceParts, index: TraceIndex) -> list[str]:
             "(no matching correlation id) although the recording was running: they count in "
             "GPU busy time but not in step ends, device time per operator or launch statistics"
         )
+    if parts.shared_id_calls:
+        out.append(
+            f"{parts.shared_id_calls} runtime calls share {parts.shared_ids} correlation id(s) "
+            "with another call: each id links its GPU events to the first call only, so "
+            f"{parts.shared_id_gpu_events} GPU event(s) may be counted in the wrong step or "
+            "operator, and the other calls' own GPU events are left unlinked"
+        )
     before = parts.gpu_before_recording
     if before > UNLINKED_WARN_SHARE * total:
         out.append(

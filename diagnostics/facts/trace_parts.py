@@ -45,6 +45,11 @@ class TraceParts:
     gpu_steps: int  # ProfilerStep#N ranges on the GPU timeline (gpu_user_annotation)
     gpu_linked: int  # GPU events linked to their launching call (correlation)
     gpu_before_recording: int  # unlinked, with a correlation id below every call's
+    # runtime calls whose correlation id another call of the same kind also has (a trace
+    # written wrong: only the first links), and the GPU events behind those ids
+    shared_id_calls: int
+    shared_ids: int
+    shared_id_gpu_events: int
     graph_kernels: int  # kernels launched by a CUDA graph replay
     graph_kernel_us: float
     kernel_us: float  # all kernel time, for the graph share
@@ -133,6 +138,8 @@ class TraceParts:
             "gpu_linked": self.gpu_linked,
             "gpu_before_recording": self.gpu_before_recording,
             "gpu_unlinked_in_recording": self.gpu_unlinked_in_recording,
+            "shared_id_calls": self.shared_id_calls,
+            "shared_id_gpu_events": self.shared_id_gpu_events,
             "graph_kernels": self.graph_kernels,
             "graph_kernel_share_pct": self.graph_kernel_share_pct,
             "lacks": [{"part": lack.part, "figures": lack.figures} for lack in self.lacks()],
@@ -163,6 +170,15 @@ def trace_parts(events: pl.DataFrame, index: TraceIndex) -> TraceParts:
     before = (
         unlinked.filter(pl.col("correlation") < first_call).height if first_call is not None else 0
     )
+    shared = (
+        runtime.filter(pl.col("correlation").is_not_null())
+        .group_by("cat", "correlation")
+        .len()
+        .filter(pl.col("len") > 1)
+        if runtime.height
+        else None
+    )
+    shared_ids = shared["correlation"].unique() if shared is not None else None
     kernels = gpu.filter(pl.col("cat") == "kernel")
     graph = kernels.filter(pl.col("rt_name").is_in(sorted(GRAPH_LAUNCH_NAMES)))
     return TraceParts(
@@ -175,6 +191,13 @@ def trace_parts(events: pl.DataFrame, index: TraceIndex) -> TraceParts:
         gpu_steps=int(counts["gpu_steps"] or 0),
         gpu_linked=gpu.height - unlinked.height,
         gpu_before_recording=before,
+        shared_id_calls=int(shared["len"].sum()) if shared is not None and shared.height else 0,
+        shared_ids=shared_ids.len() if shared_ids is not None else 0,
+        shared_id_gpu_events=(
+            gpu.filter(pl.col("correlation").is_in(shared_ids.implode())).height
+            if shared_ids is not None and shared_ids.len()
+            else 0
+        ),
         graph_kernels=graph.height,
         graph_kernel_us=float(graph["dur_us"].sum()) if graph.height else 0.0,
         kernel_us=float(kernels["dur_us"].sum()) if kernels.height else 0.0,

@@ -33,6 +33,7 @@ from diagnostics.trace.metadata_fields import checked_device_properties, checked
 from diagnostics.trace.normalise import TableBuilder
 from diagnostics.trace.schema import LoadedTrace, TraceMetadata
 from diagnostics.trace.source import iter_blocks, prefetch
+from diagnostics.trace.validate import check_times
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 # "rank-3", "rank_3", "rank3" (HTA, torchrun layouts) or "worker3" (tb plugin samples)
@@ -207,7 +208,10 @@ def load_trace_file(
             display,
             "has no complete (ph X) or instant (ph i) events: nothing to analyse",
         )
-    warnings: list[str] = []
+    events, warnings = check_times(table.events, display)
+    if events.height == 0:
+        raise InputError(display, "has no event whose time can be right: " + warnings[-1])
+    table = replace(table, events=events)
     if decoded.ts_lossy:
         warnings.append(
             f"{display}: {decoded.ts_lossy:,} timestamps are fractional numbers beyond 2^53 µs, "
