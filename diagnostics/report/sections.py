@@ -183,6 +183,16 @@ def kernel_coverage_rows(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
             else "unknown (no CPU operators in the trace)",
         ),
     ]
+    parts = summary.get("trace_parts")
+    graph_share = parts.get("graph_kernel_share_pct") if isinstance(parts, Mapping) else None
+    if graph_share:
+        rows.append(
+            (
+                "kernel time replayed from CUDA graphs",
+                f"{fmt.pct(graph_share)}: attributed to the operator that launched each graph; "
+                "the operators captured in it are not in the trace",
+            )
+        )
     unknown = coverage.get("unknown_kernels") or []
     if unknown:
         count = int(coverage.get("unknown_kernel_count") or len(unknown))

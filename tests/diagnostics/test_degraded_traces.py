@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from diagnostics.analyze import analyze
+from diagnostics.report.model import build_report
 from diagnostics.trace.loader import load_trace_file
 from tests.diagnostics.trace.helpers import SHARED_TRACES
 
@@ -233,3 +234,6 @@ def test_cuda_graph_kernels_are_counted_and_their_unattributed_share_is_said():
     assert parts["graph_kernels"] == len(replayed) == 135
     assert parts["graph_kernel_share_pct"] == pytest.approx(share)
     assert any("replayed from CUDA graphs" in w for w in result.warnings)
+    # the per-operator views say the share they could not attribute to captured operators
+    rows = dict(build_report(result).summary_rows)
+    assert rows["kernel time replayed from CUDA graphs"].startswith(f"{share:.1f} %")
