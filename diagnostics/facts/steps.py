@@ -86,17 +86,22 @@ def host_steps(events: pl.DataFrame) -> pl.DataFrame:
     return _host_ranges(events).drop("pid", "tid", "name")
 
 
+# "ProfilerStep#abc", or a number past int64: the range is a step all the same, its number
+# unknown (null), and find_steps says so
+STEP_NUMBER = (
+    pl.col("name")
+    .str.strip_prefix(sel.STEP_PREFIX)
+    .str.extract(r"^(\d+)")
+    .cast(pl.Int64, strict=False)
+    .alias("step")
+)
+
+
 def _host_ranges(events: pl.DataFrame) -> pl.DataFrame:
     return (
         events.filter(sel.STEP & pl.col("dur").is_not_null())
         .select(
-            pl.col("name")
-            .str.strip_prefix(sel.STEP_PREFIX)
-            .str.extract(r"^(\d+)")
-            # "ProfilerStep#abc", or a number past int64: the range is a step all the same,
-            # its number unknown (null), and find_steps says so
-            .cast(pl.Int64, strict=False)
-            .alias("step"),
+            STEP_NUMBER,
             pl.col("ts").alias("host_start_us"),
             sel.END_US.alias("host_end_us"),
             "pid",
@@ -180,11 +185,7 @@ def _gpu_step_ranges(events: pl.DataFrame) -> pl.DataFrame:
     )
     return (
         gpu_steps.select(
-            pl.col("name")
-            .str.strip_prefix(sel.STEP_PREFIX)
-            .str.extract(r"^(\d+)")
-            .cast(pl.Int64, strict=False)
-            .alias("step"),
+            STEP_NUMBER,
             pl.col("ts").alias("host_start_us"),
             sel.END_US.alias("host_end_us"),
         )

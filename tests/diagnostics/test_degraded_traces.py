@@ -19,7 +19,7 @@ import pytest
 from diagnostics.analyze import analyze
 from diagnostics.report.model import build_report
 from diagnostics.trace.loader import load_trace_file
-from tests.diagnostics.trace.helpers import SHARED_TRACES
+from tests.diagnostics.trace.helpers import SHARED_TRACES, union_us
 
 RESNET = SHARED_TRACES / "kineto_resnet50_num_workers_0.pt.trace.json.gz"
 H100_QWEN = SHARED_TRACES / "tracelens_h100_qwen1.5-0.5b_infer_profmem.json.gz"
@@ -46,17 +46,6 @@ def _write(tmp_path: Path, name: str, doc: dict, events: list[dict]) -> Path:
 
 def _cat(event: dict) -> str:
     return str(event.get("cat") or "").lower()
-
-
-def _union_us(ranges: list[tuple[float, float]]) -> float:
-    total, current = 0.0, None
-    for start, end in sorted(ranges):
-        if current is None or start > current[1]:
-            total += current[1] - current[0] if current else 0.0
-            current = [start, end]
-        else:
-            current[1] = max(current[1], end)
-    return total + (current[1] - current[0] if current else 0.0)
 
 
 def _skipped(result) -> dict[str, str]:
@@ -88,7 +77,7 @@ def test_a_gpu_only_trace_says_it_lacks_the_cpu_side_and_leaves_host_figures_unk
     )
     # GPU busy: the union of every GPU event, first to last GPU activity (no steps at all)
     gpu = [(e["ts"], e["ts"] + e["dur"]) for e in kept if _cat(e) in GPU_CATS]
-    assert summary["gpu_busy_us"] == pytest.approx(_union_us(gpu), abs=1e-3)
+    assert summary["gpu_busy_us"] == pytest.approx(union_us(gpu), abs=1e-3)
 
 
 def test_a_counter_range_trace_is_a_gpu_job_whose_gpu_figures_are_unknown(tmp_path):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from diagnostics.analyze import analyze
-from tests.diagnostics.trace.helpers import SHARED_TRACES
+from tests.diagnostics.trace.helpers import SHARED_TRACES, union_us
 
 MI300X_QWEN = SHARED_TRACES / "tracelens_mi300x_qwen1.5-0.5b_infer_profmem.json.gz"
 H100_QWEN = SHARED_TRACES / "tracelens_h100_qwen1.5-0.5b_infer_profmem.json.gz"
@@ -41,17 +41,6 @@ def _fired(path: Path) -> set[str]:
 
 def _kernels(path: Path) -> list[dict]:
     return [e for e in _events(path) if e.get("cat") == "kernel"]
-
-
-def _union_us(ranges) -> float:
-    total, current = 0.0, None
-    for start, end in sorted(ranges):
-        if current is None or start > current[1]:
-            total += current[1] - current[0] if current else 0.0
-            current = [start, end]
-        else:
-            current[1] = max(current[1], end)
-    return total + (current[1] - current[0] if current else 0.0)
 
 
 def _share_of_kernel_time(path: Path, keep) -> float:
@@ -88,7 +77,7 @@ def test_mi300x_ddp_rank_shows_its_exposed_rccl_time_and_nothing_about_its_cores
     kernels = [e for e in _kernels(MI300X_DDP) if e["ts"] < hi and e["ts"] + e["dur"] > lo]
     comm = [(e["ts"], e["ts"] + e["dur"]) for e in kernels if "nccl" in e["name"].lower()]
     compute = [(e["ts"], e["ts"] + e["dur"]) for e in kernels if "nccl" not in e["name"].lower()]
-    exposed = _union_us(comm + compute) - _union_us(compute)
+    exposed = union_us(comm + compute) - union_us(compute)
     # RCCL keeps NCCL's names (ncclDevKernel_Generic): most of the step is communication
     # nothing overlaps, so exposed-communication must fire, at the share the events give
     assert exposed / (hi - lo) > 0.5
@@ -109,7 +98,7 @@ def test_b200_vllm_rank_finds_its_symmetric_memory_all_reduce_and_its_idle_gpu()
         for e in _events(B200_VLLM)
         if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
     ]
-    busy = _union_us(gpu) / (max(e for _, e in gpu) - min(s for s, _ in gpu))
+    busy = union_us(gpu) / (max(e for _, e in gpu) - min(s for s, _ in gpu))
     assert busy < 0.2
     assert {"low-gpu-utilization", "launch-bound-kernels"} <= _fired(B200_VLLM)
     # MXFP4 bmm_Mx... and FP8 fmhaSm100 kernels run on Blackwell's tensor cores; the

@@ -74,3 +74,15 @@ def write_json(path: Path, doc: Any, *, indent: int | None = None, gz: bool = Fa
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(gzip.compress(text) if gz else text)
     return path
+
+
+def union_us(ranges) -> float:
+    """Length of the union of (start, end) ranges: the plain-Python oracle of the tests."""
+    total, current = 0.0, None
+    for start, end in sorted(ranges):
+        if current is None or start > current[1]:
+            total += current[1] - current[0] if current else 0.0
+            current = [start, end]
+        else:
+            current[1] = max(current[1], end)
+    return total + (current[1] - current[0] if current else 0.0)
