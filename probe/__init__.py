@@ -10,4 +10,24 @@ a no-op twin, so instruments can be switched off.
 - :mod:`.deferred`: loss and gradient norm read from the device a few steps later.
 - :mod:`.system`: a sampler thread: NVML per GPU, host CPU, process and worker RSS.
 - :mod:`.memory_lines`: line-level memory with memory_profiler, on request.
+
+A script's process: :mod:`.cli` (the launcher: ``pipeline-doctor profile``), :mod:`.child`
+(runs the script), :mod:`.session` (its steps and records), :mod:`.hooks` and
+:mod:`.loaders` (what torch's entry points report). For loops the hooks cannot see:
+``probe.step()`` and ``probe.record(...)`` (:mod:`.api`).
 """
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["record", "step"]
+
+
+def __getattr__(name: str) -> Any:
+    # lazily: "import probe" in a script must not import torch before the script does
+    if name in __all__:
+        from probe import api
+
+        return getattr(api, name)
+    raise AttributeError(name)
