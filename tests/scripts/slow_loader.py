@@ -55,8 +55,10 @@ def main():
         loss = torch.nn.functional.mse_loss(model(x), y)
         optimizer.zero_grad()
         loss.backward()
+        # the gradient norm as a test's oracle: summed by hand, not torch's norm helper
+        grad_norm = sum(float((p.grad**2).sum()) for p in model.parameters()) ** 0.5
         optimizer.step()
-        print(f"step {step} loss {loss.item():.4f}", flush=True)
+        print(f"step {step} loss {loss.item():.6g} grad_norm {grad_norm:.6g}", flush=True)
         if args.fail and step == 3:
             raise ValueError("boom at step 3")
         time.sleep(args.linger_s)
