@@ -49,6 +49,16 @@ def _exception_line(exc: BaseException) -> str:
     return " ".join(lines[-1].split()) if lines else type(exc).__name__
 
 
+def _print_script_traceback(exc: BaseException) -> None:
+    """The traceback as ``python train.py`` prints it: from the script's first frame, the
+    wrapper's own (this module, runpy) left out."""
+    tb = exc.__traceback__
+    own = (__file__, "<frozen runpy>", runpy.__file__)
+    while tb is not None and tb.tb_frame.f_code.co_filename in own:
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb or exc.__traceback__)
+
+
 def _exit_outcome(exc: SystemExit) -> tuple[str, str | None, int]:
     code = exc.code
     if code is None or code == 0:
@@ -104,7 +114,7 @@ def run(run_dir: Path) -> int:
     except KeyboardInterrupt:
         status, reason, code = "cancelled", "interrupted (SIGINT)", 128 + signal.SIGINT
     except BaseException as exc:
-        traceback.print_exc()
+        _print_script_traceback(exc)
         status, reason, code = "failed", _exception_line(exc), 1
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM now ends us
