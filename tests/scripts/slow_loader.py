@@ -46,7 +46,7 @@ def main():
         torch.nn.ReLU(),
         torch.nn.Linear(args.hidden, 1),
     )
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.001)
     dataset = SleepyDataset(args.steps * args.batch_size, args.sleep_ms)
     loader = DataLoader(
         dataset, batch_size=args.batch_size, num_workers=args.num_workers, pin_memory=False
