@@ -5,6 +5,8 @@
   timed only on the training thread: a loader iterated by a background thread is that
   thread's time, not a wait of the training step;
 - the loss: the tensor ``Tensor.backward`` is called on;
+- the gradient norm: ``clip_grad_norm_``'s own result when the script clips (the norm
+  before clipping), else computed in the optimizer pre-hook (after any clipping);
 - AMP: ``torch.autocast.__enter__`` (the dtype) and ``GradScaler.step`` (a skipped step);
 - DataLoaders: ``DataLoader.__init__`` (probe/loaders.py).
 
@@ -78,6 +80,9 @@ class Hooks:
         self._undo.append(self.loaders.uninstall)
         self._patch(dataloader_module._BaseDataLoaderIter, "__next__", self._timed_next)
         self._patch(torch.Tensor, "backward", self._seen_backward)
+        # both names: scripts call torch.nn.utils.clip_grad_norm_ or import it from either
+        self._patch(torch.nn.utils, "clip_grad_norm_", self._seen_clip)
+        self._patch(torch.nn.utils.clip_grad, "clip_grad_norm_", self._seen_clip)
         self._patch(torch.amp.GradScaler, "step", self._scaler_step)
         self._patch(torch.amp.autocast_mode.autocast, "__enter__", self._autocast_enter)
 
@@ -127,6 +132,17 @@ class Hooks:
             return original(tensor, *args, **kwargs)
 
         return backward
+
+    def _seen_clip(self, original: Any) -> Any:
+        session = self.session
+
+        def clip_grad_norm_(*args: Any, **kwargs: Any) -> Any:
+            norm = original(*args, **kwargs)
+            if session.on_training_thread():
+                self._guard("gradient norm", lambda: session.clip_norm_seen(norm))
+            return norm
+
+        return clip_grad_norm_
 
     def _scaler_step(self, original: Any) -> Any:
         session = self.session

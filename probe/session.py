@@ -15,6 +15,10 @@ A step is delimited in one of three ways, the first that applies:
   batch fetched on the training thread ends the step before it. Batches fetched after
   the last optimizer step (a final evaluation) are left out: their step never ends.
 
+The gradient norm of a step is the norm before clipping when the script clips
+(``clip_grad_norm_`` returns it), else the norm of the lead optimizer's gradients as its
+``step()`` begins; either stays on the device and is read with the loss a few steps later.
+
 Each step lasts from the end of the one before (the first: from its first batch fetch or
 ``backward()``) to its own end, so data wait, forward, backward and the optimiser all fall
 in it. ``data_wait_ms`` is the training thread's time inside DataLoader ``__next__``; it is
@@ -279,9 +283,15 @@ class Session:
             for p in group["params"]
             if getattr(p, "grad", None) is not None
         ]
-        if grads:
+        if grads and step.grad_norm is None:
             # on the device, before the update; read with the step's other scalars later
             step.grad_norm = torch.nn.utils.get_total_norm(grads)
+
+    def clip_norm_seen(self, norm: Any) -> None:
+        """``clip_grad_norm_``'s result: the norm before clipping, which the optimizer
+        pre-hook (after the clip) can no longer see. The step's last clip wins."""
+        if isinstance(norm, torch.Tensor):
+            self._ensure_open(time.perf_counter()).grad_norm = norm.detach()
 
     def optimizer_post(self, optimizer: Any) -> None:
         if self._lead is None or self._lead() is not optimizer or self.mode == "explicit":
