@@ -117,7 +117,11 @@ def run(run_dir: Path) -> int:
         _print_script_traceback(exc)
         status, reason, code = "failed", _exception_line(exc), 1
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM now ends us
+        # the records are being flushed: a second signal (Ctrl-C reaches the whole process
+        # group, the wrapper forwards it too) must not cut that short; the wrapper kills
+        # this process if it hangs
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         hooks.uninstall()
         session.close()
         sessions.activate(None)

@@ -263,7 +263,7 @@ def _supervise(writer: RunWriter, command: list[str], world: int) -> int:
             if not signalled:
                 signalled.append(signal.Signals(signum).name)
             with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGTERM)
+                process.send_signal(signum)  # SIGINT stays SIGINT: KeyboardInterrupt there
 
         previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
         tees = [
@@ -295,8 +295,12 @@ def _supervise(writer: RunWriter, command: list[str], world: int) -> int:
             signal.signal(signum, handler)
     reason_signal = signalled[0] if signalled else None
     status, reason, code = _aggregate(run, world, returncode, reason_signal)
-    if reason_signal == "cancel request" and status == "cancelled":
-        reason = "cancel requested"
+    if reason_signal is not None and status == "cancelled":
+        # the launcher's own reason: the script only saw the signal it was passed
+        if reason_signal == "cancel request":
+            reason, code = "cancel requested", 128 + signal.SIGTERM
+        else:
+            reason, code = f"{reason_signal} received", 128 + signal.Signals[reason_signal]
     step = run.last_step()
     if step is not None:
         writer.set_step(step)

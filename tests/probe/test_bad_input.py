@@ -13,7 +13,7 @@ import time
 import pytest
 
 from diagnostics.analyze import analyze
-from diagnostics.runs import RunFolder
+from diagnostics.runs import CANCEL_FILE, RunFolder
 from tests.probe.helpers import (
     SCRIPTS,
     SLOW_LOADER,
@@ -102,7 +102,15 @@ def _wait_for_steps(runs, count, process, timeout_s=120.0):
     raise AssertionError("no steps recorded in time")
 
 
-def test_sigterm_to_the_wrapper_cancels_the_run_and_keeps_its_records(tmp_path):
+@pytest.mark.parametrize(
+    ("how", "reason", "exit_code"),
+    [
+        ("SIGTERM", "SIGTERM received", 128 + signal.SIGTERM),
+        ("SIGINT", "SIGINT received", 128 + signal.SIGINT),
+        ("cancel.request", "cancel requested", 128 + signal.SIGTERM),  # the app's Cancel
+    ],
+)
+def test_a_stopped_wrapper_cancels_the_run_and_keeps_its_records(tmp_path, how, reason, exit_code):
     runs = tmp_path / "runs"
     command = profile_command(
         runs, str(SLOW_LOADER), "--steps", "500", "--sleep-ms", "0", "--linger-s", "0.05"
@@ -112,16 +120,19 @@ def test_sigterm_to_the_wrapper_cancels_the_run_and_keeps_its_records(tmp_path):
     )
     try:
         folder = _wait_for_steps(runs, 3, process)
-        process.send_signal(signal.SIGTERM)
+        if how == "cancel.request":
+            (folder / CANCEL_FILE).touch()
+        else:
+            process.send_signal(getattr(signal, how))
         stdout, _ = process.communicate(timeout=60)
     finally:
         if process.poll() is None:
             process.kill()
-    assert process.returncode == 128 + signal.SIGTERM
+    assert process.returncode == exit_code
     assert stdout.strip().splitlines()[-1] == str(folder)
     run = RunFolder(folder)
     status = run.status()
-    assert (status.status, status.reason) == ("cancelled", "SIGTERM received")
+    assert (status.status, status.reason) == ("cancelled", reason)
     steps = run.steps()["step"].to_list()
     assert len(steps) >= 3 and steps == list(range(1, len(steps) + 1))
     assert status.step == steps[-1]
