@@ -84,6 +84,7 @@ class Hooks:
         self._patch(torch.nn.utils, "clip_grad_norm_", self._seen_clip)
         self._patch(torch.nn.utils.clip_grad, "clip_grad_norm_", self._seen_clip)
         self._patch(torch.amp.GradScaler, "step", self._scaler_step)
+        self._patch(torch.amp.GradScaler, "scale", self._scaler_scale)
         self._patch(torch.amp.autocast_mode.autocast, "__enter__", self._autocast_enter)
 
     def uninstall(self) -> None:
@@ -156,6 +157,16 @@ class Hooks:
             return result
 
         return step
+
+    def _scaler_scale(self, original: Any) -> Any:
+        def scale(scaler: Any, outputs: Any) -> Any:
+            scaled = original(scaler, outputs)
+            if scaler.is_enabled() and isinstance(scaled, torch.Tensor):
+                # backward() then sees loss x scale: the record divides it back, on the device
+                scaled._probe_scale = scaler._scale  # type: ignore[attr-defined]
+            return scaled
+
+        return scale
 
     def _autocast_enter(self, original: Any) -> Any:
         session = self.session

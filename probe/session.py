@@ -137,6 +137,7 @@ class Session:
         self._scaler: Any = None  # the GradScaler whose step() is running
         self._lead_stepped = False
         self._scalars: DeviceScalars | None = None
+        self._nan: torch.Tensor | None = None  # a device NaN for figures a step lacks
         self._read_every = read_every
         self.pending: PendingSteps | None = None
         self._window = window or ProfilerWindow()
@@ -240,7 +241,8 @@ class Session:
             self._set_device(loss.device)
         step = self._ensure_open(time.perf_counter())
         if loss.numel() == 1:
-            step.losses.append(loss.detach())
+            scale = getattr(loss, "_probe_scale", None)  # GradScaler.scale(loss)'s output
+            step.losses.append(loss.detach() / scale if scale is not None else loss.detach())
 
     def _set_device(self, device: torch.device) -> None:
         self.device = device
@@ -309,10 +311,11 @@ class Session:
         self._lead_stepped = False
 
     def scaler_step_ended(self, scaler: Any, optimizer: Any) -> None:
-        """GradScaler skipped the optimizer step (inf/NaN gradients): the step still ends."""
-        self._scaler = None
+        """GradScaler skipped the optimizer step (inf/NaN gradients): the step still ends,
+        with the scale it was skipped at."""
         lead = self._lead() if self._lead is not None else None
         if self._lead_stepped or self.mode == "explicit" or lead not in (None, optimizer):
+            self._scaler = None
             return
         self.skipped_steps += 1
         if lead is None:
@@ -320,7 +323,10 @@ class Session:
         self.mode = "optimizer"
         if self._open is not None:
             self._open.recorded.setdefault("marks", "amp_skipped")
-        self.end_step(time.perf_counter())
+        try:
+            self.end_step(time.perf_counter())
+        finally:
+            self._scaler = None
 
     def autocast_entered(self, dtype: Any, device_type: str) -> None:
         text = f"{device_type}:{str(dtype).removeprefix('torch.')}"
@@ -409,7 +415,9 @@ class Session:
 
     def _device_scalars(self, loss: Any, grad_norm: Any, scale: Any) -> Any:
         assert self._scalars is not None and self.device is not None
-        nan = torch.full((), math.nan, device=self.device)
+        if self._nan is None:
+            self._nan = torch.full((), math.nan, device=self.device)
+        nan = self._nan
 
         def on_device(value: Any) -> torch.Tensor:
             if isinstance(value, torch.Tensor):

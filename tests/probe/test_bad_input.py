@@ -181,3 +181,21 @@ def test_the_same_script_runs_unchanged_without_the_wrapper(tmp_path):
         timeout=120,
     )
     assert result.returncode == 0 and result.stdout.count("manual step") == 5
+
+
+def test_amp_records_the_unscaled_loss_the_scale_and_the_skipped_step(tmp_path):
+    result = profile(tmp_path / "runs", str(SCRIPTS / "amp_cpu.py"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    run = RunFolder(run_folder(result))
+    steps = run.steps()
+    printed = [
+        float(line.rsplit(" ", 1)[1]) for line in result.stdout.splitlines() if " loss " in line
+    ]
+    assert steps["loss"].to_list()[:2] == pytest.approx(printed[:2], rel=1e-5)
+    assert steps["loss"].to_list()[3:] == pytest.approx(printed[3:], rel=1e-5)
+    # GradScaler halves its scale after the inf at step 3 (backoff_factor 0.5)
+    assert steps["amp_scale"].to_list() == [65536.0] * 3 + [32768.0] * 3
+    assert steps["marks"].to_list()[2].split(",")[0] == "amp_skipped"
+    amp = run.manifest().extra["amp"]
+    assert amp == {"autocast_dtypes": ["cpu:bfloat16"], "grad_scaler": True, "skipped_steps": 1}
+    assert "final scale 32768" in result.stdout
