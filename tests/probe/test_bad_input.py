@@ -199,3 +199,18 @@ def test_amp_records_the_unscaled_loss_the_scale_and_the_skipped_step(tmp_path):
     amp = run.manifest().extra["amp"]
     assert amp == {"autocast_dtypes": ["cpu:bfloat16"], "grad_scaler": True, "skipped_steps": 1}
     assert "final scale 32768" in result.stdout
+
+
+def test_an_override_a_loader_without_workers_refuses_is_noted_not_fatal(tmp_path):
+    args = ("--steps", "2", "--sleep-ms", "0")
+    result = profile(
+        tmp_path / "runs", "--override", "dataloader.prefetch_factor=4", str(SLOW_LOADER), *args
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    run = RunFolder(run_folder(result))
+    (loader,) = run.dataloaders()
+    assert (loader.prefetch_factor, loader.overridden) == (None, {})
+    assert any(
+        note.startswith("--override dataloader.prefetch_factor=4 not applied to slow_loader.py:")
+        for note in run.manifest().notes
+    )
