@@ -44,6 +44,7 @@ import torch
 from diagnostics.runs import TRACE_DIR, RankRecords, RunFolder, RunWriter
 from probe.deferred import DeviceScalars, PendingSteps
 from probe.profiler import NullProfiler, ProfilerWindow, make_profiler
+from probe.step_values import CudaTimes, NullsForMissing, batch_samples, host_float
 from probe.steps import Resolved, cuda_memory, rss_bytes
 from probe.system import NullSampler, make_sampler
 
@@ -68,41 +69,6 @@ class _OpenStep:
     begin_event: Any = None  # CUDA event at the step's start (the previous step's end)
     optimizer_event: Any = None
     recorded: dict[str, Any] = field(default_factory=dict)  # probe.record(...)
-
-
-class _CudaTimes:
-    """A step's device time from its begin event to its end event, read once both ran."""
-
-    def __init__(self, host: dict[str, Any], begin: Any, optimizer: Any, end: Any):
-        self._host, self._begin, self._optimizer, self._end = host, begin, optimizer, end
-
-    def ready(self) -> bool:
-        return bool(self._end.query())
-
-    def wait(self) -> None:
-        self._end.synchronize()
-
-    def get(self) -> dict[str, Any]:
-        times = dict(self._host)
-        if self._begin is not None:
-            times["step_time_ms"] = self._begin.elapsed_time(self._end)
-        if self._optimizer is not None:
-            times["optimizer_ms"] = self._optimizer.elapsed_time(self._end)
-        return times
-
-
-def _batch_samples(batch: Any) -> int | None:
-    """The leading dimension of the first tensor in a batch (tensor, sequence or mapping)."""
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() else None
-    if isinstance(batch, dict):
-        batch = list(batch.values())
-    if isinstance(batch, list | tuple):
-        for item in batch:
-            found = _batch_samples(item)
-            if found is not None:
-                return found
-    return None
 
 
 class Session:
@@ -232,7 +198,7 @@ class Session:
         totals[1] += ended - started
         totals[2] += cpu_s
         step.fetches += 1
-        samples = _batch_samples(batch)
+        samples = batch_samples(batch)
         if samples is not None:
             step.samples = (step.samples or 0) + samples
 
@@ -396,15 +362,15 @@ class Session:
         if self._scaler is not None and self._scaler.is_enabled():
             scale = self._scaler._get_scale_async()
         if self._cuda:
-            times: Any = _CudaTimes(host, step.begin_event, step.optimizer_event, self._event())
+            times: Any = CudaTimes(host, step.begin_event, step.optimizer_event, self._event())
             scalars: Any = self._device_scalars(loss, grad_norm, scale)
         else:
             times = Resolved(host)
             scalars = Resolved(
                 {
-                    "loss": _host_float(loss),
-                    "grad_norm": _host_float(grad_norm),
-                    "amp_scale": _host_float(scale),
+                    "loss": host_float(loss),
+                    "grad_norm": host_float(grad_norm),
+                    "amp_scale": host_float(scale),
                 }
             )
         assert self.pending is not None
@@ -427,7 +393,7 @@ class Session:
         loss_t, norm_t = on_device(loss), on_device(grad_norm)
         finite = torch.isfinite(loss_t) & torch.isfinite(norm_t)
         handle = self._scalars.add(loss_t, norm_t, finite, scale)
-        return _NullsForMissing(handle, loss is None, grad_norm is None)
+        return NullsForMissing(handle, loss is None, grad_norm is None)
 
     def _complete(
         self, record: dict[str, Any], times: dict[str, Any], values: dict[str, Any]
@@ -464,38 +430,6 @@ class Session:
 
     def _write(self, record: dict[str, Any]) -> None:
         self.records.append_step(record)
-
-
-class _NullsForMissing:
-    """A pending device read whose absent figures (no loss seen) come back as null."""
-
-    def __init__(self, handle: Any, no_loss: bool, no_norm: bool):
-        self._handle, self._no_loss, self._no_norm = handle, no_loss, no_norm
-
-    def ready(self) -> bool:
-        return self._handle.ready()
-
-    def wait(self) -> None:
-        self._handle.wait()
-
-    def release(self) -> None:
-        self._handle.release()
-
-    def get(self) -> dict[str, Any]:
-        values = dict(self._handle.get())
-        if self._no_loss:
-            values["loss"] = None
-        if self._no_norm:
-            values["grad_norm"] = None
-        return values
-
-
-def _host_float(value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, torch.Tensor):
-        return float(value.detach().float().reshape(-1)[0]) if value.numel() else None
-    return float(value)
 
 
 _ACTIVE: Session | None = None
