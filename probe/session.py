@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import threading
 import time
 import weakref
@@ -38,14 +37,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
 import torch
 
 from diagnostics.runs import TRACE_DIR, RankRecords, RunFolder, RunWriter
 from probe.deferred import DeviceScalars, PendingSteps
 from probe.profiler import NullProfiler, ProfilerWindow, make_profiler
-from probe.step_values import CudaTimes, NullsForMissing, batch_samples, host_float
-from probe.steps import Resolved, cuda_memory, rss_bytes
+from probe.step_values import (
+    CudaTimes,
+    NullsForMissing,
+    batch_samples,
+    host_float,
+    total_norm,
+)
+from probe.steps import Resolved, RssReader, cuda_memory
 from probe.system import NullSampler, make_sampler
 
 
@@ -91,7 +95,7 @@ class Session:
         self.manifest = RunWriter(path=run_dir) if rank == 0 else None
         self.training_thread = threading.get_ident()
         self._lock = threading.Lock()  # the sampler thread notes too
-        self._process = psutil.Process(os.getpid())
+        self._rss = RssReader()
         self.device: torch.device | None = None
         self.mode: str | None = None  # "batches", "optimizer" or "explicit" once known
         self.steps_done = 0
@@ -253,7 +257,7 @@ class Session:
         ]
         if grads and step.grad_norm is None:
             # on the device, before the update; read with the step's other scalars later
-            step.grad_norm = torch.nn.utils.get_total_norm(grads)
+            step.grad_norm = total_norm(grads)
 
     def clip_norm_seen(self, norm: Any) -> None:
         """``clip_grad_norm_``'s result: the norm before clipping, which the optimizer
@@ -344,7 +348,7 @@ class Session:
             "phase": "batches" if self.mode == "batches" else "train",
             "wall_time": time.time(),
             "batch_size": samples,
-            "rss_bytes": rss_bytes(self._process),
+            "rss_bytes": self._rss.read(),
             "profiled": self.profiler.recording,
             "marks": ",".join(marks) or None,
             **(cuda_memory(self.device) if self.device is not None else {}),
