@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import shutil
 import socket
@@ -422,8 +421,8 @@ def _fits(value: Any, dtype: pl.DataType) -> bool:
         return True
     if dtype == pl.Int64:
         return type(value) is int and -(2**63) <= value < 2**63
-    if dtype == pl.Float64:
-        return type(value) in (int, float) and math.isfinite(value)
+    if dtype == pl.Float64:  # NaN and inf included: a diverged loss is a record, not an error
+        return type(value) in (int, float)
     if dtype == pl.Boolean:
         return type(value) is bool
     if dtype == pl.String:

@@ -130,7 +130,7 @@ def test_a_run_record_of_the_wrong_type_is_left_out_with_a_warning(tmp_path):
     assert not any("left out" in w for w in expected.warnings)
 
 
-@pytest.mark.parametrize("value", ["fast", True, float("nan")])
+@pytest.mark.parametrize("value", ["fast", True, [1.0]])
 def test_a_non_numeric_step_time_is_not_read_as_a_number(tmp_path, value):
     folder = tmp_path / "run"
     shutil.copytree(SLOW_LOADER_RUN, folder)
@@ -138,7 +138,7 @@ def test_a_non_numeric_step_time_is_not_read_as_a_number(tmp_path, value):
     lines = (folder / "steps.jsonl").read_text().splitlines()
     record = json.loads(lines[5])
     record["step_time_ms"] = value
-    lines[5] = json.dumps(record)  # NaN is written as the bare token Python reads back
+    lines[5] = json.dumps(record)
     (folder / "steps.jsonl").write_text("\n".join(lines) + "\n")
     result = analyze(folder)
     assert result.summary["steps"] == len(lines) - 1
