@@ -16,6 +16,7 @@ COPY app_ui ./app_ui
 COPY .streamlit ./.streamlit
 COPY diagnostics ./diagnostics
 COPY trainer ./trainer
+COPY probe ./probe
 COPY scripts/serve.py ./scripts/serve.py
 RUN useradd --create-home --uid 10001 doctor \
     && mkdir -p /data/runs \

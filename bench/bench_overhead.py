@@ -12,7 +12,7 @@ seconds (from ``getrusage`` of the finished child, workers included) are a secon
 that other processes' load barely moves.
 
 On CUDA (``--device cuda``) a step's time is device time from CUDA events, read back
-without synchronising (trainer/instruments/steps.py), with instruments on and off alike, so
+without synchronising (probe/steps.py), with instruments on and off alike, so
 "off" is the trainer with no profiler and no sampler, not a trainer with a different clock.
 ``--set model.size=cpu|gpu`` picks the size preset (the default ``auto`` follows the device).
 

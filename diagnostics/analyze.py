@@ -217,6 +217,12 @@ def analyze_loaded(
     warnings.extend(f"rule {e.rule} failed and was skipped: {e.reason}" for e in outcome.errors)
     if loaded.run is not None:  # after the rules: they read the run's records too
         warnings.extend(w for w in loaded.run.folder.record_warnings() if w not in warnings)
+    if loaded.run is not None and loaded.run.steps.height == 0 and facts is None:
+        # a script that never stepped (or a run that died first): nothing below is measured
+        warnings.append(
+            "no steps: the run has no step records and no trace, so there is nothing to "
+            f"judge (status {loaded.run.status.status})"
+        )
     summary = summarise(loaded, facts, rank_facts, inputs.metrics, match)
     if rank_metadata:
         summary["events"] = sum(m.event_count for m in rank_metadata)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import polars as pl
 
 from diagnostics.metrics import KeyMetrics, compute_key_metrics
-from diagnostics.runs import RunFolder, RunManifest, RunStatus
+from diagnostics.runs import DataLoaderRecord, RunFolder, RunManifest, RunStatus
 
 if TYPE_CHECKING:
     from diagnostics.facts.comm_ranks import CollectiveMatch
@@ -124,6 +124,8 @@ class RunData:
     steps: pl.DataFrame  # diagnostics.runs.STEP_SCHEMA
     samples: pl.DataFrame  # diagnostics.runs.SAMPLE_SCHEMA
     memory_lines: pl.DataFrame | None  # diagnostics.runs.MEMORY_LINE_SCHEMA
+    # script runs: the DataLoaders the script built, where and with which arguments
+    dataloaders: tuple[DataLoaderRecord, ...] = ()
 
     @property
     def config(self) -> dict[str, Any]:
@@ -142,7 +144,13 @@ class RunData:
             steps=folder.steps(),
             samples=folder.samples(),
             memory_lines=folder.memory_lines(),
+            dataloaders=folder.dataloaders(),
         )
+
+    @property
+    def kind(self) -> str:
+        """``script`` (a user's script under pipeline-doctor profile) or ``trainer``."""
+        return self.manifest.kind
 
 
 @dataclass(frozen=True)

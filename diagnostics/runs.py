@@ -16,6 +16,7 @@ Layout (``RUN_FOLDER_VERSION`` 1)::
       trace/              torch.profiler traces, tensorboard_trace_handler layout (*.pt.trace.json.gz)
       checkpoints/        step_00000100.pt ...
       memory_lines.jsonl  line-level memory (memory_profiler), one line record a row
+      dataloaders.jsonl   script runs: one DataLoaderRecord per DataLoader the script built
       log.txt             the trainer's log
       tokenizer.json      the run's own tokenizer (resume reuses it rather than retrain one)
       cancel.request      touched to ask the trainer to stop (status cancelled); removed on resume
@@ -44,7 +45,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import polars as pl
 
@@ -70,6 +71,7 @@ SAMPLES_LINES = "samples.jsonl"
 STEPS_PARQUET = "steps.parquet"
 SAMPLES_PARQUET = "samples.parquet"
 MEMORY_LINES_FILE = "memory_lines.jsonl"
+DATALOADERS_FILE = "dataloaders.jsonl"
 LOG_FILE = "log.txt"
 LOCK_FILE = "run.lock"
 TRACE_DIR = "trace"
@@ -149,6 +151,97 @@ MEMORY_LINE_SCHEMA: dict[str, pl.DataType] = {
 }
 
 
+# run.json's "kind": what made the run. Folders written before the field existed are the
+# reference trainer's.
+RunKind = Literal["trainer", "script"]
+RUN_KINDS: frozenset[str] = frozenset({"trainer", "script"})
+
+
+@dataclass(frozen=True)
+class DataLoaderRecord:
+    """One DataLoader a profiled script built: where, and with which arguments.
+
+    The arguments are the loader's own attributes after construction (what it runs
+    with); ``overridden`` holds, for each argument a ``--override dataloader.KEY=VALUE``
+    replaced, the value the script's code passed.
+    """
+
+    index: int  # order of construction in the process, from 0
+    file: str | None  # absolute path of the user's code that built it
+    line: int | None
+    site: str | None  # as shown to the user: "train.py:37" (relative to the script's folder)
+    code: str | None  # that line of source, stripped
+    dataset_class: str | None
+    batch_size: int | None
+    num_workers: int | None
+    pin_memory: bool | None
+    persistent_workers: bool | None
+    prefetch_factor: int | None
+    overridden: dict[str, Any] = field(default_factory=dict)
+    # at the run's end: batches fetched and time waited on the training thread (null
+    # before, or when the process never got there)
+    batches: int | None = None
+    wait_ms: float | None = None
+    # of ``wait_ms``, the CPU time of the training thread itself: the rest is I/O, sleep or
+    # waiting for worker processes
+    wait_cpu_ms: float | None = None
+
+    ARGUMENTS: ClassVar[tuple[str, ...]] = (
+        "batch_size",
+        "num_workers",
+        "pin_memory",
+        "persistent_workers",
+        "prefetch_factor",
+    )
+
+    def call_text(self, names: Iterable[str] | None = None) -> str:
+        """``DataLoader(batch_size=64, num_workers=0, pin_memory=False)``: the arguments
+        named (all by default), each as the loader runs with it."""
+        shown = [n for n in (names or self.ARGUMENTS) if n in self.ARGUMENTS]
+        return "DataLoader(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in shown) + ")"
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> DataLoaderRecord | None:
+        """The typed record; None for a line whose fields have the wrong types."""
+
+        def typed(key: str, kinds: tuple[type, ...]) -> Any:
+            value = raw.get(key)
+            if value is None:
+                return None
+            if isinstance(value, bool) and bool not in kinds:
+                raise TypeError(key)
+            if not isinstance(value, kinds):
+                raise TypeError(key)
+            return value
+
+        try:
+            index = typed("index", (int,))
+            overridden = raw.get("overridden") or {}
+            if index is None or not isinstance(overridden, dict):
+                return None
+            return cls(
+                index=index,
+                file=typed("file", (str,)),
+                line=typed("line", (int,)),
+                site=typed("site", (str,)),
+                code=typed("code", (str,)),
+                dataset_class=typed("dataset_class", (str,)),
+                batch_size=typed("batch_size", (int,)),
+                num_workers=typed("num_workers", (int,)),
+                pin_memory=typed("pin_memory", (bool,)),
+                persistent_workers=typed("persistent_workers", (bool,)),
+                prefetch_factor=typed("prefetch_factor", (int,)),
+                overridden=dict(overridden),
+                batches=typed("batches", (int,)),
+                wait_ms=float(w) if (w := typed("wait_ms", (int, float))) is not None else None,
+                wait_cpu_ms=(
+                    float(c) if (c := typed("wait_cpu_ms", (int, float))) is not None else None
+                ),
+            )
+        except TypeError:
+            return None
+
+
 def rank_file(name: str, rank: int) -> str:
     """A rank's file name: rank 0 keeps the single-process name (``steps.jsonl``), so a
     distributed run reads as a single-process one; rank k > 0 gets ``steps.rank<k>.jsonl``."""
@@ -223,6 +316,11 @@ class RunManifest:
     @property
     def scenario(self) -> str | None:
         return self.config.get("scenario")
+
+    @property
+    def kind(self) -> RunKind:
+        """``script`` for a user's script under ``pipeline-doctor profile``, else ``trainer``."""
+        return "script" if self.extra.get("kind") == "script" else "trainer"
 
 
 def _atomic_write_json(
@@ -485,6 +583,16 @@ class RunFolder:
             except RunFolderError:
                 statuses[rank] = None
         return statuses
+
+    def dataloaders(self) -> tuple[DataLoaderRecord, ...]:
+        """The DataLoaders a script run built (rank 0's), in order; () for trainer runs and
+        for scripts that built none. A line that does not parse is skipped."""
+        latest: dict[int, DataLoaderRecord] = {}
+        for raw in _read_lines(self.path / DATALOADERS_FILE):
+            record = DataLoaderRecord.from_dict(raw)
+            if record is not None:
+                latest[record.index] = record  # the end-of-run line, with totals, wins
+        return tuple(latest[index] for index in sorted(latest))
 
     def memory_lines(self) -> pl.DataFrame | None:
         path = self.path / MEMORY_LINES_FILE
@@ -839,8 +947,58 @@ class RunWriter:
                 (self.path / name).unlink(missing_ok=True)  # never a stale copy
         self.set_status(status, reason)
 
+    def append_dataloader(self, record: Mapping[str, Any]) -> None:
+        """One DataLoaderRecord's fields as a line of ``dataloaders.jsonl``."""
+        appender = _LineAppender(self.path / DATALOADERS_FILE)
+        try:
+            appender.append(record)
+        finally:
+            appender.close()
+
     def write_memory_lines(self, rows: Iterable[Mapping[str, Any]]) -> None:
         appender = _LineAppender(self.path / MEMORY_LINES_FILE)
         for row in rows:
             appender.append(row)
         appender.close()
+
+
+class RankRecords:
+    """One process's record files in a run folder another process created and finalises.
+
+    A profiled script's processes (one, or one per rank under torchrun) each append their
+    own step and sample lines (rank 0 keeps the plain names, see :func:`rank_file`) and end
+    with ``status.rank<k>.json``; the launcher then writes ``status.json`` and the parquet
+    copies through :class:`RunWriter`. Only rank 0 edits ``run.json``.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], rank: int):
+        self.path = Path(path)
+        self.rank = rank
+        self._steps = _LineAppender(self.path / rank_file(STEPS_LINES, rank))
+        self._samples = _LineAppender(self.path / rank_file(SAMPLES_LINES, rank))
+
+    def append_step(self, record: Mapping[str, Any]) -> None:
+        self._steps.append(record)
+
+    def append_sample(self, record: Mapping[str, Any]) -> None:
+        self._samples.append(record)
+
+    def write_status(self, status: RunState, reason: str | None, step: int, **extra: Any) -> None:
+        """This process's end, read back by :meth:`RunFolder.rank_statuses`."""
+        for appender in (self._steps, self._samples):
+            with contextlib.suppress(OSError):
+                appender.close()
+        _atomic_write_json(
+            self.path / RANK_STATUS_FILE.format(rank=self.rank),
+            {
+                "rank": self.rank,
+                "status": status,
+                "reason": reason,
+                "step": step,
+                "ended_at": time.time(),
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                **extra,
+            },
+            last_resort=True,
+        )

@@ -19,6 +19,14 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "$want" >"$stamp"
 fi
 
+# the console command (pipeline-doctor): this checkout, editable, no dependencies fetched;
+# --no-build-isolation builds with the venv's own setuptools, so it needs no network
+if [ ! -x .venv/bin/pipeline-doctor ]; then
+  echo "setup: installing the pipeline-doctor command into .venv" >&2
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps \
+    --no-build-isolation -e .
+fi
+
 if [ "$profile" = dev ] && [ ! -x /usr/bin/chromium ]; then
   # The browser tests drive Debian's Chromium; Playwright never downloads a browser here.
   echo "setup: installing Debian's chromium for the browser tests" >&2

@@ -23,15 +23,32 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from diagnostics.runs import CHECKPOINT_DIR
+from trainer.position import Position
+from trainer.run_io import os_error_behind
 
-if TYPE_CHECKING:
-    from trainer.loop import Trainer
+
+class Trainer(Protocol):
+    """What a checkpoint saves and restores: the loop's Trainer has it (named by its
+    attributes, so this module does not import the loop that imports it)."""
+
+    config: Any
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scaler: Any
+    vocab: Any
+    cuda: bool
+    position: Position
+    total_loss: float | torch.Tensor
+    nonfinite_steps: int
+    first_nonfinite_step: int | None
+    evaluations: list[dict[str, Any]]
+
 
 log = logging.getLogger("trainer")
 
@@ -153,18 +170,6 @@ def save(run_dir: Path, step: int, state: dict[str, Any]) -> Path:
     return path
 
 
-def os_error_behind(exc: BaseException) -> OSError | None:
-    """The OSError an exception was raised while handling or from, if any."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if isinstance(current, OSError):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return None
-
-
 # --- load -------------------------------------------------------------------------------
 
 
@@ -193,8 +198,6 @@ def load(path: Path, device: torch.device | str = "cpu") -> dict[str, Any]:
 
 
 def _position_ok(value: Any) -> bool:
-    from trainer.loop import Position
-
     fields = vars(Position())
     return (
         isinstance(value, dict)
@@ -247,8 +250,6 @@ def check_fits(trainer: Trainer, state: dict[str, Any]) -> str | None:
 
 def apply(trainer: Trainer, state: dict[str, Any], name: str) -> None:
     """Restores ``trainer`` from a loaded state (model, optimiser, RNGs, position, ...)."""
-    from trainer.loop import Position
-
     if not trainer.vocab.same_kept_ids(state.get("vocab_kept_ids")):
         raise ValueError(
             f"{name}: the checkpoint's pruned vocabulary differs from the one rebuilt "

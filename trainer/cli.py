@@ -42,7 +42,6 @@ from trainer.logs import setup_logging
 # checked with fullmatch: "$" would also accept an id ending in a newline
 RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
-CACHE_DIR_NAME = ".cache"  # under the runs directory: the tokenizer cache
 
 
 class UsageError(Exception):
@@ -320,7 +319,7 @@ def _resume_locked(run_dir: Path, lock: Any, args: argparse.Namespace) -> int:
 
 def _failure(exc: BaseException, step: int) -> str:
     """The run's one-line reason; a full disk says so and at which step."""
-    from trainer.checkpoint import os_error_behind
+    from trainer.run_io import os_error_behind
 
     cause = os_error_behind(exc)
     if cause is not None and cause.errno in DISK_FULL_ERRNOS:
@@ -343,7 +342,7 @@ def _train_locked(
 ) -> int:
     from diagnostics.runs import LOG_FILE
     from trainer.loop import Trainer
-    from trainer.run_io import Heartbeat, SafeWriter
+    from trainer.run_io import CACHE_DIR_NAME, Heartbeat, SafeWriter
     from trainer.runtime import StopRequests
 
     safe = SafeWriter(writer)
@@ -470,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "resume":
             return _cmd_resume(args)
         if args.command == "_worker":
-            from trainer.distributed import worker_main
+            from trainer.worker import worker_main
 
             return worker_main(args.run_dir, args.resume)
         return _cmd_list(args)

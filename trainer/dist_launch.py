@@ -189,8 +189,8 @@ class _ProgressWriter:
 
 def _environment_and_tokenizer(config: TrainerConfig, run_dir: Path, runs_dir: Path) -> None:
     """The tokenizer, trained once here: the ranks then all load the run's own file."""
-    from trainer.cli import CACHE_DIR_NAME
     from trainer.data import load_corpus
+    from trainer.run_io import CACHE_DIR_NAME
 
     load_corpus(config.data, config.seed, runs_dir / CACHE_DIR_NAME, run_dir / TOKENIZER_FILE)
 

@@ -34,7 +34,6 @@ import torch
 import torch.distributed as dist
 
 from diagnostics.runs import (
-    LOG_FILE,
     RANK_STATUS_FILE,
     SAMPLES_LINES,
     STEPS_LINES,
@@ -44,7 +43,6 @@ from diagnostics.runs import (
     _LineAppender,
     rank_file,
 )
-from trainer.logs import setup_logging
 from trainer.stopping import AGREED, Stop, StopKind
 
 log = logging.getLogger("trainer")
@@ -240,7 +238,7 @@ def rank_threads(config: Any, device: str) -> int:
     return config.runtime.threads or (1 if device == "cpu" else 2)
 
 
-def _init(config: Any) -> tuple[DistContext, str]:
+def init_rank(config: Any) -> tuple[DistContext, str]:
     global _CONTEXT
     from trainer.runtime import resolve_device
 
@@ -268,7 +266,7 @@ def _init(config: Any) -> tuple[DistContext, str]:
     return _CONTEXT, device
 
 
-def _record_ranks(ctx: DistContext, run_dir: Path) -> None:
+def record_ranks(ctx: DistContext, run_dir: Path) -> None:
     """Rank 0 writes every rank's place (node, local rank, host, pid) into the manifest."""
     me = {
         "rank": ctx.rank,
@@ -284,37 +282,3 @@ def _record_ranks(ctx: DistContext, run_dir: Path) -> None:
         info = dict(manifest.extra.get("distributed") or {})
         info.update(world_size=ctx.world_size, backend=ctx.backend, ranks=everyone)
         RunWriter(path=run_dir).update_manifest(distributed=info)
-
-
-def worker_main(run_dir: Path, resume: bool) -> int:
-    """One rank's whole life: join, train, write its status. Exit 1 when it failed."""
-    from trainer.cli import CACHE_DIR_NAME
-    from trainer.config import TrainerConfig
-    from trainer.loop import Trainer
-    from trainer.runtime import StopRequests
-
-    config = TrainerConfig.from_dict(RunFolder(run_dir).manifest().config)
-    rank = int(os.environ.get("RANK", "0"))
-    setup_logging(run_dir / rank_file(LOG_FILE, rank), role=f"rank {rank}")
-    writer = RankWriter(run_dir, rank)
-    stop = StopRequests()
-    stop.install()
-    status, reason, step = "failed", None, 0
-    try:
-        ctx, device = _init(config)
-        _record_ranks(ctx, run_dir)
-        log.info("rank %d of %d (%s) on %s", ctx.rank, ctx.world_size, ctx.backend, device)
-        trainer = Trainer(
-            config, writer, device=device, cache_dir=run_dir.parent / CACHE_DIR_NAME, stop=stop
-        )
-        outcome = trainer.run(resume_latest=resume)
-        status, reason, step = outcome.status, outcome.reason, outcome.steps_done
-    except Exception as exc:
-        reason = f"{type(exc).__name__}: {exc}"
-        log.exception("rank %d failed", rank)
-    finally:
-        stop.uninstall()
-    writer.finalise(status, reason, step)
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    return 1 if status == "failed" else 0

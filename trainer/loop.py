@@ -32,6 +32,11 @@ import psutil
 import torch
 
 from diagnostics.runs import CANCEL_FILE, TOKENIZER_FILE, TRACE_DIR, RunState
+from probe.deferred import DeviceScalars, PendingSteps
+from probe.memory_lines import make_memory_lines
+from probe.profiler import make_profiler
+from probe.steps import Resolved, cuda_memory, make_step_clock, rss_bytes
+from probe.system import make_sampler
 from trainer import checkpoint
 from trainer.config import TrainerConfig
 from trainer.data import (
@@ -45,12 +50,8 @@ from trainer.data import (
 )
 from trainer.distributed import current_context, worker_name
 from trainer.evaluate import evaluate
-from trainer.instruments.deferred import DeviceScalars, PendingSteps
-from trainer.instruments.memory_lines import make_memory_lines
-from trainer.instruments.profiler import make_profiler
-from trainer.instruments.steps import Resolved, cuda_memory, make_step_clock, rss_bytes
-from trainer.instruments.system import make_sampler
 from trainer.model import MultiTaskModel, mask_tokens, parameter_count
+from trainer.position import Position
 from trainer.run_io import SafeWriter
 from trainer.runtime import StopRequests, seed_everything, set_tf32
 from trainer.stopping import Stop, StopKind
@@ -61,16 +62,6 @@ log = logging.getLogger("trainer")
 MEMORY_LINES_PROBE_SAMPLES = 64
 # a step record's keys that come before its times and scalars (the rest follow them)
 _EARLY_KEYS = ("step", "epoch", "phase", "wall_time", "lr", "batch_size")
-
-
-@dataclass
-class Position:
-    """Where training stands after ``step`` optimiser steps."""
-
-    step: int = 0
-    phase: str = "pretrain"
-    epoch: int = 0
-    batch_in_epoch: int = 0  # batches of ``epoch`` already trained on
 
 
 @dataclass(frozen=True)
@@ -85,7 +76,7 @@ class StepResult:
     """What a training step leaves for its record: the scalars (on the host already, or a
     pending device read) and the batch's size."""
 
-    scalars: Any  # Resolved | a pending DeviceScalars read (trainer.instruments.deferred)
+    scalars: Any  # Resolved | a pending DeviceScalars read (probe.deferred)
     batch_size: int
 
 

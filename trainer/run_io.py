@@ -13,6 +13,20 @@ from typing import Any
 
 from diagnostics.runs import HEARTBEAT_INTERVAL_S, RunFolder, RunState, RunWriter
 
+CACHE_DIR_NAME = ".cache"  # under the runs directory: the tokenizer cache
+
+
+def os_error_behind(exc: BaseException) -> OSError | None:
+    """The OSError an exception was raised while handling or from, if any."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, OSError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
 
 class SafeWriter:
     """Serialises RunWriter calls from the training loop, the sampler and the heartbeat.

@@ -149,6 +149,23 @@ def need_run_steps(*columns: str) -> Need:
     )
 
 
+def need_trainer_config(keys: str) -> Need:
+    """A run of the reference trainer, whose config (``keys``) the rule reads; a script run
+    (a user's own script under ``pipeline-doctor profile``) has none, so the rule stays
+    silent on it and says why."""
+
+    def skip(inputs: AnalysisInputs) -> str:
+        if inputs.run is None:
+            return f"needs a run of the reference trainer (its config: {keys})"
+        return f"a script run: this judgement reads the reference trainer's config ({keys})"
+
+    return Need(
+        f"a run of the reference trainer (its config: {keys})",
+        lambda inputs: inputs.run is not None and inputs.run.kind != "script",
+        skip,
+    )
+
+
 def need_any(*needs: Need, text: str | None = None, skip: str | None = None) -> Need:
     """One of ``needs`` (e.g. run records or a trace); ``text`` and ``skip`` default to
     theirs joined by "or"."""

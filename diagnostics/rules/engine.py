@@ -36,16 +36,20 @@ def run_rules(inputs: AnalysisInputs, thresholds: Any = None) -> RulesOutcome:
         except Exception as exc:  # a broken rule is reported, the others still run
             errors.append(Skipped(rule.id, f"{type(exc).__name__}: {exc}"))
     findings = _link_related(findings)
-    if inputs.run is None:
+    if inputs.run is None or inputs.run.kind == "script":
         findings = [_without_trainer_patch(f) for f in findings]
     return RulesOutcome(tuple(order_findings(findings)), tuple(skipped), tuple(errors))
 
 
 def _without_trainer_patch(finding: Finding) -> Finding:
-    """An uploaded trace is someone else's job: its fix is the code for their own training
-    script (``fix.code``); a config patch names reference-trainer keys, so it is offered only
-    for runs of the trainer (inputs with a run folder)."""
-    if finding.fix.config_patch is None:
+    """An uploaded trace or a script run is someone else's job: its fix is the code for
+    their own training script (``fix.code``); a config patch of reference-trainer keys is
+    offered only for runs of the trainer. A script run keeps a patch written wholly in the
+    keys ``pipeline-doctor profile --override`` takes (``dataloader.*``)."""
+    patch = finding.fix.config_patch
+    if patch is None:
+        return finding
+    if all(key.startswith("dataloader.") for key in patch):
         return finding
     return replace(finding, fix=replace(finding.fix, config_patch=None))
 

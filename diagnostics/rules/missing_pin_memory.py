@@ -14,17 +14,22 @@ Why it matters
     Transfers in CUDA C/C++") and run asynchronously.
 
 How to fix
-    ``DataLoader(..., pin_memory=True)`` and ``batch.to(device, non_blocking=True)``.
+    ``DataLoader(..., pin_memory=True)`` and ``batch.to(device, non_blocking=True)``. On a
+    script run (``pipeline-doctor profile``) the finding names the line that built the
+    DataLoader with its actual arguments, rewrites that call, and gives the patch as the
+    ``--override`` key ``dataloader.pin_memory``.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import polars as pl
 
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules import examples as ex
+from diagnostics.rules import script_loaders
 from diagnostics.rules.base import Example, Finding, Fix, Need, Rule, Severity, on_cuda
 from diagnostics.rules.evidence import (
     chart,
@@ -54,6 +59,41 @@ batch = {k: v.to("cuda", non_blocking=True) for k, v in batch.items()}
 PATCH = {"data.pin_memory": True, "data.non_blocking": True}
 
 
+def _pin_memory(run: Any) -> bool | None:
+    """Whether the loader pins: a script run's own DataLoader, else the trainer config."""
+    if script_loaders.is_script_run(run):
+        loader = script_loaders.training_loader(run)
+        return loader.pin_memory if loader is not None else None
+    return config_value(run, "data.pin_memory")
+
+
+def _for_script(inputs: AnalysisInputs, finding: Finding) -> Finding:
+    """On a script run: the DataLoader's own line and arguments, and the fix against it."""
+    loader = script_loaders.training_loader(inputs.run)
+    if not script_loaders.is_script_run(inputs.run) or loader is None or loader.pin_memory:
+        return finding
+    return replace(
+        finding,
+        recommendation=f"{script_loaders.built_with(loader)}. {finding.recommendation}",
+        fix=Fix(
+            code=script_loaders.fix_code(
+                loader,
+                {"pin_memory": True},
+                "page-locked batches, then .to(device, non_blocking=True)",
+            ),
+            config_patch=script_loaders.config_patch({"pin_memory": True}),
+        ),
+        evidence={
+            **finding.evidence,
+            "dataloader": {
+                "site": loader.site,
+                "code": loader.code,
+                **{name: getattr(loader, name) for name in loader.ARGUMENTS},
+            },
+        },
+    )
+
+
 class MissingPinMemory(Rule):
     id = "missing-pin-memory"
     title = "Host-to-device copies come from pageable memory"
@@ -72,6 +112,9 @@ class MissingPinMemory(Rule):
     threshold_names = ("pageable_h2d_min_bytes",)
 
     def check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:
+        return [_for_script(inputs, f) for f in self._check(inputs, thresholds)]
+
+    def _check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:
         trace = cuda_trace(inputs)
         if trace is not None and trace.copies.height:
             finding = self._from_trace(inputs, thresholds)
@@ -148,7 +191,7 @@ class MissingPinMemory(Rule):
     def _from_run(self, inputs: AnalysisInputs) -> Finding | None:
         run = inputs.run
         assert run is not None
-        if config_value(run, "data.pin_memory") is not False:
+        if _pin_memory(run) is not False:
             return None
         h2d = median(numeric(run.steps, "h2d_ms")) if has_steps(run, "h2d_ms") else None
         step = (

@@ -21,6 +21,11 @@ How to fix
     only the CPU part of a worker's time when the storage latency is known from the config
     (a worker sleeping on I/O does not occupy a core), and never above SageMaker's 200% of
     cores. Keep workers alive between epochs with ``persistent_workers=True``.
+
+    On a script run (``pipeline-doctor profile``) the finding names the line that built
+    the DataLoader the step waited on, with its actual arguments, rewrites that call, and
+    gives the patch as ``--override`` keys (``dataloader.num_workers``), so the script can
+    be re-run with the fix unedited.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from diagnostics.metrics import median_share_pct, steady_steps
 from diagnostics.model import AnalysisInputs
 from diagnostics.percent import pct
 from diagnostics.rules import examples as ex
+from diagnostics.rules import script_loaders
 from diagnostics.rules.base import (
     Example,
     Finding,
@@ -101,8 +107,8 @@ def recommend_workers(
 
 
 def _configured_workers(inputs: AnalysisInputs) -> int | None:
-    """The run's data.num_workers, else what the trace's DataLoader ranges say."""
-    workers = config_count(inputs.run, "data.num_workers")
+    """The run's loader's worker count, else what the trace's DataLoader ranges say."""
+    workers = _workers(inputs)
     return workers if workers is not None else _current_workers_from_events(inputs)
 
 
@@ -117,6 +123,26 @@ def _current_workers_from_events(inputs: AnalysisInputs) -> int | None:
     if names.str.contains(SINGLE_PROCESS_ITER, literal=True).any():
         return 0
     return None
+
+
+def _workers(inputs: AnalysisInputs) -> int | None:
+    """The loader's worker count: a script run's own DataLoader, else the trainer config."""
+    loader = script_loaders.training_loader(inputs.run)
+    if script_loaders.is_script_run(inputs.run):
+        return loader.num_workers if loader is not None else None
+    return config_count(inputs.run, "data.num_workers")
+
+
+def _measured_io_ms(inputs: AnalysisInputs, load_ms: float) -> float | None:
+    """A script run's loader without workers: the part of one batch's load that was not the
+    training thread's CPU time (I/O, sleeps), measured in ``__next__``; a worker waiting on
+    it does not occupy a core. None where not measured."""
+    if not script_loaders.is_script_run(inputs.run):
+        return None
+    loader = script_loaders.training_loader(inputs.run)
+    if loader is None or loader.num_workers or not loader.wait_ms or loader.wait_cpu_ms is None:
+        return None
+    return load_ms * max(0.0, 1.0 - loader.wait_cpu_ms / loader.wait_ms)
 
 
 class TooFewWorkers(Rule):
@@ -216,6 +242,9 @@ class TooFewWorkers(Rule):
         io_ms = 0.0
         if isinstance(batch, int) and isinstance(latency, int | float):
             io_ms = min(load, float(latency) * batch)
+        measured_io_ms = _measured_io_ms(inputs, load)
+        if measured_io_ms is not None:
+            io_ms = measured_io_ms
         cores = cpu_count(inputs)
         recommended, cap, capped = recommend_workers(
             load_ms=load,
@@ -259,7 +288,8 @@ class TooFewWorkers(Rule):
             "step_time_ms_median": m["step_ms_median"],
             "throughput_samples_per_s": inputs.metrics.samples_per_s,
             "load_ms_per_batch_estimate": r(load),
-            "io_ms_per_batch_from_config": r(io_ms) if io_ms else None,
+            "io_ms_per_batch_from_config": r(io_ms) if io_ms and measured_io_ms is None else None,
+            "io_ms_per_batch_measured": r(measured_io_ms) if measured_io_ms is not None else None,
             "num_workers": workers,
             "cpu_count": cores,
             "worker_cap": cap,
@@ -275,27 +305,49 @@ class TooFewWorkers(Rule):
                 {"data wait (ms)": m["wait_ms"], "rest of step (ms)": m["other_ms"]},
             ),
         }
+        recommendation = (
+            f"The step waits {wait:.1f} ms (median) for each batch while compute takes "
+            f"{compute:.1f} ms; num_workers is {worker_text}. Loading one batch takes "
+            f"about {load:.1f} ms, so {recommended} worker(s) would deliver a batch per "
+            f"step ({cap_text}). Set num_workers={recommended} with persistent_workers=True."
+            + (
+                f" The {workers} worker(s) already use the cores this machine can spare, "
+                "so also make loading cheaper (pre-tokenise, cache) or batches larger."
+                if at_cap
+                else ""
+            )
+        )
+        fix = Fix(
+            code=FIX_CODE.format(workers=recommended),
+            config_patch={"data.num_workers": recommended},
+        )
+        loader = script_loaders.training_loader(inputs.run)
+        if script_loaders.is_script_run(inputs.run) and loader is not None:
+            assert inputs.run is not None
+            change = {"num_workers": recommended, "persistent_workers": True}
+            recommendation = f"{script_loaders.built_with(loader)}. {recommendation}"
+            fix = Fix(
+                code=script_loaders.fix_code(
+                    loader, change, f"{recommended} worker processes load batches meanwhile"
+                ),
+                config_patch=script_loaders.config_patch({"num_workers": recommended}),
+            )
+            evidence["dataloader"] = {
+                "site": loader.site,
+                "code": loader.code,
+                "dataset_class": loader.dataset_class,
+                **{name: getattr(loader, name) for name in loader.ARGUMENTS},
+            }
+            evidence["rerun_command"] = script_loaders.rerun_command(
+                inputs.run, {"num_workers": recommended}
+            )
         return Finding(
             rule=self.id,
             severity=severity,
             title=f"{pct(share)} of step time is spent waiting for the DataLoader",
             evidence=evidence,
-            recommendation=(
-                f"The step waits {wait:.1f} ms (median) for each batch while compute takes "
-                f"{compute:.1f} ms; num_workers is {worker_text}. Loading one batch takes "
-                f"about {load:.1f} ms, so {recommended} worker(s) would deliver a batch per "
-                f"step ({cap_text}). Set num_workers={recommended} with persistent_workers=True."
-                + (
-                    f" The {workers} worker(s) already use the cores this machine can spare, "
-                    "so also make loading cheaper (pre-tokenise, cache) or batches larger."
-                    if at_cap
-                    else ""
-                )
-            ),
-            fix=Fix(
-                code=FIX_CODE.format(workers=recommended),
-                config_patch={"data.num_workers": recommended},
-            ),
+            recommendation=recommendation,
+            fix=fix,
             estimated_saving_pct=r(saving_pct, 1),
         )
 

@@ -27,7 +27,15 @@ import polars as pl
 
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules import examples as ex
-from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity, need_run_steps
+from diagnostics.rules.base import (
+    Example,
+    Finding,
+    Fix,
+    Rule,
+    Severity,
+    need_run_steps,
+    need_trainer_config,
+)
 from diagnostics.rules.evidence import chart, config_value, has_steps, numeric, r
 from diagnostics.thresholds import Thresholds
 
@@ -56,7 +64,10 @@ class WorkerRestarts(Rule):
     id = "worker-restarts"
     title = "DataLoader workers restart at every epoch"
     severity = Severity.LOW
-    needs = (need_run_steps("epoch", "data_wait_ms"),)
+    needs = (
+        need_trainer_config("data.num_workers, data.persistent_workers, data.dataset"),
+        need_run_steps("epoch", "data_wait_ms"),
+    )
     threshold_names = ("epoch_start_wait_ratio", "epoch_start_wait_min_ms")
 
     def not_applicable(self, inputs: AnalysisInputs) -> str | None:

@@ -1,4 +1,4 @@
-"""Step records written in order once their figures reach the host (trainer/instruments/deferred).
+"""Step records written in order once their figures reach the host (probe/deferred).
 
 The CUDA handles (events, pinned copies) need a GPU: tests/trainer/test_gpu.py runs them.
 Here a handle that becomes ready when the test says so stands in for a CUDA event, to pin
@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from trainer.instruments.deferred import PendingSteps
-from trainer.instruments.steps import HostStepClock, Resolved, run_queue_wait_ns
+from probe.deferred import PendingSteps
+from probe.steps import HostStepClock, Resolved, run_queue_wait_ns
 
 
 class Later:

@@ -52,7 +52,7 @@ def _run(tmp_path, *extra):
 
 
 def test_cuda_event_clock_times_gpu_work_not_the_launch():
-    from trainer.instruments.steps import CudaStepClock
+    from probe.steps import CudaStepClock
 
     host = torch.ones(64 * 2**20 // 4).pin_memory()
     # Warm up first. On an H200 with PyTorch 2.11 the first torch.cuda._sleep launch took
@@ -279,7 +279,7 @@ def test_profiler_leaves_nothing_behind_after_its_window(tmp_path):
     default size on an H200, ~25 % of it after the profiler's window had closed: Kineto
     kept CUPTI attached (no TEARDOWN_CUPTI). Kernel launches after the window must cost
     what they cost before it (wide margin: a timing on a shared machine)."""
-    from trainer.instruments.profiler import TEARDOWN_ENV, TrainingProfiler
+    from probe.profiler import TEARDOWN_ENV, TrainingProfiler
 
     x = torch.ones(16, device="cuda")
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from diagnostics.runs import MEMORY_LINE_SCHEMA, RunFolder
+from probe.profiler import NullProfiler, TrainingProfiler, make_profiler
+from probe.system import NullSampler, SystemSampler, child_pids, make_sampler
 from tests.conftest import REPO_ROOT, TINY_RUN_ARGS
 from trainer.config import ProfilerConfig
-from trainer.instruments.profiler import NullProfiler, TrainingProfiler, make_profiler
-from trainer.instruments.system import NullSampler, SystemSampler, child_pids, make_sampler
 from trainer.loop import MEMORY_LINES_PROBE_SAMPLES
 
 

@@ -159,6 +159,10 @@ class PendingSteps:
     def __len__(self) -> int:
         return len(self._queue)
 
+    def ship_on_flush(self, scalars: DeviceScalars) -> None:
+        """The device scalars to ship when flushing (known once the device is)."""
+        self._scalars = scalars
+
     def push(self, record: dict[str, Any], times: Any, scalars: Any) -> None:
         self._queue.append((record, times, scalars))
         self.poll()
@@ -190,5 +194,6 @@ class PendingSteps:
     def _write_head(self) -> None:
         record, times, scalars = self._queue.popleft()
         self._sink(self._complete(record, times.get(), scalars.get()))
-        if isinstance(scalars, PendingScalars):
-            scalars.release()
+        release = getattr(scalars, "release", None)  # a device read's block can go
+        if release is not None:
+            release()

@@ -19,14 +19,52 @@ from __future__ import annotations
 
 import gc
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Protocol
 
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
-from trainer.config import ProfilerConfig
-
 TEARDOWN_ENV = "TEARDOWN_CUPTI"
+
+
+class WindowSettings(Protocol):
+    """What a profiler window needs; the reference trainer's ``ProfilerConfig`` has it."""
+
+    enabled: bool
+    wait: int
+    warmup: int
+    active: int
+    repeat: int
+    record_shapes: bool
+    profile_memory: bool
+
+
+@dataclass(frozen=True)
+class ProfilerWindow:
+    """A window chosen by step count: skip ``wait``, warm up ``warmup``, record ``active``.
+
+    ``with_stack`` keeps each operator's Python stack, so a finding can name the user's
+    line (a host sync, a slow op); it costs more per op while recording, and the window
+    is a few steps only.
+    """
+
+    enabled: bool = True
+    wait: int = 1
+    warmup: int = 1
+    active: int = 3
+    repeat: int = 1
+    record_shapes: bool = True
+    profile_memory: bool = True
+    with_stack: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("wait", "warmup", "repeat"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"profiler window: {name} must be 0 or more")
+        if self.active < 1:
+            raise ValueError("profiler window: active must be 1 or more")
 
 
 class NullProfiler:
@@ -74,7 +112,7 @@ class TrainingProfiler(NullProfiler):
     (the step records say which steps were inside the window: ``profiled``).
     """
 
-    def __init__(self, config: ProfilerConfig, trace_dir: Path, *, cuda: bool, worker_name: str):
+    def __init__(self, config: WindowSettings, trace_dir: Path, *, cuda: bool, worker_name: str):
         self.cuda = cuda
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
         self.config = config
@@ -94,6 +132,7 @@ class TrainingProfiler(NullProfiler):
             ),
             record_shapes=config.record_shapes,
             profile_memory=config.profile_memory,
+            with_stack=bool(getattr(config, "with_stack", False)),
         )
 
     def start(self) -> None:
@@ -160,7 +199,7 @@ class TrainingProfiler(NullProfiler):
 
 
 def make_profiler(
-    config: ProfilerConfig, trace_dir: Path, *, enabled: bool, cuda: bool, worker_name: str
+    config: WindowSettings, trace_dir: Path, *, enabled: bool, cuda: bool, worker_name: str
 ) -> NullProfiler:
     if not (enabled and config.enabled):
         return NullProfiler()

@@ -1,0 +1,323 @@
+"""``pipeline-doctor profile [options] train.py ARGS...``: any script, unmodified, measured.
+
+This process is the launcher: it checks the command line (a usage error is one line and
+exit 2, before anything is created), creates the run folder, starts the script's
+process(es) -- ``python -m probe.child RUN_DIR``, or under torchrun with more than one --
+and passes their output through, keeping a copy in the run's ``log.txt``. It keeps the
+heartbeat, turns a ``cancel.request`` or its own SIGTERM/SIGINT into a cancel of the
+script, then writes the run's status from the processes' own ends and prints the folder.
+Its exit code is the script's. It imports no torch, so refusing a bad command is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import os
+import platform
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any, NoReturn
+
+from diagnostics.runs import (
+    CANCEL_FILE,
+    HEARTBEAT_INTERVAL_S,
+    LOG_FILE,
+    RunFolder,
+    RunWriter,
+    default_runs_dir,
+    new_run_id,
+)
+from probe.overrides import as_patch, parse_override
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+STOP_GRACE_S = 20.0  # after SIGTERM, how long the script has to unwind before SIGKILL
+
+
+class UsageError(Exception):
+    """A bad command line: one line, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="pipeline-doctor", description="Profile a PyTorch training script.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    profile = sub.add_parser(
+        "profile",
+        help="run a training script, unmodified, under the instruments",
+        description="Runs SCRIPT with ARGS as `python SCRIPT ARGS` would, under the "
+        "instruments, and writes one run folder (its path is printed last).",
+    )
+    profile.add_argument("--steps", type=int, help="stop the script after N steps")
+    profile.add_argument(
+        "--runs-dir", type=Path, default=None, help="default $PIPELINE_DOCTOR_RUNS_DIR or ./runs"
+    )
+    profile.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="dataloader.KEY=VALUE",
+        help="change a DataLoader argument as the script builds it (num_workers, "
+        "pin_memory, persistent_workers, prefetch_factor); repeatable",
+    )
+    profile.add_argument("--nproc-per-node", type=int, help="processes: torchrun when > 1")
+    profile.add_argument("--nnodes", type=int, help="nodes of the job (torchrun; default 1)")
+    profile.add_argument("--node-rank", type=int, default=0, help="this node's rank")
+    profile.add_argument("--rdzv-endpoint", help="HOST:PORT of node 0, with --nnodes > 1")
+    profile.add_argument("--run-id", help="folder name under the runs dir (default: generated)")
+    profile.add_argument("--parent-run-id", help="the run this one re-runs with a fix")
+    profile.add_argument(
+        "--no-trace", action="store_true", help="no torch.profiler window (steps still timed)"
+    )
+    profile.add_argument("--sample-hz", type=float, default=10.0, help="system sampler rate")
+    profile.add_argument("script", help="the training script")
+    profile.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
+    return parser
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _checked(args: argparse.Namespace) -> tuple[Path, dict[str, Any], int]:
+    """The script, the overrides and the world size; UsageError for anything wrong."""
+    script = Path(args.script)
+    if not script.is_file():
+        raise UsageError(f"script: {script} is not a file")
+    if args.steps is not None and args.steps < 1:
+        raise UsageError(f"--steps: {args.steps} is not a positive number of steps")
+    overrides: dict[str, Any] = {}
+    for text in args.override:
+        try:
+            key, value = parse_override(text)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        overrides[key] = value
+    nproc = args.nproc_per_node or 1
+    nnodes = args.nnodes or 1
+    if nproc < 1 or nnodes < 1:
+        raise UsageError("--nproc-per-node and --nnodes take 1 or more")
+    if nnodes > 1 and not args.rdzv_endpoint:
+        raise UsageError("--rdzv-endpoint: HOST:PORT of node 0 is needed with --nnodes > 1")
+    if not 0 < args.sample_hz <= 100:
+        raise UsageError(f"--sample-hz: {args.sample_hz} is outside (0, 100]")
+    return script, overrides, nproc * nnodes
+
+
+def _environment() -> dict[str, Any]:
+    import psutil
+
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cpus = os.cpu_count() or 1
+    return {
+        "python_version": platform.python_version(),
+        "platform": platform.platform(),
+        "executable": sys.executable,
+        "host": socket.gethostname(),
+        "cwd": os.getcwd(),
+        "cpu_count": cpus,
+        "memory_total_bytes": int(psutil.virtual_memory().total),
+    }
+
+
+def _child_command(args: argparse.Namespace, run_dir: Path, world: int) -> list[str]:
+    child = ["-m", "probe.child", str(run_dir)]
+    if world == 1:
+        return [sys.executable, *child]
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]
+    torchrun += ["--nproc-per-node", str(args.nproc_per_node or 1)]
+    torchrun += ["--nnodes", str(args.nnodes or 1), "--node-rank", str(args.node_rank)]
+    if args.rdzv_endpoint:
+        torchrun += ["--rdzv-backend", "c10d", "--rdzv-endpoint", args.rdzv_endpoint]
+    else:
+        torchrun += ["--standalone"]
+    return [*torchrun, *child]
+
+
+class _Tee:
+    """Copies a child's stream to ours and to the run's log, line by line."""
+
+    def __init__(self, source: IO[bytes], target: IO[bytes], log: IO[bytes], lock: Any):
+        self._thread = threading.Thread(
+            target=self._run, args=(source, target, log, lock), daemon=True
+        )
+        self._thread.start()
+
+    @staticmethod
+    def _run(source: IO[bytes], target: IO[bytes], log: IO[bytes], lock: Any) -> None:
+        for line in iter(source.readline, b""):
+            with contextlib.suppress(OSError, ValueError):
+                target.write(line)
+                target.flush()
+            with lock, contextlib.suppress(OSError, ValueError):
+                log.write(line)
+                log.flush()
+
+    def join(self) -> None:
+        self._thread.join(timeout=10.0)
+
+
+def _aggregate(run: RunFolder, world: int, returncode: int, signalled: str | None):
+    """(status, reason, exit code) from the processes' own ends and the launcher's view."""
+    statuses = run.rank_statuses()
+    ends = {rank: s for rank, s in statuses.items() if s}
+    for state in ("failed", "cancelled"):
+        for rank, end in ends.items():
+            if end.get("status") == state:
+                prefix = f"rank {rank}: " if world > 1 else ""
+                code = end.get("exit_code")
+                return state, prefix + str(end.get("reason")), int(code) if code else 1
+    if signalled is not None:
+        return "cancelled", f"{signalled} received", returncode or 1
+    if len(ends) < world or returncode != 0:
+        how = (
+            f"killed by {signal.Signals(-returncode).name}"
+            if returncode < 0
+            else f"exit code {returncode}"
+        )
+        missing = sorted(set(range(world)) - set(ends))
+        where = f" (no end recorded by rank {', '.join(map(str, missing))})" if missing else ""
+        return "failed", f"the script's process ended: {how}{where}", returncode or 1
+    return "completed", None, 0
+
+
+def profile(args: argparse.Namespace, argv: list[str]) -> int:
+    script, overrides, world = _checked(args)
+    runs_dir = args.runs_dir or default_runs_dir()
+    if runs_dir.exists() and not runs_dir.is_dir():
+        raise UsageError(f"--runs-dir: {runs_dir} is not a directory")
+    if args.run_id is not None and (runs_dir / args.run_id).exists():
+        raise UsageError(f"--run-id: {runs_dir / args.run_id} already exists")
+    resolved = script.resolve()
+    config = {
+        "scenario": None,
+        "script": str(resolved),
+        "args": list(args.args),
+        "steps": args.steps,
+        "dataloader": overrides,
+        "nproc_per_node": args.nproc_per_node or 1,
+        "nnodes": args.nnodes or 1,
+        "profiler": {"enabled": not args.no_trace},
+        "sample_hz": args.sample_hz,
+        "device": None,
+    }
+    try:
+        writer = RunWriter.create(
+            runs_dir,
+            config,
+            _environment(),
+            run_id=args.run_id or new_run_id(f"script-{resolved.stem}"[:40]),
+            parent_run_id=args.parent_run_id,
+            applied_patch=as_patch(overrides) or None,
+            total_steps=args.steps,
+        )
+    except FileExistsError as exc:
+        raise UsageError(f"--run-id: {exc.filename} already exists") from None
+    except OSError as exc:
+        raise UsageError(
+            f"--runs-dir: cannot create a run folder in {runs_dir}: {exc.strerror}"
+        ) from None
+    writer.update_manifest(
+        kind="script",
+        command=["pipeline-doctor", *argv],
+        script={
+            "path": str(resolved),
+            "sha256": _sha256(resolved),
+            "args": list(args.args),
+            "as_given": args.script,
+        },
+        **({"distributed": {"world_size": world}} if world > 1 else {}),
+    )
+    return _supervise(writer, _child_command(args, writer.path, world), world)
+
+
+def _supervise(writer: RunWriter, command: list[str], world: int) -> int:
+    run = RunFolder(writer.path)
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"  # the script's prints reach the log as they happen
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+    signalled: list[str] = []
+    lock = threading.Lock()
+    with (writer.path / LOG_FILE).open("ab") as log:
+        log.write(f"$ {shlex.join(command)}\n".encode())
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+
+        def forward(signum: int, frame: Any) -> None:
+            if not signalled:
+                signalled.append(signal.Signals(signum).name)
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signum)  # SIGINT stays SIGINT: KeyboardInterrupt there
+
+        previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+        tees = [
+            _Tee(process.stdout, sys.stdout.buffer, log, lock),  # type: ignore[arg-type]
+            _Tee(process.stderr, sys.stderr.buffer, log, lock),  # type: ignore[arg-type]
+        ]
+        deadline = None
+        while True:
+            try:
+                returncode = process.wait(timeout=HEARTBEAT_INTERVAL_S / 2)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if (writer.path / CANCEL_FILE).exists() and not signalled:
+                signalled.append("cancel request")
+                process.send_signal(signal.SIGTERM)
+            if signalled and deadline is None:
+                deadline = time.monotonic() + STOP_GRACE_S
+            if deadline is not None and time.monotonic() > deadline:
+                process.kill()
+            step = run.last_step()
+            if step is not None:
+                writer.set_step(step)
+            with contextlib.suppress(OSError):
+                writer.heartbeat()
+        for tee in tees:
+            tee.join()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    reason_signal = signalled[0] if signalled else None
+    status, reason, code = _aggregate(run, world, returncode, reason_signal)
+    if reason_signal is not None and status == "cancelled":
+        # the launcher's own reason: the script only saw the signal it was passed
+        if reason_signal == "cancel request":
+            reason, code = "cancel requested", 128 + signal.SIGTERM
+        else:
+            reason, code = f"{reason_signal} received", 128 + signal.Signals[reason_signal]
+    step = run.last_step()
+    if step is not None:
+        writer.set_step(step)
+    writer.finalise(status, reason)  # type: ignore[arg-type]
+    print(writer.path)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args = _parser().parse_args(argv)
+        return profile(args, argv)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
