@@ -7,7 +7,7 @@ the answer is the question (``UploadSet.mismatches``), and no analysis runs.
 
 ``analyse_upload_files`` runs inside the bounded child (diagnostics.isolated), so no trace
 is ever loaded, and no archive unpacked, in the server: it unpacks the upload's archives
-beside them (diagnostics.views.archives), then reads one file at a time for its identity row and its
+beside them (diagnostics.unpack.archives), then reads one file at a time for its identity row and its
 drill-down tables, writes that file's event table to the upload's ``store`` folder
 (diagnostics.drilldown.stored), drops it, and only then runs the chosen analysis. What it
 returns is small: tables, findings, and paths into ``store``.
@@ -217,8 +217,8 @@ def analyse_upload_files(
     unpacked first, into folders beside them. Raises InputError; budgets hold for all files
     together.
     """
-    from diagnostics.views.archives import unpack_archives
-    from diagnostics.views.uploads import MAX_UPLOAD_FILES
+    from diagnostics.unpack.archives import unpack_archives
+    from diagnostics.unpack.names import MAX_UPLOAD_FILES
 
     limits = limits or Limits.from_env()
     names, paths = unpack_archives(

@@ -30,6 +30,10 @@ import polars as pl
 from diagnostics.errors import InputError
 from diagnostics.printable import printable
 from diagnostics.trace.budget import Limits
+from diagnostics.unpack.archives import (
+    ARCHIVE_SUFFIXES,
+    is_archive_name,
+)
 from diagnostics.upload_analysis import (
     IDENTITY_SCHEMA,
     JOB_KEYS,
@@ -39,10 +43,6 @@ from diagnostics.upload_analysis import (
     identity,
     identity_table,
     mismatches,
-)
-from diagnostics.views.archives import (
-    ARCHIVE_SUFFIXES,
-    is_archive_name,
 )
 from diagnostics.views.ranks import RANK_TABLE_LABELS
 from diagnostics.views.uploads import MAX_UPLOAD_FILES, write_uploads

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import shutil
 import tempfile
 import time
@@ -10,14 +9,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-
-
-def safe_upload_name(name: str) -> str:
-    """A file name from a browser made safe for the disk: no folders, no odd characters."""
-    base = Path(name.replace("\\", "/")).name
-    cleaned = _UNSAFE.sub("_", base).strip("._") or "trace.json"
-    return cleaned[:120]
+from diagnostics.unpack.names import MAX_UPLOAD_FILES, safe_upload_name
 
 
 def is_trace_name(name: str) -> bool:
@@ -64,12 +56,6 @@ def write_uploads(files: Sequence[tuple[str, BinaryIO]], folder: Path) -> list[P
     return paths
 
 
-# One trace per rank, for up to 128 ranks: many rank files are analysed in a process pool
-# that keeps only per-rank summaries (diagnostics.rank_pool), so memory does not grow with
-# the count.
-MAX_UPLOAD_FILES = 128
-
-
 def upload_limits_text(environ: dict[str, str] | None = None) -> str:
     """The limits an upload is analysed under, for the page (what the environment sets)."""
     from diagnostics.isolated import ChildLimits
@@ -95,7 +81,7 @@ def write_inputs(
     on one byte budget, ``max_unpacked_bytes`` (the input's decompressed-byte limit). The
     Upload page instead writes the files only and has its bounded child unpack them
     (diagnostics.upload_analysis)."""
-    from diagnostics.views.archives import unpack_archives
+    from diagnostics.unpack.archives import unpack_archives
 
     names = [name for name, _ in files]
     return unpack_archives(write_uploads(files, folder), names, max_unpacked_bytes)
@@ -111,11 +97,11 @@ def analyse_uploads(
     ``analyse`` is ``diagnostics.analyze.analyze_files``; it receives the temporary paths
     and the names the user uploaded, so messages name the user's file, not the temp copy.
     An archive (.zip, .tar.gz) of rank traces is unpacked, bounded, beside them
-    (diagnostics.views.archives).
+    (diagnostics.unpack.archives).
     Raises InputError (from the analyser, or here for a file that is not a trace).
     """
     from diagnostics.errors import InputError
-    from diagnostics.views.archives import is_archive_name
+    from diagnostics.unpack.archives import is_archive_name
 
     def too_many(count: int) -> InputError:
         return InputError(

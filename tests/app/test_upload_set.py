@@ -131,7 +131,7 @@ def test_unsupported_extensions_name_the_file_and_the_accepted_ones(name, proble
 
 
 def test_check_names_accepts_traces_and_archives_in_any_case():
-    # archives of rank traces are unpacked, bounded, by diagnostics.views.archives (issue 10)
+    # archives of rank traces are unpacked, bounded, by diagnostics.unpack.archives (issue 10)
     check_names(["a.JSON", "b.json.GZ", "rank0.pt.trace.json.gz", "ranks.ZIP", "r.tar.gz"])
 
 

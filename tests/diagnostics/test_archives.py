@@ -12,7 +12,7 @@ import pytest
 from diagnostics import views
 from diagnostics.analyze import analyze_files
 from diagnostics.errors import InputError
-from diagnostics.views.archives import extract_traces
+from diagnostics.unpack.archives import extract_traces
 
 TRACE = b'{"traceEvents": []}'
 

@@ -24,7 +24,7 @@ from diagnostics.analyze import analyze
 from diagnostics.errors import InputError
 from diagnostics.isolated import analyze_upload_isolated
 from diagnostics.trace.loader import load_trace_file
-from diagnostics.views.archives import extract_traces
+from diagnostics.unpack.archives import extract_traces
 from diagnostics.views.upload_set import analyse_upload_set
 from tests.app.test_pages import open_page
 

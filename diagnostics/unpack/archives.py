@@ -15,7 +15,7 @@ An archive is untrusted input, so unpacking is bounded and flat:
   decompressed-byte budget (``Limits.max_decompressed_bytes``, diagnostics.trace.budget),
   one :class:`ArchiveBudget` for all archives of an upload: a zip bomb, or several archives
   each under the limit, stop at the budget with a one-line error naming it. A tar is read
-  header by header (diagnostics.views.tar_stream), so a long-name or pax header claiming
+  header by header (diagnostics.unpack.tar_stream), so a long-name or pax header claiming
   gigabytes is refused before it is read, and its headers and skipped members count too;
 - an encrypted member, a compression method this Python cannot inflate, a corrupt member:
   one line naming the archive and the member.
@@ -40,7 +40,7 @@ from typing import IO, BinaryIO
 
 from diagnostics.errors import InputError
 from diagnostics.trace.budget import ENV_MAX_DECOMPRESSED_MB, Limits, human_bytes
-from diagnostics.views.tar_stream import TarStream, member_text
+from diagnostics.unpack.tar_stream import TarStream, member_text
 
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz")
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -86,7 +86,7 @@ def _is_trace_member(name: str) -> bool:
 
 
 def _safe_name(member: str, taken: set[str]) -> str:
-    from diagnostics.views.uploads import safe_upload_name
+    from diagnostics.unpack.names import safe_upload_name
 
     safe = safe_upload_name(member)
     stem, dot, ext = safe.partition(".")
