@@ -168,3 +168,24 @@ def no_cuda_for_children(monkeypatch):
     launch._cuda_devices.cache_clear()
     yield
     launch._cuda_devices.cache_clear()
+
+
+# Fixtures that start Chromium or a live streamlit server (tests/app/conftest.py and the
+# modules' own): a test that uses one must carry the browser marker, or `-m "not browser"`
+# would still start a browser.
+BROWSER_FIXTURES = frozenset(
+    {"browser", "app_server", "runs_server", "rank_server", "hostile_server"}
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    unmarked = [
+        item.nodeid
+        for item in items
+        if BROWSER_FIXTURES & set(getattr(item, "fixturenames", ()))
+        and item.get_closest_marker("browser") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError(
+            f"uses a browser or live-server fixture without @pytest.mark.browser: {unmarked}"
+        )
