@@ -154,3 +154,38 @@ def scenario_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         assert returncode == 0, f"{name}: {stderr[-3000:]}"
         runs[name] = Path((logs / f"{name}.out").read_text().strip().splitlines()[-1])
     return runs
+
+
+@pytest.fixture
+def no_cuda_for_children(monkeypatch):
+    """Child processes (the trainer, the launcher's CUDA probe) see no CUDA device, on a GPU
+    host too, so the tests of what happens without one run everywhere instead of being
+    skipped where a GPU is. The probe's answer is cached per process: asked afresh here and
+    forgotten afterwards, so that no other test inherits the pretended 0."""
+    from trainer import launch
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    launch._cuda_devices.cache_clear()
+    yield
+    launch._cuda_devices.cache_clear()
+
+
+# Fixtures that start Chromium or a live streamlit server (tests/app/conftest.py and the
+# modules' own): a test that uses one must carry the browser marker, or `-m "not browser"`
+# would still start a browser.
+BROWSER_FIXTURES = frozenset(
+    {"browser", "app_server", "runs_server", "rank_server", "hostile_server"}
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    unmarked = [
+        item.nodeid
+        for item in items
+        if BROWSER_FIXTURES & set(getattr(item, "fixturenames", ()))
+        and item.get_closest_marker("browser") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError(
+            f"uses a browser or live-server fixture without @pytest.mark.browser: {unmarked}"
+        )

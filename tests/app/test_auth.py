@@ -325,6 +325,8 @@ def test_serve_with_the_anonymous_opt_in_warns_and_serves(tmp_path):
     assert "WARNING: serving on 0.0.0.0 WITHOUT authentication" in stderr
 
 
+@pytest.mark.browser
+@pytest.mark.slow
 def test_in_chromium_a_proxied_request_to_the_local_tool_sees_no_run(app_server, browser):
     """The open local tool behind a reverse proxy on the same machine: the connection comes
     from loopback, but the proxy's header says the browser is elsewhere."""

@@ -7,7 +7,6 @@ import time
 
 import polars as pl
 import pytest
-import torch
 
 from diagnostics import views
 from diagnostics.runs import STEP_SCHEMA, RunStatus, list_runs
@@ -20,8 +19,9 @@ def empty_env(monkeypatch, tmp_path):
     return tmp_path / "runs"
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_cuda_without_cuda_is_an_error_under_device_and_starts_nothing(empty_env):
+def test_cuda_without_cuda_is_an_error_under_device_and_starts_nothing(
+    empty_env, no_cuda_for_children
+):
     at = open_page("pages/1_Launch.py")
     device = next(s for s in at.selectbox if s.label == "Device")
     device.set_value("cuda")

@@ -3,14 +3,17 @@ and a straggler 2-rank run under torchrun (gloo, CPU) and one single-process run
 
 from __future__ import annotations
 
+import json
 import shutil
+import statistics
 from dataclasses import dataclass
+from operator import itemgetter
 
 import polars as pl
 import pytest
 
 from diagnostics.analyze import analyze
-from diagnostics.metrics import key_metrics, steady_steps
+from diagnostics.metrics import key_metrics
 from diagnostics.report.figure_style import figure_titles
 from diagnostics.result import AnalysisResult
 from diagnostics.runs import RunFolder
@@ -56,11 +59,25 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
 
 
 def _own_medians(folder: RunFolder, rank: int) -> tuple[int, float, float]:
-    """(records, median step time, median data wait) of a rank's steady-state records,
-    straight from the run folder's reader."""
-    own = folder.rank_steps().filter(pl.col("rank") == rank).drop("rank")
-    steady = steady_steps(own)
-    return own.height, steady["step_time_ms"].median(), steady["data_wait_ms"].median()
+    """(records, median step time, median data wait) of a rank's steady-state records, from
+    its own line records read with json.loads: the steady-state steps as docs/ANALYSIS.md
+    defines them (each phase less its first step when the phase has more than two),
+    written out here rather than taken from diagnostics.metrics.steady_steps."""
+    name = "steps.jsonl" if rank == 0 else f"steps.rank{rank}.jsonl"
+    lines = (folder.path / name).read_text(encoding="utf-8").splitlines()
+    records = [json.loads(line) for line in lines if line.strip()]
+    timed = sorted(
+        (r for r in records if r.get("step_time_ms") is not None), key=itemgetter("step")
+    )
+    phases: dict[str, list[dict]] = {}
+    for record in timed:
+        phases.setdefault(record.get("phase") or "", []).append(record)
+    steady = [r for phase in phases.values() for r in (phase[1:] if len(phase) > 2 else phase)]
+    return (
+        len(records),
+        statistics.median(r["step_time_ms"] for r in steady),
+        statistics.median(r["data_wait_ms"] for r in steady),
+    )
 
 
 @pytest.mark.parametrize("which", ["healthy", "straggler"])

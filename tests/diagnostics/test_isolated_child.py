@@ -167,10 +167,14 @@ def test_over_the_bound_on_running_analyses_the_next_is_refused_as_busy(stalling
     threads = [threading.Thread(target=stall) for _ in range(2)]
     for thread in threads:
         thread.start()
-    deadline = time.monotonic() + 5
+    # Both stalls hold their slot before their child starts, so this takes milliseconds on
+    # an idle host; the long deadline is only for a loaded one, and reaching it fails the
+    # test (before, after 5 s it went on with a free slot and refused nothing).
+    deadline = time.monotonic() + 60
     while isolated._slots.running < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
     try:
+        assert isolated._slots.running == 2, "the two stalled analyses did not both start"
         with pytest.raises(AnalysisStopped) as caught:
             analyze_isolated(SMALL, child=stalls)
         assert str(caught.value) == (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -135,8 +136,20 @@ def test_a_malformed_run_file_is_one_unreadable_run(tmp_path, name, text, reason
     assert listings["bad"].error == listings["bad"].status.reason
 
 
-def test_list_runs_of_a_folder_it_may_not_read_is_empty():
-    assert list_runs("/proc/self") == []
+def test_list_runs_of_a_folder_it_may_not_read_is_empty(tmp_path, monkeypatch):
+    _writer(tmp_path).finalise("completed")
+    assert len(list_runs(tmp_path)) == 1  # readable, the run is listed
+    # Root reads any folder, so a real permission error cannot be made here: iterdir raises
+    # the one the kernel would give a user without read permission on runs_dir.
+    real_iterdir = Path.iterdir
+
+    def iterdir_refused(self):
+        if self == tmp_path:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_iterdir(self)
+
+    monkeypatch.setattr(Path, "iterdir", iterdir_refused)
+    assert list_runs(tmp_path) == []
 
 
 def test_a_failed_status_write_leaves_no_tmp_file(tmp_path):

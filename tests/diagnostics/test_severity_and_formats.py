@@ -38,7 +38,6 @@ def test_order_is_severity_then_saving_and_keeps_ties_in_arrival_order():
     assert severity_rank("unheard-of") == len(SEVERITY_ORDER)
 
 
-@pytest.mark.skipif(not GPU_RUN.is_dir(), reason="needs ../shared/gpu-runs")
 def test_report_lists_findings_in_the_analysers_order():
     """Two medium findings without savings: the report used to re-sort them by rule id."""
     result = analyze(GPU_RUN)

@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from diagnostics.runs import RunWriter
 from tests.conftest import run_trainer_cli
@@ -65,8 +64,7 @@ def test_bad_input_is_one_line_exit_2_and_leaves_no_folder(tmp_path, args, messa
     assert not runs_dir.exists() or not any(runs_dir.iterdir())
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_cuda_requested_without_cuda_is_refused_before_the_folder(tmp_path):
+def test_cuda_requested_without_cuda_is_refused_before_the_folder(tmp_path, no_cuda_for_children):
     result = run_trainer_cli(["run", "--runs-dir", str(tmp_path), "--device", "cuda"])
     assert result.returncode == 2
     assert result.stderr == (

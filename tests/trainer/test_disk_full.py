@@ -1,5 +1,7 @@
-"""A full disk, for real: a small tmpfs mounted for the test (this needs root, as the
-project's test machines run; without it the test says so and is skipped, never faked).
+"""A full disk, for real: a small tmpfs mounted for the test. Root mounts it where the tests
+run; anyone else gets each test run again in a private user and mount namespace
+(``unshare -rm``, where they are root of their own mounts), whose result stands for the
+test. Never skipped: a host where neither works fails these tests, saying why.
 
 At creation: exit 2, one line, no run folder, no .tmp. Mid-run: status failed with
 "disk full at step N", the records up to N kept, no .tmp, no traceback on the terminal.
@@ -7,14 +9,17 @@ At creation: exit 2, one line, no run folder, no .tmp. Mid-run: status failed wi
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,21 +42,64 @@ ARGS = [
 ]
 
 
-def _mount(path: Path, size: str) -> None:
+# Set in the re-run inside the namespace, so that a failed mount there fails, not recurses.
+IN_MOUNT_NAMESPACE = "PIPELINE_DOCTOR_TEST_IN_MOUNT_NAMESPACE"
+
+
+def mounts_a_tmpfs(test: Callable[..., None]) -> Callable[..., None]:
+    """Runs the test where it may mount: here as root, else in ``unshare -rm``."""
+
+    @functools.wraps(test)
+    def run(*args: Any, **kwargs: Any) -> None:
+        if os.geteuid() == 0:
+            test(*args, **kwargs)
+            return
+        if os.environ.get(IN_MOUNT_NAMESPACE):
+            pytest.fail("unshare -rm gave no root of the namespace (uid is not 0 inside)")
+        _rerun_in_a_mount_namespace(test.__name__)
+
+    return run
+
+
+def _rerun_in_a_mount_namespace(test_name: str) -> None:
+    node = f"{Path(__file__).relative_to(REPO_ROOT)}::{test_name}"
+    with tempfile.TemporaryDirectory(prefix="disk-full-") as base:
+        command = ["unshare", "-rm", sys.executable, "-m", "pytest", "-q"]
+        # the namespace's root does not own this user's pytest temp folder: a fresh one
+        command += ["-p", "no:cacheprovider", "--basetemp", str(Path(base) / "tmp"), node]
+        done = subprocess.run(
+            command,
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env={**os.environ, IN_MOUNT_NAMESPACE: "1"},
+        )
+    assert done.returncode == 0, (
+        f"{node} in a private mount namespace (unshare -rm): exit {done.returncode}\n"
+        + (done.stdout + done.stderr)[-3000:]
+    )
+
+
+def _mount(path: Path, size: str, *, read_only: bool = False) -> None:
     path.mkdir()
+    options = f"size={size}" + (",ro" if read_only else "")
     done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
         capture_output=True,
         text=True,
     )
     if done.returncode != 0:
-        path.rmdir()
-        pytest.skip(f"cannot mount a tmpfs to fill (needs root): {done.stderr.strip()}")
+        pytest.fail(f"root (of this host or of its namespace) cannot mount a tmpfs: {done.stderr}")
 
 
 @pytest.fixture
-def small_disk(tmp_path) -> Iterator[Path]:
-    """A 20 MiB tmpfs: room for the run's files and one 12 MB checkpoint, not two."""
+def small_disk(tmp_path) -> Iterator[Path | None]:
+    """A 20 MiB tmpfs: room for the run's files and one 12 MB checkpoint, not two. None where
+    this user may not mount: @mounts_a_tmpfs runs the test in a namespace instead."""
+    if os.geteuid() != 0:
+        yield None
+        return
     disk = tmp_path / f"disk-{uuid.uuid4().hex[:8]}"
     _mount(disk, "20m")
     try:
@@ -78,6 +126,7 @@ def _tmp_files(root: Path) -> list[str]:
     return [str(p) for p in root.rglob("*.tmp")]
 
 
+@mounts_a_tmpfs
 def test_a_full_disk_at_creation_is_one_line_exit_2_and_leaves_nothing(small_disk):
     _fill(small_disk)
     runs_dir = small_disk / "runs"
@@ -91,11 +140,12 @@ def test_a_full_disk_at_creation_is_one_line_exit_2_and_leaves_nothing(small_dis
     assert _tmp_files(small_disk) == []
 
 
+@mounts_a_tmpfs
 def test_a_read_only_runs_dir_is_one_line_exit_2(tmp_path):
     disk = tmp_path / "ro"
-    _mount(disk, "1m")
+    # read-only from the start: a remount to ro is refused inside a user namespace
+    _mount(disk, "1m", read_only=True)
     try:
-        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
         result = run_trainer_cli(["run", *ARGS, "--steps", "2", "--runs-dir", str(disk)])
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
@@ -105,6 +155,7 @@ def test_a_read_only_runs_dir_is_one_line_exit_2(tmp_path):
     )
 
 
+@mounts_a_tmpfs
 def test_a_disk_filling_up_mid_run_fails_the_run_at_that_step_and_keeps_its_records(
     small_disk,
 ):
@@ -127,6 +178,7 @@ def test_a_disk_filling_up_mid_run_fails_the_run_at_that_step_and_keeps_its_reco
     assert not (runs_dir / "full" / "run.lock").exists()
 
 
+@mounts_a_tmpfs
 def test_a_disk_filled_by_something_else_still_gets_the_final_status(small_disk):
     """Nothing of the run's own to free: the final status is written in place. With the
     instruments on, so the sampler thread and the profiler meet the full disk too."""

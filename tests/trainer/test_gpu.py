@@ -4,7 +4,8 @@ steps without a device sync, the profiler's teardown, the size presets and fp32.
 Run only where CUDA exists (``scripts/gpu_check.sh`` runs them with a profiled run of every
 scenario); everywhere else they are skipped by the marker's skipif. The parts that do not
 need a device are tested on CPU (test_deferred.py, test_sizes.py, test_gpu_check.py) and on
-the H200 run folders in ../shared/gpu-runs (test_gpu_fixtures.py).
+the H200 run folders in ../shared/gpu-runs (tests/diagnostics/rules/test_gpu_runs.py, and
+test_gpu_trace_steps.py for the profiler-step assertion below).
 """
 
 from __future__ import annotations
@@ -278,7 +279,7 @@ def test_profiler_leaves_nothing_behind_after_its_window(tmp_path):
     """Issue 9: steady steps took 1.30x as long with instruments on, at the launch-bound
     default size on an H200, ~25 % of it after the profiler's window had closed: Kineto
     kept CUPTI attached (no TEARDOWN_CUPTI). Kernel launches after the window must cost
-    what they cost before it (wide margin: a timing on a shared machine)."""
+    what they cost before it, within the spread the same launches show before it."""
     from probe.profiler import TEARDOWN_ENV, TrainingProfiler
 
     x = torch.ones(16, device="cuda")
@@ -294,7 +295,7 @@ def test_profiler_leaves_nothing_behind_after_its_window(tmp_path):
 
     for _ in range(3):
         launches_s()
-    before = statistics.median(launches_s() for _ in range(7))
+    before = [launches_s() for _ in range(9)]
     profiler = TrainingProfiler(ProfilerConfig(), tmp_path, cuda=True, worker_name="w")
     with profiler:
         for _ in range(8):
@@ -306,5 +307,13 @@ def test_profiler_leaves_nothing_behind_after_its_window(tmp_path):
     assert os.environ.get(TEARDOWN_ENV) == "1"
     for _ in range(3):  # CUPTI finalises from the next CUDA API callback
         launches_s()
-    after = statistics.median(launches_s() for _ in range(7))
-    assert after <= 1.15 * before, (after, before)
+    after = [launches_s() for _ in range(9)]
+    # The margin comes from the noise measured before the window: twice the interquartile
+    # range of nine repeats (one stray repeat does not widen it), at least 2 %. A host too
+    # noisy for that margin to show issue 9's +25 % fails saying so, rather than pass a
+    # check that could not have seen the fault.
+    typical = statistics.median(before)
+    first_quartile, _, third_quartile = statistics.quantiles(before, n=4)
+    margin = max(2 * (third_quartile - first_quartile), 0.02 * typical)
+    assert margin < 0.25 * typical, f"too noisy to tell a 25 % slowdown: {before}"
+    assert statistics.median(after) <= typical + margin, (after, before, margin)

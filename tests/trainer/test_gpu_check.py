@@ -134,15 +134,23 @@ def test_checker_runs_end_to_end_on_cpu(tmp_path):
     command += ["--sizes", "cpu", "--scenarios", "healthy", "--steps", "4", "--fix-sizes"]
     command += ["--no-tests", "--no-bench", "--runs-dir", str(tmp_path / "runs")]
     command += ["--summary", str(summary_path)]
-    for item in ("data.rows=240", "runtime.threads=1", "model.layers=1"):
+    # Loading in the training process (num_workers=0) keeps the healthy verdict independent
+    # of the host's load: the collate and the step slow down together, so the wait stays
+    # near 1.5 % of the step (0.6-0.9 ms of 45-75 ms, measured), far under the 5 % threshold.
+    # One worker process on a busy 2-core host is starved instead: it waited 5.9 % of the
+    # step there and too-few-workers rightly fired, which the old `returncode in (0, 1)` hid.
+    for item in ("data.rows=240", "runtime.threads=1", "model.layers=1", "data.num_workers=0"):
         command += ["--set", item]
     result = subprocess.run(
         command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, check=False
     )
-    assert result.returncode in (0, 1), result.stderr[-2000:]
+    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-2000:])
     assert result.stdout.strip().splitlines()[-1] == str(summary_path)
     text = summary_path.read_text()
-    assert text.startswith("# GPU check: ")
+    assert text.startswith("# GPU check: PASS (cpu)")
     row = next(line for line in text.splitlines() if line.startswith("| healthy | cpu |"))
-    assert "no medium or high finding" in row and row.endswith(("PASS |", ")|", ") |"))
-    assert (result.returncode == 0) == ("GPU check: PASS" in text)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == "no medium or high finding"
+    # low findings are allowed (the healthy run keeps unused vocabulary rows), nothing more
+    assert all(f.endswith(":low") for f in cells[3].split(", ") if f != "none"), cells[3]
+    assert cells[-1] == "PASS"

@@ -118,8 +118,7 @@ def test_bad_override_raises_before_anything_starts(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_a_trainer_that_refuses_reports_its_error(tmp_path):
+def test_a_trainer_that_refuses_reports_its_error(tmp_path, no_cuda_for_children):
     with pytest.raises(launch.LaunchError, match="error: device: cuda requested but no CUDA") as e:
         launch.start_run(scenario="healthy", overrides={}, runs_dir=tmp_path, device="cuda")
     assert "\n" not in str(e.value)

@@ -50,10 +50,6 @@ HEALTHY_RUN = SHARED_RUNS / "gpu-healthy"
 # DataLoader-bound (one worker, slow samples): too-few-workers fires on it
 SLOW_LOADER_RUN = SHARED_RUNS / "gpu-slow-loader"
 
-pytestmark = pytest.mark.skipif(
-    not (SMALL.exists() and STEPPED.exists()), reason="needs ../shared/traces"
-)
-
 # what the terminal must never receive raw from a name in the input
 RAW_CONTROLS = ("\x1b", "\x00", "\u202e")
 HOSTILE_NAME = "A100\x1b[31mRED\u202e\x00X\nline"

@@ -5,7 +5,7 @@ import pytest
 from diagnostics.chart import Chart
 from diagnostics.rules.base import Severity
 from tests.diagnostics.report import fakes
-from tests.diagnostics.report.fakes import BREAKOUT, HOSTILE
+from tests.diagnostics.report.fakes import BREAKOUT, HOSTILE, PIPED
 
 
 @pytest.fixture
@@ -78,13 +78,19 @@ def hostile_result(tmp_path):
         "data": {"rows": 100, "dataset": BREAKOUT},
         "train": {"batch_size": 4},
         HOSTILE: BREAKOUT,
+        PIPED: PIPED,
     }
     run = fakes.write_run(
         tmp_path,
         run_id="hostile-run",
         steps=fakes.steps_records(5, data_wait_ms=10.0),
         config=config,
-        environment={"device": "cuda", "gpu_name": HOSTILE, "pytorch_version": BREAKOUT},
+        environment={
+            "device": "cuda",
+            "gpu_name": HOSTILE,
+            "pytorch_version": BREAKOUT,
+            "hostname": PIPED,
+        },
     )
     chart = Chart(
         kind="bar",
@@ -98,8 +104,14 @@ def hostile_result(tmp_path):
         "host-device-sync",
         Severity.HIGH,
         12.0,
-        title=f"Sync in {HOSTILE}",
-        evidence={"op": HOSTILE, "file": BREAKOUT, "names": [HOSTILE], "chart": chart},
+        title=f"Sync in {HOSTILE} {PIPED}",
+        evidence={
+            "op": HOSTILE,
+            "file": BREAKOUT,
+            "names": [HOSTILE, PIPED],
+            PIPED: PIPED,
+            "chart": chart,
+        },
         code=f"# {BREAKOUT}\nx = '{HOSTILE}'",
         patch={"data.dataset": BREAKOUT},
     )
@@ -110,7 +122,7 @@ def hostile_result(tmp_path):
             "files": [f"{HOSTILE}.pt.trace.json"],
             "ranks": [0],
         },
-        summary={"device": "cuda", "steps": 5, "breakdown_pct": {HOSTILE: 1.0}},
+        summary={"device": "cuda", "steps": 5, "breakdown_pct": {HOSTILE: 1.0, PIPED: 2.0}},
         facts=fakes.trace_facts(op_name=HOSTILE, kernel_name=BREAKOUT),
         run=run,
         findings=(bad,),

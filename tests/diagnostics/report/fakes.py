@@ -16,6 +16,8 @@ from diagnostics.runs import RunFolder, RunWriter
 
 HOSTILE = "<script>alert(1)</script>"
 BREAKOUT = '</script><script>alert("x")</script><!--'
+# A name that would split a Markdown table cell (three pipes, one doubled) if a cell left it raw.
+PIPED = "rank|0 || stream|7"
 
 
 @dataclass(frozen=True)

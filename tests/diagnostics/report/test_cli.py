@@ -18,19 +18,28 @@ ORDER = {"high": 0, "medium": 1, "low": 2}
 
 def _report_json(path: Path, tmp_path: Path) -> dict:
     out = tmp_path / f"{path.name}.report.json"
-    assert main(["report", str(path), "--format", "json", "-o", str(out)]) in (0, 1)
+    # without --fail-on the exit is 0 whatever was found
+    assert main(["report", str(path), "--format", "json", "-o", str(out)]) == 0
     return json.loads(out.read_text())
+
+
+# --fail-on level -> exit code, written down rather than worked out from the same report:
+# alexnet_with_syncs' GPU is busy 0.5 % of its window (low-gpu-utilization, high) and it
+# copies 233 MiB from pageable memory (missing-pin-memory, medium), so every level fails;
+# rank3_of_8's worst is communication nothing overlaps, 18.9 % of step time (medium).
+FAIL_ON_CODES = {
+    SMALL_TRACE: {"high": 1, "medium": 1, "low": 1},
+    RANK_TRACE: {"high": 0, "medium": 1, "low": 1},
+}
 
 
 @pytest.mark.parametrize("trace", [SMALL_TRACE, RANK_TRACE], ids=lambda p: p.name)
 def test_fail_on_exit_codes_follow_the_worst_finding(trace, tmp_path, capsys):
-    severities = [f["severity"] for f in _report_json(trace, tmp_path)["report"]["findings"]]
-    for level in ("high", "medium", "low"):
-        expected = 1 if any(ORDER[s] <= ORDER[level] for s in severities) else 0
+    for level, expected in FAIL_ON_CODES[trace].items():
         code = main(
             [str(trace), "--format", "md", "-o", str(tmp_path / "r.md"), "--fail-on", level]
         )
-        assert code == expected, (level, severities)
+        assert code == expected, level
     # Without --fail-on the report is written and the exit is 0 whatever was found.
     assert main([str(trace), "--format", "md", "-o", str(tmp_path / "r.md")]) == 0
     err = capsys.readouterr().err

@@ -49,15 +49,48 @@ def test_the_shared_inputs_are_there():
     assert len(INPUTS) == 24
 
 
-@pytest.mark.parametrize("path", INPUTS, ids=lambda p: p.name)
-def test_each_finding_saves_at_most_the_share_it_measured(path):
+# Savings drawn from a time that is not a wait or idle share, so no measured share bounds them:
+# missing-pin-memory's is the pageable host-to-device copy time a pinned copy would save.
+SAVINGS_WITHOUT_A_MEASURED_SHARE = frozenset({"missing-pin-memory"})
+
+
+def _savings_checked_against_their_share(path: Path) -> list[tuple[str, float, float]]:
+    """(rule, saving, measured share) for each finding of path that claims a saving."""
+    checked = []
     for finding in _analysis(path).findings:
-        key = MEASURED_SHARE_KEYS.get(finding.rule)
-        if finding.estimated_saving_pct is None or key is None:
+        if finding.estimated_saving_pct is None or finding.rule in SAVINGS_WITHOUT_A_MEASURED_SHARE:
             continue
+        # a new rule with a saving and no measured share must be named, not slip past
+        assert finding.rule in MEASURED_SHARE_KEYS, finding.rule
+        key = MEASURED_SHARE_KEYS[finding.rule]
         measured = finding.evidence[key]
         assert measured is not None, (finding.rule, key)
-        assert 0 < finding.estimated_saving_pct <= measured + 1e-9, (finding.rule, key)
+        checked.append((finding.rule, finding.estimated_saving_pct, measured))
+    return checked
+
+
+@pytest.mark.parametrize("path", INPUTS, ids=lambda p: p.name)
+def test_each_finding_saves_at_most_the_share_it_measured(path):
+    for rule, saving, measured in _savings_checked_against_their_share(path):
+        assert 0 < saving <= measured + 1e-9, (rule, saving, measured)
+
+
+def test_the_saving_bound_is_checked_on_enough_findings():
+    # Most inputs claim no bounded saving (inference traces, healthy runs), so the test above
+    # checks nothing on them. Counted by hand from the analyses (2026-12): rank0_of_16 (sync,
+    # exposed comms), rank3_of_8, v100_ns_timestamps, v100_rank1_of_2 (2), resnet50 workers 0
+    # (2) and 4, mi300x resnet ddp, gpu-no-pin-memory, gpu-slow-loader, m768l6b256-fp32 and
+    # -slow: 14 findings on 11 inputs, from four rules.
+    checked = {path.name: _savings_checked_against_their_share(path) for path in INPUTS}
+    findings = [row for rows in checked.values() for row in rows]
+    assert len(findings) >= 14
+    assert sum(bool(rows) for rows in checked.values()) >= 11
+    assert {rule for rule, _, _ in findings} >= {
+        "host-device-sync",
+        "exposed-communication",
+        "too-few-workers",
+        "tensor-cores-unused",
+    }
 
 
 def _note_figures(document: str) -> tuple[float, float]:

@@ -18,10 +18,16 @@ from tests.diagnostics.trace.helpers import SHARED_TRACES
 
 # A PyTorch 1.9 trace ("Operator"/"Kernel", shapes recorded) and an H200 run of this
 # project's trainer (PyTorch 2.11, record_shapes=True): both eras of the args.
-H200_TRACES = sorted(
-    (SHARED_TRACES.parent / "gpu-runs" / "h200-sized" / "m768l6b256").glob("trace/*.json.gz")
+# named in full: a glob over a missing ../shared would leave the H200 case out without a word
+H200_TRACE = (
+    SHARED_TRACES.parent
+    / "gpu-runs"
+    / "h200-sized"
+    / "m768l6b256"
+    / "trace"
+    / "m768l6b256.992.1796082394698036275.pt.trace.json.gz"
 )
-TRACES = [SHARED_TRACES / "kineto_resnet50_num_workers_0.pt.trace.json.gz", *H200_TRACES]
+TRACES = [SHARED_TRACES / "kineto_resnet50_num_workers_0.pt.trace.json.gz", H200_TRACE]
 
 
 def _raw(path: Path) -> list[dict]:
