@@ -13,11 +13,14 @@ per step on an H200 for the step clock's one sync alone). Instead:
   ``Event.query()``, which never blocks. ``flush()`` waits for everything (checkpoints,
   the end of a phase, a stop), so a record is never lost and never written out of order.
 
-On CPU both are immediate (``Resolved`` values), and records are written at once, as before.
+On CPU the times are immediate (``Resolved``), and ``HostScalars`` reads each step's
+loss, gradient norm and scale in one batch every ``every`` steps: a ``float()`` per figure
+per step was a measurable part of a tiny step's cost.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import deque
 from collections.abc import Callable
@@ -149,7 +152,7 @@ class PendingSteps:
         self,
         sink: Callable[[dict[str, Any]], None],
         complete: Callable[[dict[str, Any], dict[str, float], dict[str, Any]], dict[str, Any]],
-        scalars: DeviceScalars | None = None,
+        scalars: DeviceScalars | HostScalars | None = None,
     ):
         self._sink = sink
         self._complete = complete
@@ -159,7 +162,7 @@ class PendingSteps:
     def __len__(self) -> int:
         return len(self._queue)
 
-    def ship_on_flush(self, scalars: DeviceScalars) -> None:
+    def ship_on_flush(self, scalars: DeviceScalars | HostScalars) -> None:
         """The device scalars to ship when flushing (known once the device is)."""
         self._scalars = scalars
 
@@ -197,3 +200,109 @@ class PendingSteps:
         release = getattr(scalars, "release", None)  # a device read's block can go
         if release is not None:
             release()
+
+
+class HostScalars:
+    """CPU steps' loss, gradient norm and AMP scale, read in one batch every ``every`` steps.
+
+    Each value is a tensor, a :class:`~probe.step_values.NormParts`, a number or None; a
+    batch's tensors are stacked and read with one ``tolist()``, its norm parts reduced
+    together, so the per-step cost is an append."""
+
+    def __init__(self, every: int = DEFAULT_READ_EVERY):
+        self._every = max(1, every)
+        self._rows: list[tuple[Any, Any, Any]] = []
+        self._first = 0
+        self._read: dict[int, dict[str, Any]] = {}
+
+    def add(self, loss: Any, grad_norm: Any, amp_scale: Any) -> HostRow:
+        index = self._first + len(self._rows)
+        self._rows.append((loss, grad_norm, amp_scale))
+        if len(self._rows) >= self._every:
+            self.ship()
+        return HostRow(self, index)
+
+    def ship(self) -> None:
+        """Reads the rows queued so far (on CPU a read is the copy: nothing to wait for)."""
+        rows, first = self._rows, self._first
+        if not rows:
+            return
+        self._rows = []
+        self._first += len(rows)
+        losses, norms, scales = (_read_floats([row[column] for row in rows]) for column in range(3))
+        for offset, (loss, norm, scale) in enumerate(zip(losses, norms, scales, strict=True)):
+            self._read[first + offset] = {
+                "loss": loss,
+                "grad_norm": norm,
+                "amp_scale": scale,
+            }
+
+    def take(self, index: int) -> dict[str, Any] | None:
+        return self._read.pop(index, None)
+
+    def peek(self, index: int) -> bool:
+        return index in self._read
+
+
+class HostRow:
+    """A handle on one step's row of :class:`HostScalars` (ready once its batch is read)."""
+
+    def __init__(self, owner: HostScalars, index: int):
+        self._owner = owner
+        self._index = index
+        self._values: dict[str, Any] | None = None
+
+    def ready(self) -> bool:
+        return self._owner.peek(self._index)
+
+    def wait(self) -> None:
+        if not self._owner.peek(self._index):
+            self._owner.ship()
+
+    def get(self) -> dict[str, Any]:
+        if self._values is None:
+            values = self._owner.take(self._index)
+            assert values is not None, "get() before the step's batch was read"
+            self._values = values
+        return self._values
+
+
+def _read_floats(values: list[Any]) -> list[float | None]:
+    """Each value as a float (None stays None); tensors and norm parts read in batches."""
+    from probe.step_values import NormParts  # step_values imports nothing of this module
+
+    out: list[float | None] = [None] * len(values)
+    tensors: list[tuple[int, torch.Tensor]] = []
+    parts: list[tuple[int, list[torch.Tensor]]] = []
+    for index, value in enumerate(values):
+        if value is None:
+            continue
+        if isinstance(value, NormParts):
+            parts.append((index, value.parts))
+        elif isinstance(value, torch.Tensor):
+            if value.numel() == 1:
+                tensors.append((index, value))
+        else:
+            out[index] = float(value)
+    if parts:
+        for (index, _), number in zip(parts, _reduce_norms([p for _, p in parts]), strict=True):
+            out[index] = number
+    if tensors:
+        try:  # 0-dim tensors of one device: one stack, one read (stack promotes dtypes)
+            read = torch.stack([t if t.dim() == 0 else t.reshape(()) for _, t in tensors])
+            numbers = read.float().tolist()
+        except RuntimeError:  # tensors on several devices: one at a time
+            numbers = [float(t.item()) for _, t in tensors]
+        for (index, _), number in zip(tensors, numbers, strict=True):
+            out[index] = number
+    return out
+
+
+def _reduce_norms(rows: list[list[torch.Tensor]]) -> list[float]:
+    """Each row's L2 norm of its per-tensor norms; rows of one length in a single op."""
+    width = len(rows[0])
+    if all(len(row) == width for row in rows):
+        with contextlib.suppress(RuntimeError):  # mixed devices: row by row below
+            flat = torch.stack([part for row in rows for part in row]).float()
+            return torch.linalg.vector_norm(flat.view(len(rows), width), dim=1).tolist()
+    return [float(torch.linalg.vector_norm(torch.stack(row).float()).item()) for row in rows]

@@ -40,14 +40,15 @@ from typing import Any
 import torch
 
 from diagnostics.runs import TRACE_DIR, RankRecords, RunFolder, RunWriter
-from probe.deferred import DeviceScalars, PendingSteps
+from probe.deferred import DeviceScalars, HostScalars, PendingSteps
 from probe.profiler import NullProfiler, ProfilerWindow, make_profiler
 from probe.step_values import (
     CudaTimes,
+    NormParts,
     NullsForMissing,
     batch_samples,
+    gradient_norm,
     host_float,
-    total_norm,
 )
 from probe.steps import Resolved, RssReader, cuda_memory
 from probe.system import NullSampler, make_sampler
@@ -107,13 +108,14 @@ class Session:
         self._scaler: Any = None  # the GradScaler whose step() is running
         self._lead_stepped = False
         self._scalars: DeviceScalars | None = None
+        self._host_scalars = HostScalars(read_every)
         self._nan: torch.Tensor | None = None  # a device NaN for figures a step lacks
         self._read_every = read_every
         self.pending: PendingSteps | None = None
         self._window = window or ProfilerWindow()
         self.profiler: NullProfiler = NullProfiler()
         self._sampler: NullSampler = make_sampler(
-            self.records.append_sample, self.note, enabled=sample_hz > 0, sample_hz=sample_hz
+            self._on_sample, self.note, enabled=sample_hz > 0, sample_hz=sample_hz
         )
         self.notes: list[str] = []
         # loader index -> [batches, seconds waited, of which CPU seconds of this thread]
@@ -123,7 +125,12 @@ class Session:
 
     def start(self) -> None:
         self._sampler.start()
-        self.pending = PendingSteps(self._write, self._complete)
+        self.pending = PendingSteps(self._write, self._complete, self._host_scalars)
+
+    def _on_sample(self, row: dict[str, Any]) -> None:
+        self.records.append_sample(row)
+        # a script that stops stepping (a long evaluation) still shows its last steps
+        self.records.flush_if_stale()
 
     def _start_profiler(self) -> None:
         """At the first step: the window counts steps, and the device is known by then."""
@@ -257,7 +264,7 @@ class Session:
         ]
         if grads and step.grad_norm is None:
             # on the device, before the update; read with the step's other scalars later
-            step.grad_norm = total_norm(grads)
+            step.grad_norm = gradient_norm(grads)
 
     def clip_norm_seen(self, norm: Any) -> None:
         """``clip_grad_norm_``'s result: the norm before clipping, which the optimizer
@@ -370,13 +377,8 @@ class Session:
             scalars: Any = self._device_scalars(loss, grad_norm, scale)
         else:
             times = Resolved(host)
-            scalars = Resolved(
-                {
-                    "loss": host_float(loss),
-                    "grad_norm": host_float(grad_norm),
-                    "amp_scale": host_float(scale),
-                }
-            )
+            # the scale now: GradScaler.update() rewrites its tensor in place
+            scalars = self._host_scalars.add(loss, grad_norm, host_float(scale))
         assert self.pending is not None
         self.pending.push(record, times, scalars)
         self.profiler.step()
@@ -394,6 +396,8 @@ class Session:
                 return value.to(self.device)
             return nan if value is None else torch.tensor(float(value), device=self.device)
 
+        if isinstance(grad_norm, NormParts):
+            grad_norm = grad_norm.total()
         loss_t, norm_t = on_device(loss), on_device(grad_norm)
         finite = torch.isfinite(loss_t) & torch.isfinite(norm_t)
         handle = self._scalars.add(loss_t, norm_t, finite, scale)
