@@ -1,0 +1,1 @@
+"""CUDA memory snapshots: read safely (reader), typed (schema), analysed (analysis)."""
