@@ -103,8 +103,8 @@ def _unpickle(data: bytes, display: str) -> Any:
         if text.startswith("refers to"):
             raise InputError(
                 display,
-                f"refused: the pickle {text}, and a memory snapshot holds only builtins "
-                "(nothing was run)",
+                f"refused: the pickle {text}, and a memory snapshot holds only plain data "
+                "(dicts, lists, strings, numbers); nothing was run",
             ) from None
         raise InputError(display, f"is not a readable pickle ({text})") from None
     except EOFError:
