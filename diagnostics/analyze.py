@@ -42,6 +42,12 @@ from diagnostics.rules.base import Skipped
 from diagnostics.rules.engine import run_rules
 from diagnostics.runs import RunFolder
 from diagnostics.severity import SEVERITY_ORDER
+from diagnostics.snapshot import (
+    SnapshotFacts,
+    SnapshotGrowth,
+    is_snapshot_file,
+    read_and_analyse_pair,
+)
 from diagnostics.trace.budget import DEFAULT_MAX_DECOMPRESSED_BYTES, DEFAULT_MAX_EVENTS, Limits
 from diagnostics.trace.loader import (
     LoadedInput,
@@ -57,6 +63,7 @@ __all__ = [
     "DEFAULT_MAX_EVENTS",
     "analyze",
     "analyze_files",
+    "analyze_snapshots",
     "summarise",
 ]
 
@@ -73,6 +80,8 @@ def analyze(
     The byte and event budgets hold for the whole input (all files of a folder together).
     """
     folder = Path(path)
+    if folder.is_file() and is_snapshot_file(folder):
+        return analyze_snapshots([folder], max_bytes=max_decompressed_bytes, thresholds=thresholds)
     if folder.is_dir() and not RunFolder.is_run_folder(folder):
         files = trace_files_in(folder)
         many = _analyze_many(
@@ -87,7 +96,40 @@ def analyze(
         if many is not None:
             return many
     loaded = load(path, max_decompressed_bytes=max_decompressed_bytes, max_events=max_events)
-    return analyze_loaded(loaded, thresholds=thresholds)
+    snapshot, growth = None, None
+    if loaded.run is not None:
+        snapshot, growth = _run_snapshots(loaded.run.folder, max_decompressed_bytes)
+    return analyze_loaded(loaded, thresholds=thresholds, snapshot=snapshot, growth=growth)
+
+
+def _run_snapshots(folder: RunFolder, max_bytes: int) -> tuple[Any, Any]:
+    """A run folder's memory/ snapshots: the last analysed, compared with the first."""
+    files = folder.snapshot_files()
+    if not files:
+        return None, None
+    chosen = [files[0], files[-1]] if len(files) > 1 else files
+    return read_and_analyse_pair(chosen, [str(f) for f in chosen], max_bytes=max_bytes)
+
+
+def analyze_snapshots(
+    paths: Sequence[str | os.PathLike[str]],
+    *,
+    display_names: Sequence[str] | None = None,
+    max_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
+    thresholds: Any = None,
+) -> AnalysisResult:
+    """One CUDA memory snapshot, or two of one job (before, after): the second analysed
+    and compared with the first (diagnostics.snapshot; docs/MEMORY.md)."""
+    names = list(display_names) if display_names is not None else [str(p) for p in paths]
+    snapshot, growth = read_and_analyse_pair(paths, names, max_bytes=max_bytes)
+    loaded = LoadedInput(
+        kind="snapshot",  # type: ignore[arg-type]
+        path=names[-1] if len(names) == 1 else f"{names[0]} -> {names[1]}",
+        traces=(),
+        files=tuple(names),
+        warnings=snapshot.warnings,
+    )
+    return analyze_loaded(loaded, thresholds=thresholds, snapshot=snapshot, growth=growth)
 
 
 def _analyze_many(
@@ -179,8 +221,11 @@ def analyze_loaded(
     thresholds: Any = None,
     rank_facts: tuple[TraceFacts, ...] | None = None,
     rank_metadata: tuple[TraceMetadata, ...] | None = None,
+    snapshot: SnapshotFacts | None = None,
+    growth: SnapshotGrowth | None = None,
 ) -> AnalysisResult:
-    """Facts, rules and summary for an input the loader has read.
+    """Facts, rules and summary for an input the loader has read (and a memory snapshot
+    with its growth from an earlier one, when given).
 
     ``rank_facts``/``rank_metadata`` (by rank, the primary first): every rank's facts
     computed elsewhere (diagnostics.rank_pool); ``loaded.traces`` then holds the primary
@@ -206,6 +251,8 @@ def analyze_loaded(
         run=loaded.run,
         events=primary.events if primary is not None else None,
         collective_match=match,
+        snapshot=snapshot,
+        snapshot_growth=growth,
     )
     outcome = run_rules(inputs, thresholds)
     skipped = outcome.skipped + tuple(
@@ -226,6 +273,15 @@ def analyze_loaded(
     for finding in outcome.findings:
         counts[str(finding.severity)] = counts.get(str(finding.severity), 0) + 1
     summary["findings_by_severity"] = counts
+    if snapshot is not None:
+        summary["memory_snapshot"] = {
+            **snapshot.to_dict(),
+            "growth": growth.to_dict() if growth is not None else None,
+        }
+        if facts is None and loaded.run is None:
+            summary["device"] = "cuda"  # a CUDA snapshot is all there is
+            if snapshot.peak is not None:
+                summary["peak_memory_bytes"] = snapshot.peak.allocated_bytes
     return AnalysisResult(
         source={
             "kind": loaded.kind,
@@ -243,6 +299,8 @@ def analyze_loaded(
         notes=loaded.notes,
         rank_facts=rank_facts if len(rank_facts) > 1 else (),
         metrics=inputs.metrics,
+        snapshot=snapshot,
+        snapshot_growth=growth,
     )
 
 

@@ -256,3 +256,31 @@ def training_snapshot(
             b.free(tmp, frames=optimizer_temp_frames())
     del params
     return b.snapshot()
+
+
+def fragmented_snapshot(
+    *, tensors: int = 100, tensor_bytes: int = 8 * MIB, oom_bytes: int | None = None, **kw
+) -> dict[str, Any]:
+    """One segment of ``tensors`` equal tensors with every other one freed: half the
+    segment cached in holes no larger than one tensor; ``oom_bytes``: then a request of
+    that size fails (CUDA reporting 1 MiB free)."""
+    b = SnapshotBuilder(**kw)
+    whole = b.alloc(tensors * tensor_bytes, user_frames(20, "load_batch"))
+    b.free(whole, frames=user_frames(21, "load_batch"))
+    handles = [b.alloc(tensor_bytes, forward_frames(70 + i % 8)) for i in range(tensors)]
+    for handle in handles[::2]:
+        b.free(handle, frames=forward_frames(90))
+    if oom_bytes is not None:
+        b.oom(oom_bytes, device_free=MIB)
+    return b.snapshot()
+
+
+def site_oom_snapshot() -> dict[str, Any]:
+    """Out of memory with no fragmentation: one line's 40 tensors of 16 MiB fill their
+    segments, and a 64 MiB request fails."""
+    b = SnapshotBuilder()
+    b.alloc(64 * MIB, param_frames())
+    for _ in range(40):
+        b.alloc(16 * MIB, user_frames(88, "cache_outputs"))
+    b.oom(64 * MIB, device_free=10 * MIB)
+    return b.snapshot()
