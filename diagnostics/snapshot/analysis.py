@@ -20,6 +20,7 @@ from diagnostics.snapshot.sites import (
     BEFORE_WINDOW,
     CATEGORIES,
     CATEGORY_METHOD,
+    Site,
     category_of,
     phase_of,
     site_of,
@@ -251,12 +252,29 @@ def _pick_device(snapshot: MemorySnapshot) -> tuple[int, list[str]]:
     return device, notes
 
 
-def _categorise(snapshot: MemorySnapshot, alloc: pl.DataFrame) -> pl.DataFrame:
+class _SiteCache:
+    """site_of once per distinct stack of one snapshot (thousands of blocks share one)."""
+
+    def __init__(self, snapshot: MemorySnapshot):
+        self.snapshot = snapshot
+        self.sites: dict[int | None, Site] = {}
+
+    def __call__(self, stack: int | None) -> Site:
+        site = self.sites.get(stack)
+        if site is None:
+            site = site_of(self.snapshot.stacks[stack] if stack is not None else None)
+            self.sites[stack] = site
+        return site
+
+
+def _categorise(
+    snapshot: MemorySnapshot, alloc: pl.DataFrame, site_for: _SiteCache
+) -> pl.DataFrame:
     """Adds site, label, user_code, stack_text and category to replay allocations."""
     stacks = alloc["stack"].to_list()
     sites = []
     for stack, before in zip(stacks, alloc["alloc_seq"].is_null().to_list(), strict=True):
-        site = site_of(snapshot.stacks[stack] if stack is not None else None)
+        site = site_for(stack)
         sites.append(BEFORE_WINDOW if before and stack is None else site)
     categories = []
     for stack, phase, free_seq, born, died in alloc.select(
@@ -344,7 +362,7 @@ def _time_s(timeline: pl.DataFrame, seq: int) -> float | None:
     return (int(row["time_us"][0]) - first) / 1e6 if row.height else None
 
 
-def _segment_map(blocks: pl.DataFrame, segments: pl.DataFrame, snapshot: MemorySnapshot):
+def _segment_map(blocks: pl.DataFrame, segments: pl.DataFrame, site_for: _SiteCache):
     joined = blocks.join(
         segments.select("segment", pl.col("address").alias("seg_address")), on="segment"
     )
@@ -354,10 +372,7 @@ def _segment_map(blocks: pl.DataFrame, segments: pl.DataFrame, snapshot: MemoryS
         .otherwise(pl.col("size").cum_sum().over("segment") - pl.col("size"))
         .alias("offset")
     )
-    labels = [
-        site_of(snapshot.stacks[s] if s is not None else None).label
-        for s in offsets["stack"].to_list()
-    ]
+    labels = [site_for(s).label for s in offsets["stack"].to_list()]
     return offsets.with_columns(pl.Series("site", labels, dtype=pl.String)).select(
         list(SEGMENT_MAP_SCHEMA)
     )
@@ -394,7 +409,8 @@ def analyse_snapshot(snapshot: MemorySnapshot) -> SnapshotFacts:
     dump = _dump_state(blocks, segments)
     warnings += _header_warnings(blocks, segments)
     run = replay(snapshot, device, dump.active_bytes, dump.reserved_bytes)
-    alloc = _categorise(snapshot, run.allocations)
+    site_for = _SiteCache(snapshot)
+    alloc = _categorise(snapshot, run.allocations, site_for)
     timeline = run.timeline
     peak = _peak(run, timeline)
     if peak is not None:
@@ -442,7 +458,7 @@ def analyse_snapshot(snapshot: MemorySnapshot) -> SnapshotFacts:
             blocks, dump, peak, oom.requested_bytes if oom else None, snapshot.allocator_settings
         ),
         oom=oom,
-        segment_map=_segment_map(blocks, segments, snapshot),
+        segment_map=_segment_map(blocks, segments, site_for),
         dump_phase=dump_phase,
         allocator_settings=snapshot.allocator_settings,
         entries=entries.height,

@@ -137,6 +137,8 @@ class _Walker:
             )
 
     def integer(self, value: Any, where: str, *, optional: bool = False) -> int | None:
+        if type(value) is int and -_MAX_INT <= value <= _MAX_INT:
+            return value
         if value is None and optional:
             return None
         if isinstance(value, bool) or not isinstance(value, int):
@@ -166,20 +168,24 @@ class _Walker:
         if not frames:
             return None
         self.spend(len(frames))
-        parsed = []
-        for i, frame in enumerate(frames):
-            frame = self.mapping(frame, f"{where}[{i}]")
-            filename, name = frame.get("filename", "??"), frame.get("name", "??")
-            if not isinstance(filename, str) or not isinstance(name, str):
-                raise self.fail(f"{where}[{i}]", "filename and name must be strings")
-            line = self.integer(frame.get("line", 0), f"{where}[{i}].line")
-            parsed.append(Frame(filename, int(line or 0), name))
-        key = tuple(parsed)
-        index = self._stack_ids.get(key)
-        if index is None:
+        try:
+            raw_key = tuple((f.get("filename"), f.get("line"), f.get("name")) for f in frames)
+        except AttributeError:
+            bad = next(i for i, f in enumerate(frames) if not isinstance(f, dict))
+            raise self.fail(f"{where}[{bad}]", "expected a dict") from None
+        index = self._stack_ids.get(raw_key)
+        if index is None:  # a new stack: checked once, however many entries share it
+            parsed = []
+            for i, (filename, line, name) in enumerate(raw_key):
+                filename = "??" if filename is None else filename
+                name = "??" if name is None else name
+                if not isinstance(filename, str) or not isinstance(name, str):
+                    raise self.fail(f"{where}[{i}]", "filename and name must be strings")
+                line = self.integer(0 if line is None else line, f"{where}[{i}].line")
+                parsed.append(Frame(filename, int(line or 0), name))
             index = len(self.stacks)
-            self._stack_ids[key] = index
-            self.stacks.append(key)
+            self._stack_ids[raw_key] = index
+            self.stacks.append(tuple(parsed))
         self._by_id[id(frames)] = index
         return index
 
