@@ -88,3 +88,28 @@ def memory_view(result: Any) -> MemoryView | None:
         ),
         warnings=facts.warnings,
     )
+
+
+def snapshot_growth_between(result_a: Any, result_b: Any) -> tuple[pl.DataFrame, str] | None:
+    """Two runs that each hold a memory snapshot (Compare): growth by site from A's latest
+    snapshot to B's, with a caption saying whether the dumps share a phase; None unless
+    both have one."""
+    from diagnostics.snapshot.compare import compare_snapshots
+
+    a, b = getattr(result_a, "snapshot", None), getattr(result_b, "snapshot", None)
+    if a is None or b is None:
+        return None
+    growth = compare_snapshots(a, b)
+    table = growth.sites.select(
+        pl.col("label").alias("site"),
+        (pl.col("bytes_before") / MIB).round(2).alias("MiB in A"),
+        (pl.col("bytes_after") / MIB).round(2).alias("MiB in B"),
+        (pl.col("growth_bytes") / MIB).round(2).alias("B − A MiB"),
+        pl.col("site").alias("path"),
+    )
+    phases = "the same phase" if growth.same_phase else "different or unknown phases"
+    caption = (
+        f"Memory snapshots at dump time, A {growth.phase_before} / B {growth.phase_after} "
+        f"({phases}): {growth.growth_bytes / MIB:+,.1f} MiB in all"
+    )
+    return table, caption

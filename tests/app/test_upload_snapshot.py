@@ -77,3 +77,22 @@ def test_a_hostile_pickle_is_one_line_and_runs_nothing(empty_env, tmp_path):
     errors = [shown(e.value) for e in at.error]
     assert len(errors) == 1 and errors[0].startswith("evil.pickle: refused: the pickle refers to")
     assert not marker.exists()
+
+
+def test_run_detail_shows_a_run_folders_memory_snapshots(empty_env):
+    from diagnostics.runs import RunFolder, RunWriter
+    from diagnostics.snapshot.writer import write_snapshot
+
+    writer = RunWriter.create(empty_env, {"scenario": "healthy"}, {"device": "cuda"}, run_id="mem")
+    writer.finalise("completed")
+    folder = RunFolder(empty_env / "mem")
+    for step, steps in ((100, 2), (200, 5)):
+        write_snapshot(
+            training_snapshot(steps=steps, leak_bytes_per_step=8 * MIB), folder.snapshot_path(step)
+        )
+    at = open_page("pages/3_Run_detail.py", {"run": "mem"})
+    assert not at.exception, at.exception
+    page = texts(at)
+    assert "Memory snapshot" in page and "Growth by site" in page
+    assert "step_00000200.pickle" in page
+    assert any("Leak suspect" in e.label and "train.py:52" in e.label for e in at.expander)

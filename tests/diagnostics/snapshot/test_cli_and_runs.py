@@ -171,3 +171,23 @@ def test_the_writer_writes_protocol_4_the_reader_takes(tmp_path):
     assert path.read_bytes()[:2] == b"\x80\x04"
     assert read_snapshot(path).entries.height == len(raw["device_traces"][0])
     assert not list((tmp_path / "memory").glob("*.tmp"))
+
+
+def test_compare_page_growth_between_two_runs_snapshots():
+    from types import SimpleNamespace
+
+    from diagnostics.rules.snapshot_evidence import snapshot_inputs
+    from diagnostics.views.memory import snapshot_growth_between
+
+    leak = 8 * MIB
+    a = snapshot_inputs(training_snapshot(steps=2, leak_bytes_per_step=leak)).snapshot
+    b = snapshot_inputs(training_snapshot(steps=4, leak_bytes_per_step=leak)).snapshot
+    table, caption = snapshot_growth_between(
+        SimpleNamespace(snapshot=a), SimpleNamespace(snapshot=b)
+    )
+    top = table.row(0, named=True)
+    assert top["site"] == "train.py:52 in train_step" and top["B − A MiB"] == 16.0  # 2 x 8
+    assert "the same phase" in caption
+    assert (
+        snapshot_growth_between(SimpleNamespace(snapshot=a), SimpleNamespace(snapshot=None)) is None
+    )
