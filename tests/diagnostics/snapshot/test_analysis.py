@@ -144,3 +144,71 @@ def test_segment_map_covers_each_segment():
     assert int(seg["size"].sum()) == 80 * MIB
     assert seg["offset"].to_list()[:3] == [0, 4 * MIB, 8 * MIB]
     assert seg["state"].to_list()[:2] == ["inactive", "active_allocated"]
+
+
+def test_a_block_awaiting_free_still_holds_memory():
+    # freed on one stream while another still uses it: free_requested, no free_completed
+    b = SnapshotBuilder()
+    keep = b.alloc(6 * MIB, forward_frames(11))
+    pending = b.alloc(4 * MIB, forward_frames(12))
+    b.free(pending, frames=forward_frames(13), pending=True)
+    raw = b.snapshot()
+    facts = _facts(raw)
+    assert facts.dump.allocated_bytes == 6 * MIB
+    assert facts.dump.awaiting_free_bytes == 4 * MIB
+    assert facts.peak.allocated_bytes == 10 * MIB  # counted until free_completed
+    assert facts.timeline["allocated_bytes"].to_list()[-1] == facts.dump.active_bytes
+    del keep
+
+
+def test_expandable_segments_map_and_unmap_move_reserved():
+    """Hand-written entries as the allocator writes them with expandable_segments:True:
+    one 64 MiB segment mapped in two 32 MiB steps, then 32 MiB unmapped."""
+    base = 0x7F0000000000
+    entries = [
+        {"action": "segment_map", "addr": base, "size": 32 * MIB, "stream": 0, "time_us": 0},
+        {"action": "alloc", "addr": base, "size": 20 * MIB, "stream": 0, "time_us": 10},
+        {"action": "segment_map", "addr": base + 32 * MIB, "size": 32 * MIB, "time_us": 20},
+        {"action": "alloc", "addr": base + 20 * MIB, "size": 30 * MIB, "time_us": 30},
+        {"action": "free_requested", "addr": base + 20 * MIB, "size": 30 * MIB, "time_us": 40},
+        {"action": "free_completed", "addr": base + 20 * MIB, "size": 30 * MIB, "time_us": 40},
+        {"action": "segment_unmap", "addr": base + 32 * MIB, "size": 32 * MIB, "time_us": 50},
+    ]
+    raw = {
+        "segments": [
+            {
+                "device": 0,
+                "address": base,
+                "total_size": 32 * MIB,
+                "is_expandable": True,
+                "allocated_size": 20 * MIB,
+                "blocks": [
+                    {"address": base, "size": 20 * MIB, "state": "active_allocated"},
+                    {"address": base + 20 * MIB, "size": 12 * MIB, "state": "inactive"},
+                ],
+            }
+        ],
+        "device_traces": [entries],
+        "allocator_settings": {"expandable_segments": True},
+    }
+    facts = _facts(raw)
+    assert facts.timeline["reserved_bytes"].to_list() == [
+        m * MIB for m in (32, 32, 64, 64, 64, 64, 32)
+    ]
+    assert (facts.peak.allocated_bytes, facts.peak.seq, facts.peak.time_s) == (50 * MIB, 3, 30e-6)
+    assert facts.peak.max_reserved_bytes == 64 * MIB
+    assert facts.fragmentation.expandable_segments is True
+
+
+def test_two_devices_analyse_the_one_with_most_reserved():
+    raw = training_snapshot()
+    small = {
+        "device": 1,
+        "address": 1 << 40,
+        "total_size": 2 * MIB,
+        "blocks": [{"address": 1 << 40, "size": 2 * MIB, "state": "inactive"}],
+    }
+    raw["segments"].append(small)
+    facts = _facts(raw)
+    assert facts.device == 0
+    assert any("devices 0, 1" in w for w in facts.warnings)
