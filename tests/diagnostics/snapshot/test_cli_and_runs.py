@@ -191,3 +191,22 @@ def test_compare_page_growth_between_two_runs_snapshots():
     assert (
         snapshot_growth_between(SimpleNamespace(snapshot=a), SimpleNamespace(snapshot=None)) is None
     )
+
+
+def test_an_upload_of_a_trace_and_a_snapshot_gives_one_result_each(tmp_path):
+    from diagnostics.upload_analysis import analyse_upload_files
+    from tests.diagnostics.test_cli import SMALL_REAL
+
+    snap = _write(tmp_path / "snap.pickle", training_snapshot())
+    done = analyse_upload_files(
+        [SMALL_REAL, snap],
+        display_names=["trace.json.gz", "snap.pickle"],
+        mode=None,
+        store=tmp_path / "store",
+    )
+    labels = [r.label for r in done.results]
+    assert labels == ["trace.json.gz", "snap.pickle"]
+    trace_result, snap_result = (r.result for r in done.results)
+    assert trace_result.snapshot is None and trace_result.facts is not None
+    assert snap_result.snapshot.peak.allocated_bytes == 296 * MIB
+    assert done.results[1].drilldowns == ()
