@@ -48,6 +48,7 @@ _CHUNK = 1 << 20
 _BYTES_PER_ITEM = 8
 _MIN_ITEMS = 100_000
 _MAX_INT = 2**63 - 1
+_ACTION_SET = frozenset(ACTIONS)
 
 
 class _NoGlobals(pickle.Unpickler):
@@ -244,35 +245,64 @@ class _Walker:
                 offset += size
         return segs, blocks
 
-    def entries(self, raw: Any) -> dict[str, list]:
-        out: dict[str, list] = {k: [] for k in ENTRY_SCHEMA}
+    def int_column(self, values: list[Any], where: str, key: str, optional: bool) -> pl.Series:
+        """One field of every entry as Int64, checked in one pass; a bad value is located
+        (and named) only when there is one."""
+        try:
+            series = pl.Series(key, values, dtype=pl.Int64, strict=True)
+        except (TypeError, ValueError, OverflowError, pl.exceptions.PolarsError):
+            series = None
+        if (
+            series is None
+            or (not optional and series.null_count())
+            or any(type(v) is bool for v in values)
+        ):
+            for i, value in enumerate(values):
+                self.integer(value, f"{where}[{i}].{key}", optional=optional)
+            raise self.fail(f"{where}.{key}", "expected integers")  # pragma: no cover
+        return series
+
+    def entries(self, raw: Any) -> pl.DataFrame:
+        frames = []
         for device, trace in enumerate(self.sequence(raw, "device_traces")):
-            trace = self.sequence(trace, f"device_traces[{device}]")
+            where = f"device_traces[{device}]"
+            trace = self.sequence(trace, where)
             self.spend(len(trace))
-            for seq, entry in enumerate(trace):
-                where = f"device_traces[{device}][{seq}]"
-                entry = self.mapping(entry, where)
-                action = entry.get("action")
-                if action not in ACTIONS:
-                    raise self.fail(f"{where}.action", f"unknown action {str(action)[:40]!r}")
-                out["device"].append(device)
-                out["seq"].append(seq)
-                out["action"].append(action)
-                out["addr"].append(self.integer(entry.get("addr"), f"{where}.addr", optional=True))
-                out["size"].append(self.integer(entry.get("size", 0), f"{where}.size"))
-                out["stream"].append(
-                    self.integer(entry.get("stream"), f"{where}.stream", optional=True)
+            for i, entry in enumerate(trace):
+                if type(entry) is not dict:
+                    self.mapping(entry, f"{where}[{i}]")
+            actions = [e.get("action") for e in trace]
+            unknown = set(actions) - _ACTION_SET
+            if unknown:
+                i = next(i for i, a in enumerate(actions) if a in unknown)
+                raise self.fail(f"{where}[{i}].action", f"unknown action {str(actions[i])[:40]!r}")
+            columns = {
+                "device": pl.Series("device", [device] * len(trace), dtype=pl.Int64),
+                "seq": pl.Series("seq", range(len(trace)), dtype=pl.Int64),
+                "action": pl.Series("action", actions, dtype=pl.String),
+            }
+            for key, optional in (
+                ("addr", True),
+                ("size", False),
+                ("stream", True),
+                ("time_us", True),
+                ("device_free", True),
+            ):
+                values = (
+                    [e.get(key, 0) for e in trace] if key == "size" else [e.get(key) for e in trace]
                 )
-                out["time_us"].append(
-                    self.integer(entry.get("time_us"), f"{where}.time_us", optional=True)
-                )
-                out["device_free"].append(
-                    self.integer(entry.get("device_free"), f"{where}.device_free", optional=True)
-                )
-                out["stack"].append(self.stack(entry.get("frames"), f"{where}.frames"))
-                self.compile_context += bool(entry.get("compile_context"))
-                self.user_metadata += bool(entry.get("user_metadata"))
-        return out
+                columns[key] = self.int_column(values, where, key, optional)
+            columns["stack"] = pl.Series(
+                "stack",
+                [self.stack(e.get("frames"), f"{where}[{i}].frames") for i, e in enumerate(trace)],
+                dtype=pl.Int64,
+            )
+            self.compile_context += sum(1 for e in trace if e.get("compile_context"))
+            self.user_metadata += sum(1 for e in trace if e.get("user_metadata"))
+            frames.append(pl.DataFrame(columns).select(list(ENTRY_SCHEMA)))
+        if not frames:
+            return pl.DataFrame(schema=ENTRY_SCHEMA)
+        return pl.concat(frames).cast(ENTRY_SCHEMA)
 
 
 def _builtins_only(value: Any, depth: int = 0) -> Any:
@@ -313,7 +343,7 @@ def parse_snapshot(raw: Any, display: str, *, bytes_read: int = 0) -> MemorySnap
     if not isinstance(annotations, list | tuple):
         raise InputError(display, "external_annotations: expected a list")
     warnings = []
-    if not entries["action"]:
+    if entries.height == 0:
         warnings.append(
             "the snapshot has no trace entries (recorded without _record_memory_history): "
             "the state at dump time is known, the peak and the timeline are not"
@@ -322,7 +352,7 @@ def parse_snapshot(raw: Any, display: str, *, bytes_read: int = 0) -> MemorySnap
         source=display,
         segments=pl.DataFrame(segs, schema=SEGMENT_SCHEMA),
         blocks=pl.DataFrame(blocks, schema=BLOCK_SCHEMA),
-        entries=pl.DataFrame(entries, schema=ENTRY_SCHEMA),
+        entries=entries,
         stacks=tuple(walker.stacks),
         generation="new" if "allocator_settings" in raw else "old",
         allocator_settings=_builtins_only(settings) if settings is not None else None,

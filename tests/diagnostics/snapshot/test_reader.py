@@ -186,3 +186,18 @@ def test_pending_free_block_is_built_by_the_builder():
     b.free(address, pending=True)
     states = [blk["state"] for seg in b.snapshot()["segments"] for blk in seg["blocks"]]
     assert "active_pending_free" in states
+
+
+@pytest.mark.parametrize(("key", "value"), [("time_us", "12:00"), ("size", True), ("addr", 2.5)])
+def test_an_entry_field_of_the_wrong_type_names_entry_and_field(tmp_path, key, value):
+    raw = training_snapshot()
+    raw["device_traces"][0][7][key] = value
+    with pytest.raises(InputError, match=rf"device_traces\[0\]\[7\]\.{key}: expected an integer"):
+        read_snapshot(_write(tmp_path, raw))
+
+
+def test_an_unknown_action_names_the_entry(tmp_path):
+    raw = training_snapshot()
+    raw["device_traces"][0][3]["action"] = "teleport"
+    with pytest.raises(InputError, match=r"device_traces\[0\]\[3\]\.action: unknown action"):
+        read_snapshot(_write(tmp_path, raw))
