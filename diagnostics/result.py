@@ -139,7 +139,7 @@ def _clean(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class AnalysisResult:
-    source: dict[str, Any]  # kind "trace"|"ranks"|"run", path, files, ranks
+    source: dict[str, Any]  # kind "trace"|"ranks"|"run"|"snapshot", path, files, ranks
     summary: dict[str, Any]  # SUMMARY_KEYS, always all present
     facts: TraceFacts | None  # the primary rank's (rank 0, else the lowest)
     run: RunData | None
