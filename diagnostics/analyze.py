@@ -246,10 +246,17 @@ def analyze_loaded(
             **snapshot.to_dict(),
             "growth": growth.to_dict() if growth is not None else None,
         }
-        if facts is None and loaded.run is None:
-            summary["device"] = "cuda"  # a CUDA snapshot is all there is
-            if snapshot.peak is not None:
-                summary["peak_memory_bytes"] = snapshot.peak.allocated_bytes
+    metrics = inputs.metrics
+    if snapshot is not None and facts is None and loaded.run is None:
+        summary["device"] = environment["device"] = "cuda"  # a CUDA snapshot is all there is
+        if snapshot.peak is not None:  # the headline peak is the snapshot's replayed one
+            summary["peak_memory_bytes"] = snapshot.peak.allocated_bytes
+            metrics = replace(
+                metrics,
+                device="cuda",
+                peak_memory_bytes=snapshot.peak.allocated_bytes,
+                peak_memory_kind="CUDA",
+            )
     return AnalysisResult(
         source={
             "kind": loaded.kind,
@@ -266,7 +273,7 @@ def analyze_loaded(
         environment=environment,
         notes=loaded.notes,
         rank_facts=rank_facts if len(rank_facts) > 1 else (),
-        metrics=inputs.metrics,
+        metrics=metrics,
         snapshot=snapshot,
         snapshot_growth=growth,
     )
