@@ -210,6 +210,13 @@ class Thresholds:
         "fp32 Adam keeps two states per parameter: 8 of the 16 bytes a parameter costs with "
         "its gradient (ZeRO paper, Rajbhandari et al. 2020, section 3.1)",
     )
+    snapshot_oom_site_min_pct: float = _t(
+        25.0,
+        "share of the memory allocated at an out-of-memory error that one allocation site "
+        "must hold to be named as its cause (below it, the largest sites are listed), %",
+        "ours: a quarter of the device held by one line is what freeing that line changes; "
+        "under it no single site explains the failure",
+    )
     snapshot_leak_min_bytes: int = _t(
         16 * 2**20,
         "growth of one allocation site between two snapshots of the same phase above which "

@@ -5,7 +5,8 @@ What it finds
     observer, or the trace keeps the failed request). It names the cause from the state
     at that moment: *fragmentation* when the request was smaller than the memory cached
     free yet larger than every free block; otherwise *held by* the allocation site that
-    held the most bytes, with its line and stack.
+    held the most bytes, with its line and stack, when it holds at least a threshold share
+    of the allocated memory (else the largest sites are listed).
 
 Why it matters
     "CUDA out of memory. Tried to allocate 2.00 GiB" says how much was asked, not who
@@ -14,7 +15,8 @@ Why it matters
 How to fix
     Fragmentation: ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``. Held by a site:
     free or shrink what that line keeps (``del`` it, ``.detach()`` what is accumulated, a
-    smaller batch there), or checkpoint it if it is an activation.
+    smaller batch there), or checkpoint it if it is an activation. Spread over many sites
+    (none above the threshold share): the largest are listed, and the batch is the lever.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class OutOfMemoryCause(Rule):
     title = "Out of GPU memory: the cause"
     severity = Severity.HIGH
     needs = (SNAPSHOT,)
+    threshold_names = ("snapshot_oom_site_min_pct",)
 
     def not_applicable(self, inputs: AnalysisInputs) -> str | None:
         if inputs.snapshot is not None and inputs.snapshot.oom is None:
@@ -62,7 +65,9 @@ class OutOfMemoryCause(Rule):
                 "cached free in pieces too small for it"
             )
             advice = "Run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True."
-        elif top is not None:
+        elif top is not None and 100.0 * top["bytes"] >= (
+            thresholds.snapshot_oom_site_min_pct * oom.allocated_bytes
+        ):
             cause, freed = "held_by_site", int(top["bytes"])
             headline = (
                 f"{top['label']} held {mib(top['bytes'])} of the {mib(oom.allocated_bytes)} "
@@ -72,6 +77,18 @@ class OutOfMemoryCause(Rule):
                 f"Free or shrink what {top['label']} keeps ({top['blocks']} tensors, "
                 f"category {top['category']})."
             )
+        elif top is not None:
+            cause, freed = "many_sites", int(top["bytes"])
+            listed = ", ".join(
+                f"{row['label']} {mib(row['bytes'])}"
+                for row in oom.sites.head(3).iter_rows(named=True)
+            )
+            headline = (
+                f"a {mib(oom.requested_bytes)} request failed with {mib(oom.allocated_bytes)} "
+                f"allocated across {oom.sites.height} sites, none holding "
+                f"{thresholds.snapshot_oom_site_min_pct:.0f} %"
+            )
+            advice = f"The largest: {listed}. Lower the batch or checkpoint activations."
         else:
             cause, freed = "unknown", None
             headline = f"a {mib(oom.requested_bytes)} request failed"

@@ -284,3 +284,14 @@ def site_oom_snapshot() -> dict[str, Any]:
         b.alloc(16 * MIB, user_frames(88, "cache_outputs"))
     b.oom(64 * MIB, device_free=10 * MIB)
     return b.snapshot()
+
+
+def spread_oom_snapshot() -> dict[str, Any]:
+    """Out of memory with ten lines each holding one 4 MiB tensor (10 % each) in their own
+    segments, no free piece: a 12 MiB request fails."""
+    b = SnapshotBuilder()
+    for i in range(10):
+        b.alloc(2 * MIB, user_frames(100 + i, "prepare"))
+        b.alloc(2 * MIB, user_frames(100 + i, "prepare"))
+    b.oom(12 * MIB, device_free=MIB)
+    return b.snapshot()
