@@ -9,6 +9,7 @@ from pathlib import Path
 from diagnostics.snapshot.analysis import SnapshotFacts, analyse_snapshot
 from diagnostics.snapshot.compare import SnapshotGrowth, compare_snapshots
 from diagnostics.snapshot.reader import is_snapshot_file, read_snapshot
+from diagnostics.trace.budget import BudgetExceeded, human_bytes
 
 __all__ = ["SnapshotFacts", "SnapshotGrowth", "is_snapshot_file", "read_and_analyse_pair"]
 
@@ -26,7 +27,13 @@ def read_and_analyse_pair(
         raise ValueError("one snapshot, or two to compare")
     facts, left = [], max_bytes
     for path, name in zip(paths, names, strict=True):
-        snapshot = read_snapshot(Path(path), display_name=name, max_bytes=max(1, left))
+        if left <= 0:
+            raise BudgetExceeded(
+                name,
+                f"the snapshots together are larger than the {human_bytes(max_bytes)} limit "
+                "(decompressed); raise --max-decompressed-mb or PIPELINE_DOCTOR_MAX_DECOMPRESSED_MB",
+            )
+        snapshot = read_snapshot(Path(path), display_name=name, max_bytes=left)
         left -= snapshot.bytes_read
         facts.append(analyse_snapshot(snapshot))
         del snapshot

@@ -210,3 +210,17 @@ def test_an_upload_of_a_trace_and_a_snapshot_gives_one_result_each(tmp_path):
     assert trace_result.snapshot is None and trace_result.facts is not None
     assert snap_result.snapshot.peak.allocated_bytes == 296 * MIB
     assert done.results[1].drilldowns == ()
+
+
+def test_the_byte_cap_holds_for_two_snapshots_together(tmp_path):
+    from diagnostics.snapshot import read_and_analyse_pair
+    from diagnostics.trace.budget import BudgetExceeded
+
+    a = _write(tmp_path / "a.pickle", training_snapshot())
+    b = _write(tmp_path / "b.pickle", training_snapshot())
+    size = a.stat().st_size
+    read_and_analyse_pair([a, b], max_bytes=2 * size)  # both fit
+    with pytest.raises(BudgetExceeded, match="larger than"):
+        read_and_analyse_pair([a, b], max_bytes=2 * size - 1)
+    with pytest.raises(BudgetExceeded, match="snapshots together"):
+        read_and_analyse_pair([a, b], max_bytes=size)
