@@ -212,3 +212,26 @@ def test_two_devices_analyse_the_one_with_most_reserved():
     facts = _facts(raw)
     assert facts.device == 0
     assert any("devices 0, 1" in w for w in facts.warnings)
+
+
+def test_a_ring_buffer_that_dropped_its_oldest_entries_still_gives_true_levels():
+    """max_entries keeps the newest entries only: anchored at the dump, the levels of the
+    kept entries are those of the full trace, entry for entry."""
+    full = training_snapshot(steps=3, leak_bytes_per_step=2 * MIB)
+    facts_full = _facts(full)
+    dropped = 40
+    cut = {**full, "device_traces": [full["device_traces"][0][dropped:]]}
+    facts_cut = _facts(cut)
+    levels_full = facts_full.timeline["allocated_bytes"].to_list()[dropped:]
+    assert facts_cut.timeline["allocated_bytes"].to_list() == levels_full
+    assert (
+        facts_cut.timeline["reserved_bytes"].to_list()
+        == (facts_full.timeline["reserved_bytes"].to_list()[dropped:])
+    )
+    # blocks allocated before the kept window still count: those live at dump by their own
+    # frames (the parameters), those freed in the window as "before the recording", unknown
+    sites = facts_cut.sites_at_peak
+    assert int(sites["bytes"].sum()) == facts_cut.peak.allocated_bytes
+    assert facts_cut.category_bytes("parameters") == 64 * MIB
+    before = sites.filter(pl.col("site") == "(before the recording)")
+    assert before.height == 1 and before["category"][0] == "unknown"
