@@ -209,5 +209,13 @@ def snapshot_text_lines(doc: dict[str, Any]) -> list[str]:
             for s in growth["sites"][:5]
             if s["growth_bytes"]
         )
-    lines.extend(f"warning: {w}" for w in doc.get("warnings") or [])
+    oom = doc.get("oom")
+    if oom and oom.get("sites"):
+        lines.append("held at the out-of-memory error:")
+        lines.extend(
+            f"  {s['bytes'] / MIB:>10,.1f} MiB  {s['blocks']:>6,} blocks  "
+            f"{s.get('category') or 'unknown':<15} {s['label']}"
+            for s in oom["sites"][:8]
+        )
+    # the snapshot's warnings are the result's too: the CLI prints them once, at the end
     return lines

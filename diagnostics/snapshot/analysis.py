@@ -275,7 +275,8 @@ def _categorise(
     sites = []
     for stack, before in zip(stacks, alloc["alloc_seq"].is_null().to_list(), strict=True):
         site = site_for(stack)
-        sites.append(BEFORE_WINDOW if before and stack is None else site)
+        # with no trace at all there was no recording to be before: just no frames
+        sites.append(BEFORE_WINDOW if before and stack is None and snapshot.has_history else site)
     categories = []
     for stack, phase, free_seq, born, died in alloc.select(
         "stack", "phase", "free_seq", "alloc_stretch", "free_stretch"
