@@ -107,6 +107,8 @@ def test_no_history_leaves_peak_unknown():
     assert facts.to_dict()["categories_at_peak"] is None
     assert facts.dump.allocated_bytes == sum(s["allocated_size"] for s in raw["segments"])
     assert facts.category_bytes("unknown", at="dump") == facts.dump.active_bytes
+    # no trace at all: no recording to be "before"; the blocks simply have no frames
+    assert facts.sites_at_dump["site"].to_list() == ["(no frames)"]
 
 
 def _fragmented_oom():
