@@ -224,3 +224,21 @@ def test_the_byte_cap_holds_for_two_snapshots_together(tmp_path):
         read_and_analyse_pair([a, b], max_bytes=2 * size - 1)
     with pytest.raises(BudgetExceeded, match="snapshots together"):
         read_and_analyse_pair([a, b], max_bytes=size)
+
+
+def test_a_zip_of_two_snapshots_is_unpacked_and_compared(tmp_path):
+    import zipfile
+
+    from diagnostics.upload_analysis import analyse_upload_files
+
+    archive = tmp_path / "memory.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for name, steps in (("memory/step_2.pickle", 2), ("memory/step_5.pickle", 5)):
+            raw = training_snapshot(steps=steps, leak_bytes_per_step=8 * MIB)
+            zf.writestr(name, pickle.dumps(raw, protocol=4))
+    done = analyse_upload_files(
+        [archive], display_names=["memory.zip"], mode=None, store=tmp_path / "store"
+    )
+    (only,) = done.results
+    assert only.result.snapshot_growth is not None
+    assert "memory-leak-by-site" in {f.rule for f in only.result.findings}
