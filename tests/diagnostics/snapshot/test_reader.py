@@ -201,3 +201,20 @@ def test_an_unknown_action_names_the_entry(tmp_path):
     raw["device_traces"][0][3]["action"] = "teleport"
     with pytest.raises(InputError, match=r"device_traces\[0\]\[3\]\.action: unknown action"):
         read_snapshot(_write(tmp_path, raw))
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        (b"Pmarker\n.", "refers to a persistent object"),  # PERSID: persistent_load refused
+        (b"\x80\x05\x97.", "not a readable pickle"),  # NEXT_BUFFER without buffers
+        (b"\x80\x04\x8c\x08builtins\x8c\x04eval\x93.", "refers to builtins.eval"),  # no REDUCE
+        (b"cos\nsystem\n(S'true'\ntR.", "refers to os.system"),  # protocol 0 GLOBAL + REDUCE
+    ],
+)
+def test_crafted_opcodes_are_one_line(tmp_path, data, problem):
+    path = tmp_path / "crafted.pickle"
+    path.write_bytes(data)
+    with pytest.raises(InputError, match=problem) as caught:
+        read_snapshot(path)
+    assert "\n" not in str(caught.value)
