@@ -158,13 +158,19 @@ class _Walker:
             raise self.fail(where, f"expected a list, found {type(value).__name__}")
         return value
 
-    def stack(self, frames: Any, where: str) -> int | None:
+    def stack(self, frames: Any, where: str, entry: int | None = None) -> int | None:
+        """The index of ``frames`` in the stack table; ``where`` names the field (with
+        ``entry``, the entry's ``frames`` under it: formatted only for an error)."""
         if frames is None:
             return None
         # real snapshots share one frames list among the entries of one traceback
         known = self._by_id.get(id(frames))
         if known is not None:
             return known
+        if not frames and type(frames) is list:
+            return None
+        if entry is not None:
+            where = f"{where}[{entry}].frames"
         frames = self.sequence(frames, where)
         if not frames:
             return None
@@ -174,7 +180,10 @@ class _Walker:
         except AttributeError:
             bad = next(i for i, f in enumerate(frames) if not isinstance(f, dict))
             raise self.fail(f"{where}[{bad}]", "expected a dict") from None
-        index = self._stack_ids.get(raw_key)
+        try:
+            index = self._stack_ids.get(raw_key)
+        except TypeError:  # an unhashable field: the checks below name it
+            index = None
         if index is None:  # a new stack: checked once, however many entries share it
             parsed = []
             for i, (filename, line, name) in enumerate(raw_key):
@@ -294,7 +303,7 @@ class _Walker:
                 columns[key] = self.int_column(values, where, key, optional)
             columns["stack"] = pl.Series(
                 "stack",
-                [self.stack(e.get("frames"), f"{where}[{i}].frames") for i, e in enumerate(trace)],
+                [self.stack(e.get("frames"), where, i) for i, e in enumerate(trace)],
                 dtype=pl.Int64,
             )
             self.compile_context += sum(1 for e in trace if e.get("compile_context"))

@@ -218,3 +218,13 @@ def test_crafted_opcodes_are_one_line(tmp_path, data, problem):
     with pytest.raises(InputError, match=problem) as caught:
         read_snapshot(path)
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(("field", "value"), [("line", [1]), ("filename", {"a": 1}), ("name", 3)])
+def test_a_frame_field_of_the_wrong_type_names_the_frame(tmp_path, field, value):
+    raw = training_snapshot()
+    entry = raw["device_traces"][0][0]
+    entry["frames"] = [dict(f) for f in entry["frames"]]  # the block keeps its own frames
+    entry["frames"][1][field] = value
+    with pytest.raises(InputError, match=r"device_traces\[0\]\[0\]\.frames\[1\]"):
+        read_snapshot(_write(tmp_path, raw))
