@@ -59,9 +59,15 @@ class OutOfMemoryCause(Rule):
         in_pieces = bool(frag.request_would_fit_cached)
         top = oom.sites.row(0, named=True) if oom.sites.height else None
         if in_pieces:
-            cause, freed = "fragmentation", oom.cached_free_bytes
+            # the dump state: an out-of-memory snapshot is dumped at the error
+            cached = (
+                oom.cached_free_bytes
+                if oom.cached_free_bytes is not None
+                else (frag.cached_free_bytes)
+            )
+            cause, freed = "fragmentation", cached
             headline = (
-                f"a {mib(oom.requested_bytes)} request failed with {mib(oom.cached_free_bytes)} "
+                f"a {mib(oom.requested_bytes)} request failed with {mib(cached)} "
                 "cached free in pieces too small for it"
             )
             advice = "Run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True."

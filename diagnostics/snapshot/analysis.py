@@ -96,12 +96,14 @@ class OomEvent:
     device_free_bytes: int | None  # what CUDA reported free
     seq: int
     time_s: float | None
-    allocated_bytes: int  # by tensors when it happened
-    reserved_bytes: int  # by this process's caching allocator
+    allocated_bytes: int | None  # by tensors when it happened; None: levels unknown
+    reserved_bytes: int | None  # by this process's caching allocator
     sites: pl.DataFrame  # SITE_SCHEMA: what held the allocated bytes, largest first
 
     @property
-    def cached_free_bytes(self) -> int:
+    def cached_free_bytes(self) -> int | None:
+        if self.allocated_bytes is None or self.reserved_bytes is None:
+            return None
         return self.reserved_bytes - self.allocated_bytes
 
 
@@ -413,6 +415,14 @@ def analyse_snapshot(snapshot: MemorySnapshot) -> SnapshotFacts:
     site_for = _SiteCache(snapshot)
     alloc = _categorise(snapshot, run.allocations, site_for)
     timeline = run.timeline
+    if run.start_allocated_bytes < 0 or run.start_reserved_bytes < 0:
+        # levels below zero before the first entry: the trace holds changes the segments do
+        # not (or the reverse), so no level of the window can be trusted
+        warnings.append(
+            "replaying the trace back from the dump state gives a negative level: the "
+            "trace and the segments disagree, so the timeline and the peak are left unknown"
+        )
+        timeline = timeline.clear()
     peak = _peak(run, timeline)
     if peak is not None:
         live = _live_at(alloc, peak.seq)
@@ -436,11 +446,6 @@ def analyse_snapshot(snapshot: MemorySnapshot) -> SnapshotFacts:
         if last_alloc and last_alloc[0] is not None
         else "unknown"
     )
-    if run.start_allocated_bytes < 0 or run.start_reserved_bytes < 0:
-        warnings.append(
-            "replaying the trace back from the dump state gives a negative level: the "
-            "trace and the segments disagree"
-        )
     return SnapshotFacts(
         source=snapshot.source,
         device=device,
@@ -487,13 +492,17 @@ def _oom(
     if ooms.height == 0:
         return None
     last = ooms.tail(1).row(0, named=True)
-    level = timeline.filter(pl.col("seq") == last["seq"]).row(0, named=True)
+    levels = timeline.filter(pl.col("seq") == last["seq"])
+    known = levels.height > 0
+    level = levels.row(0, named=True) if known else {}
     return OomEvent(
         requested_bytes=int(last["size"]),
         device_free_bytes=last["device_free"],
         seq=int(last["seq"]),
-        time_s=_time_s(timeline, int(last["seq"])),
-        allocated_bytes=int(level["allocated_bytes"]),
-        reserved_bytes=int(level["reserved_bytes"]),
-        sites=group_sites(_live_at(alloc, int(last["seq"]))),
+        time_s=_time_s(timeline, int(last["seq"])) if known else None,
+        allocated_bytes=int(level["allocated_bytes"]) if known else None,
+        reserved_bytes=int(level["reserved_bytes"]) if known else None,
+        sites=group_sites(_live_at(alloc, int(last["seq"])))
+        if known
+        else pl.DataFrame(schema=SITE_SCHEMA),
     )

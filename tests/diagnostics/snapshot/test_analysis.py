@@ -237,3 +237,26 @@ def test_a_ring_buffer_that_dropped_its_oldest_entries_still_gives_true_levels()
     assert facts_cut.category_bytes("parameters") == 64 * MIB
     before = sites.filter(pl.col("site") == "(before the recording)")
     assert before.height == 1 and before["category"][0] == "unknown"
+
+
+def test_a_trace_the_segments_contradict_leaves_the_peak_unknown():
+    """A segment of live tensors missing from the dump (the trace says they were never
+    freed): replayed back, the window would start below zero, so no level is trusted."""
+    raw = training_snapshot()
+    raw["segments"] = raw["segments"][:-3]
+    facts = _facts(raw)
+    assert facts.peak is None and facts.timeline.height == 0
+    assert any("left unknown" in w for w in facts.warnings)
+    # the dump state itself is still the segments' own
+    assert facts.dump.reserved_bytes == sum(s["total_size"] for s in raw["segments"])
+    # the rules that judge the peak stay silent (the healthy scenario fires the optimizer one)
+    fired = {f.rule for f in _findings(raw)}
+    assert not fired & {"activations-dominate-peak", "optimizer-state-dominates"}
+    assert "optimizer-state-dominates" in {f.rule for f in _findings(training_snapshot())}
+
+
+def _findings(raw):
+    from diagnostics.rules.engine import run_rules
+    from diagnostics.rules.snapshot_evidence import snapshot_inputs
+
+    return run_rules(snapshot_inputs(raw)).findings
