@@ -45,6 +45,31 @@ def cards(result: AnalysisResult) -> None:
         column.metric(card.label, card.value, help=card.help, border=True)
 
 
+def memory_snapshot(result: AnalysisResult, key_prefix: str) -> None:
+    """The memory snapshot's figures, sites (sortable), categories, growth and plots; nothing
+    when the result holds no snapshot (diagnostics.views.memory)."""
+    from diagnostics.views.memory import memory_view
+
+    view = memory_view(result)
+    if view is None:
+        return
+    st.subheader("Memory snapshot")
+    st.table(text_cells(pl.DataFrame(list(view.rows), schema=["", "value"], orient="row")))
+    tabs = st.tabs([label for label, _ in view.figures])
+    for tab, (label, make) in zip(tabs, view.figures, strict=True):
+        with tab:
+            chart(make(), key=f"{key_prefix}-memory-{label}")
+    st.markdown(f"**Allocation sites {view.sites_title}** (click a column to sort)")
+    st.dataframe(view.sites, hide_index=True, width="stretch", key=f"{key_prefix}-memory-sites")
+    st.markdown(f"**Categories {view.sites_title}**")
+    st.dataframe(view.categories, hide_index=True, width="stretch")
+    st.caption(md_text(f"How categories are inferred: {view.category_method}"))
+    if view.growth is not None:
+        st.markdown("**Growth by site**")
+        st.caption(md_text(view.growth_caption or ""))
+        st.dataframe(view.growth, hide_index=True, width="stretch")
+
+
 def text_cells(table: pl.DataFrame) -> pl.DataFrame:
     """A table for st.table, which renders markdown in its cells: every cell as plain text
     (config values come from a run's own run.json)."""

@@ -39,7 +39,8 @@ from diagnostics.text_output import (
 
 USAGE = (
     "usage: python -m diagnostics {analyze,report,rules} ...\n"
-    "  analyze PATH [--format json|text] [-o FILE]   analyse a trace, rank folder or run\n"
+    "  analyze PATH [--format json|text] [-o FILE]   analyse a trace, rank folder, run or\n"
+    "                                               CUDA memory snapshot (--compare B)\n"
     "  report PATH --format html|md|json -o FILE    write a report\n"
     "  rules [--format md]                          print the rule reference\n"
 )
@@ -72,6 +73,12 @@ def _analyze_parser() -> argparse.ArgumentParser:
     add_limit_options(parser)
     add_isolation_options(parser)
     parser.add_argument("--thresholds", help="rule thresholds override (.toml or .json)")
+    parser.add_argument(
+        "--compare",
+        metavar="SNAPSHOT_B",
+        help="a second CUDA memory snapshot of the same job: PATH is before, SNAPSHOT_B after "
+        "(growth by allocation site, leak suspects); docs/MEMORY.md",
+    )
     return parser
 
 
@@ -115,7 +122,8 @@ def render_text(doc: dict[str, Any]) -> str:
         from diagnostics.report.fmt import rate
 
         steps += f"   throughput {rate(summary['samples_per_s'], 'samples/s')} (median step)"
-    lines.append(steps)
+    if summary.get("steps") is not None or step_time:  # a memory snapshot has no steps
+        lines.append(steps)
     if summary.get("breakdown_pct"):
         parts = " · ".join(f"{k} {_pct(v)}" for k, v in summary["breakdown_pct"].items())
         lines.append(f"step breakdown: {parts} (mean over the profiled steps)")
@@ -152,6 +160,10 @@ def render_text(doc: dict[str, Any]) -> str:
         )
     if summary.get("peak_memory_bytes") is not None:
         lines.append(f"peak memory: {summary['peak_memory_bytes'] / 2**30:.2f} GiB")
+    if summary.get("memory_snapshot"):
+        from diagnostics.report.memory import snapshot_text_lines
+
+        lines.extend(snapshot_text_lines(summary["memory_snapshot"]))
     lines.extend(f"{label}: {value}" for label, value in kernel_coverage_rows(summary))
     ranks = summary.get("ranks")
     if ranks:
@@ -199,7 +211,7 @@ def analyze_main(argv: Sequence[str]) -> int:
     from diagnostics.thresholds import ThresholdsError
 
     try:
-        result = analyse(args.path, limits, child, args.thresholds)
+        result = analyse(args.path, limits, child, args.thresholds, args.compare)
         doc = result.to_json()
         text = (
             json.dumps(doc, indent=2, allow_nan=False) + "\n"

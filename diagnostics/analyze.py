@@ -42,6 +42,7 @@ from diagnostics.rules.base import Skipped
 from diagnostics.rules.engine import run_rules
 from diagnostics.runs import RunFolder
 from diagnostics.severity import SEVERITY_ORDER
+from diagnostics.snapshot import SnapshotFacts, SnapshotGrowth, is_snapshot_file
 from diagnostics.trace.budget import DEFAULT_MAX_DECOMPRESSED_BYTES, DEFAULT_MAX_EVENTS, Limits
 from diagnostics.trace.loader import (
     LoadedInput,
@@ -73,6 +74,10 @@ def analyze(
     The byte and event budgets hold for the whole input (all files of a folder together).
     """
     folder = Path(path)
+    if folder.is_file() and is_snapshot_file(folder):
+        from diagnostics.analyze_memory import analyze_snapshots
+
+        return analyze_snapshots([folder], max_bytes=max_decompressed_bytes, thresholds=thresholds)
     if folder.is_dir() and not RunFolder.is_run_folder(folder):
         files = trace_files_in(folder)
         many = _analyze_many(
@@ -87,7 +92,12 @@ def analyze(
         if many is not None:
             return many
     loaded = load(path, max_decompressed_bytes=max_decompressed_bytes, max_events=max_events)
-    return analyze_loaded(loaded, thresholds=thresholds)
+    snapshot, growth = None, None
+    if loaded.run is not None and loaded.run.folder.snapshot_files():
+        from diagnostics.analyze_memory import run_snapshots
+
+        snapshot, growth = run_snapshots(loaded.run.folder, max_decompressed_bytes)
+    return analyze_loaded(loaded, thresholds=thresholds, snapshot=snapshot, growth=growth)
 
 
 def _analyze_many(
@@ -179,8 +189,11 @@ def analyze_loaded(
     thresholds: Any = None,
     rank_facts: tuple[TraceFacts, ...] | None = None,
     rank_metadata: tuple[TraceMetadata, ...] | None = None,
+    snapshot: SnapshotFacts | None = None,
+    growth: SnapshotGrowth | None = None,
 ) -> AnalysisResult:
-    """Facts, rules and summary for an input the loader has read.
+    """Facts, rules and summary for an input the loader has read (and a memory snapshot
+    with its growth from an earlier one, when given).
 
     ``rank_facts``/``rank_metadata`` (by rank, the primary first): every rank's facts
     computed elsewhere (diagnostics.rank_pool); ``loaded.traces`` then holds the primary
@@ -206,6 +219,8 @@ def analyze_loaded(
         run=loaded.run,
         events=primary.events if primary is not None else None,
         collective_match=match,
+        snapshot=snapshot,
+        snapshot_growth=growth,
     )
     outcome = run_rules(inputs, thresholds)
     skipped = outcome.skipped + tuple(
@@ -232,6 +247,22 @@ def analyze_loaded(
     for finding in outcome.findings:
         counts[str(finding.severity)] = counts.get(str(finding.severity), 0) + 1
     summary["findings_by_severity"] = counts
+    if snapshot is not None:
+        summary["memory_snapshot"] = {
+            **snapshot.to_dict(),
+            "growth": growth.to_dict() if growth is not None else None,
+        }
+    metrics = inputs.metrics
+    if snapshot is not None and facts is None and loaded.run is None:
+        summary["device"] = environment["device"] = "cuda"  # a CUDA snapshot is all there is
+        if snapshot.peak is not None:  # the headline peak is the snapshot's replayed one
+            summary["peak_memory_bytes"] = snapshot.peak.allocated_bytes
+            metrics = replace(
+                metrics,
+                device="cuda",
+                peak_memory_bytes=snapshot.peak.allocated_bytes,
+                peak_memory_kind="CUDA",
+            )
     return AnalysisResult(
         source={
             "kind": loaded.kind,
@@ -248,7 +279,9 @@ def analyze_loaded(
         environment=environment,
         notes=loaded.notes,
         rank_facts=rank_facts if len(rank_facts) > 1 else (),
-        metrics=inputs.metrics,
+        metrics=metrics,
+        snapshot=snapshot,
+        snapshot_growth=growth,
     )
 
 

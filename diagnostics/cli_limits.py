@@ -131,16 +131,39 @@ def isolation_from(args: argparse.Namespace) -> ChildLimits | None:
 
 
 def analyse(
-    path: str, limits: dict[str, int], child: ChildLimits | None, thresholds: str | None = None
+    path: str,
+    limits: dict[str, int],
+    child: ChildLimits | None,
+    thresholds: str | None = None,
+    compare: str | None = None,
 ) -> AnalysisResult:
     """``diagnostics.analyze.analyze`` in this process (``child`` None) or in the bounded
     child. In the child's case this process never imports the analyser's frames before the
-    result is in, so it stays small whatever the input."""
+    result is in, so it stays small whatever the input. ``compare``: a second memory
+    snapshot (``path`` the first), analysed as a pair (growth by site)."""
+    if compare is not None:
+        from diagnostics.errors import InputError
+        from diagnostics.snapshot.reader import is_snapshot_file
+
+        for given in (path, compare):
+            if not is_snapshot_file(given):
+                raise InputError(
+                    given,
+                    "analyze --compare takes two CUDA memory snapshots (.pickle, .pickle.gz); "
+                    "for traces and runs use report --compare",
+                )
     if child is None:
         from diagnostics.analyze import analyze
+        from diagnostics.analyze_memory import analyze_snapshots
 
+        if compare is not None:
+            return analyze_snapshots(
+                [path, compare], max_bytes=limits["max_decompressed_bytes"], thresholds=thresholds
+            )
         return analyze(path, **limits, thresholds=thresholds)
     from diagnostics.isolated import analyze_isolated
     from diagnostics.trace.budget import Limits
 
-    return analyze_isolated(path, limits=Limits(**limits), child=child, thresholds=thresholds)
+    return analyze_isolated(
+        path, limits=Limits(**limits), child=child, thresholds=thresholds, compare=compare
+    )

@@ -194,11 +194,15 @@ def analyze_isolated(
     limits: Limits | None = None,
     child: ChildLimits | None = None,
     thresholds: str | None = None,
+    compare: str | os.PathLike[str] | None = None,
 ) -> AnalysisResult:
     """``diagnostics.analyze.analyze`` (a file, a folder of ranks, a run folder) in a child
-    process with bounded memory and time; errors as for :func:`analyze_files_isolated`."""
+    process with bounded memory and time; errors as for :func:`analyze_files_isolated`.
+    ``compare``: a second memory snapshot, ``path`` being the first (analyze_snapshots)."""
     # as given: the child starts in this process's folder, so messages name the same path
     request = {"path": str(path), "thresholds": str(thresholds) if thresholds else None}
+    if compare is not None:
+        request["compare"] = str(compare)
     return _isolated(request, str(path), limits, child)
 
 
@@ -390,6 +394,14 @@ def child_main(request_path: str) -> int:
         elif "paths" in request:
             result = analyze_files(
                 request["paths"], display_names=request["display_names"], **budgets
+            )
+        elif request.get("compare"):
+            from diagnostics.analyze_memory import analyze_snapshots
+
+            result = analyze_snapshots(
+                [request["path"], request["compare"]],
+                max_bytes=budgets["max_decompressed_bytes"],
+                thresholds=request.get("thresholds"),
             )
         else:
             result = analyze(request["path"], thresholds=request.get("thresholds"), **budgets)

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from diagnostics.facts.gpu_timeline import GpuTimeline
     from diagnostics.facts.precision import PrecisionFacts
     from diagnostics.facts.trace_parts import TraceParts
+    from diagnostics.snapshot.analysis import SnapshotFacts
+    from diagnostics.snapshot.compare import SnapshotGrowth
 
 
 @dataclass(frozen=True)
@@ -169,6 +171,12 @@ class AnalysisInputs:
     # the primary rank's collectives matched across ranks (per-rank waiting versus
     # transfer); None for a single rank (diagnostics.facts.ranks.rank_collectives)
     collective_match: CollectiveMatch | None = None
+    # a CUDA memory snapshot analysed (diagnostics.snapshot): an uploaded one, or a run
+    # folder's latest memory/*.pickle; None without one
+    snapshot: SnapshotFacts | None = None
+    # the same job's earlier snapshot compared with ``snapshot``: growth by site; None
+    # unless two snapshots were given
+    snapshot_growth: SnapshotGrowth | None = None
 
     @cached_property
     def metrics(self) -> KeyMetrics:

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from diagnostics.metrics import KeyMetrics
 from diagnostics.model import RunData, TraceFacts
 from diagnostics.rules.base import Finding, Skipped
+
+if TYPE_CHECKING:
+    from diagnostics.snapshot.analysis import SnapshotFacts
+    from diagnostics.snapshot.compare import SnapshotGrowth
 
 SCHEMA = "pipeline-doctor/analysis/v1"
 
@@ -92,6 +96,19 @@ SUMMARY_KEYS: dict[str, str] = {
     "findings_by_severity": "{high, medium, low}: number of findings",
     "trace_run_steps": "run folder with a trace: [{trace_step, run_step}], the profiler's "
     "steps matched to the run's step records on one clock",
+    "memory_snapshot": "a CUDA memory snapshot (uploaded, or a run folder's memory/*.pickle): "
+    "{source, device, generation, pickle_protocol, entries, dump: {reserved_bytes, "
+    "allocated_bytes, awaiting_free_bytes, active_bytes, inactive_bytes, segments, blocks, "
+    "phase}, peak: {allocated_bytes, reserved_bytes, max_reserved_bytes, seq, time_s} (null "
+    "without trace entries), sites_at_peak / sites_at_dump: [{site, label, user_code, bytes, "
+    "blocks, category, phase, stack}], categories_at_peak / categories_at_dump: [{category, "
+    "bytes, blocks, pct}], category_method, fragmentation: {cached_free_bytes, "
+    "inactive_split_blocks, inactive_split_bytes, largest_free_block_bytes, "
+    "peak_cached_free_bytes, failed_request_bytes, expandable_segments}, oom: {requested_bytes, "
+    "device_free_bytes, allocated_bytes, reserved_bytes, cached_free_bytes, seq, time_s, "
+    "sites} or null, allocator_settings, warnings, growth: {before, after, phase_before, "
+    "phase_after, same_phase, growth_bytes, sites: [{site, bytes_before, bytes_after, "
+    "growth_bytes, ...}]} or null}; docs/MEMORY.md",
 }
 
 
@@ -122,7 +139,7 @@ def _clean(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class AnalysisResult:
-    source: dict[str, Any]  # kind "trace"|"ranks"|"run", path, files, ranks
+    source: dict[str, Any]  # kind "trace"|"ranks"|"run"|"snapshot", path, files, ranks
     summary: dict[str, Any]  # SUMMARY_KEYS, always all present
     facts: TraceFacts | None  # the primary rank's (rank 0, else the lowest)
     run: RunData | None
@@ -136,6 +153,9 @@ class AnalysisResult:
     rank_facts: tuple[TraceFacts, ...] = ()
     # the headline numbers every view quotes (diagnostics.metrics), computed once
     metrics: KeyMetrics | None = None
+    # a CUDA memory snapshot analysed, and its growth from an earlier one (docs/MEMORY.md)
+    snapshot: SnapshotFacts | None = None
+    snapshot_growth: SnapshotGrowth | None = None
 
     @property
     def is_trainer_run(self) -> bool:

@@ -17,6 +17,8 @@ Layout (``RUN_FOLDER_VERSION`` 1)::
       checkpoints/        step_00000100.pt ...
       memory_lines.jsonl  line-level memory (memory_profiler), one line record a row
       dataloaders.jsonl   script runs: one DataLoaderRecord per DataLoader the script built
+      memory/             CUDA memory snapshots (*.pickle, *.pickle.gz), oldest name first:
+                          step_00000100.pickle ..., oom_step_00000123.pickle (docs/MEMORY.md)
       log.txt             the trainer's log
       tokenizer.json      the run's own tokenizer (resume reuses it rather than retrain one)
       cancel.request      touched to ask the trainer to stop (status cancelled); removed on resume
@@ -74,6 +76,7 @@ STEPS_PARQUET = "steps.parquet"
 SAMPLES_PARQUET = "samples.parquet"
 MEMORY_LINES_FILE = "memory_lines.jsonl"
 DATALOADERS_FILE = "dataloaders.jsonl"
+SNAPSHOT_DIR = "memory"
 LOG_FILE = "log.txt"
 LOCK_FILE = "run.lock"
 TRACE_DIR = "trace"
@@ -652,6 +655,26 @@ class RunFolder:
             for p in self.trace_dir.iterdir()
             if p.is_file() and (p.name.endswith(".json") or p.name.endswith(".json.gz"))
         )
+
+    @property
+    def snapshot_dir(self) -> Path:
+        return self.path / SNAPSHOT_DIR
+
+    def snapshot_files(self) -> list[Path]:
+        """The run's CUDA memory snapshots, by name (step numbers zero-padded sort in
+        order); an out-of-memory dump ``oom_*`` sorts after the steps' ones."""
+        if not self.snapshot_dir.is_dir():
+            return []
+        found = [
+            p
+            for p in self.snapshot_dir.iterdir()
+            if p.is_file() and p.name.endswith((".pickle", ".pickle.gz"))
+        ]
+        return sorted(found, key=lambda p: (p.name.startswith("oom"), p.name))
+
+    def snapshot_path(self, step: int, *, oom: bool = False) -> Path:
+        """Where a snapshot of ``step`` goes (diagnostics.snapshot.writer.write_snapshot)."""
+        return self.snapshot_dir / f"{'oom_' if oom else ''}step_{step:08d}.pickle"
 
     @property
     def checkpoint_dir(self) -> Path:

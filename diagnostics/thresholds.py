@@ -184,6 +184,45 @@ class Thresholds:
         "near capacity, %",
         "torch-tb-profiler: peak allocated above 90% of device memory (tb_plugin data.py)",
     )
+    # -- memory snapshot rules (diagnostics/snapshot; docs/MEMORY.md) ----------------------
+    snapshot_fragmentation_min_pct: float = _t(
+        25.0,
+        "free blocks inside partly used segments at dump time, as a share of reserved memory, "
+        "above which the allocator counts as fragmented, %",
+        "ours: the caching allocator keeps up to a segment's split remainder cached; a quarter "
+        "of the reservation unusable for a larger request is what memory_viz's segment view "
+        "shows as ragged segments",
+    )
+    snapshot_fragmentation_min_bytes: int = _t(
+        256 * 2**20,
+        "the same free split blocks in bytes, below which fragmentation is not worth a "
+        "finding, bytes",
+        "ours: less than one large (>1 MiB, 20 MiB-rounded) segment's worth a dozen times",
+    )
+    snapshot_activations_min_pct: float = _t(
+        50.0,
+        "activations' share of the bytes live at the peak above which they dominate it, %",
+        "ours: half the peak; checkpointing then frees more than anything else could",
+    )
+    snapshot_optimizer_state_min_pct: float = _t(
+        40.0,
+        "optimizer state's share of the bytes live at the peak above which it dominates, %",
+        "fp32 Adam keeps two states per parameter: 8 of the 16 bytes a parameter costs with "
+        "its gradient (ZeRO paper, Rajbhandari et al. 2020, section 3.1)",
+    )
+    snapshot_oom_site_min_pct: float = _t(
+        25.0,
+        "share of the memory allocated at an out-of-memory error that one allocation site "
+        "must hold to be named as its cause (below it, the largest sites are listed), %",
+        "ours: a quarter of the device held by one line is what freeing that line changes; "
+        "under it no single site explains the failure",
+    )
+    snapshot_leak_min_bytes: int = _t(
+        16 * 2**20,
+        "growth of one allocation site between two snapshots of the same phase above which "
+        "it is a leak suspect, bytes",
+        "ours: above the caching allocator's rounding of a few allocations (2 MiB segments)",
+    )
     # -- host-device-sync -----------------------------------------------------------------
     sync_share_min_pct: float = _t(
         5.0,

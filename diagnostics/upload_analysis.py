@@ -26,6 +26,7 @@ import polars as pl
 from diagnostics.analyze import analyze_files
 from diagnostics.drilldown import DrillDown, build_drilldown
 from diagnostics.errors import InputError
+from diagnostics.snapshot.reader import is_snapshot_file
 from diagnostics.trace.budget import Budget, Limits
 from diagnostics.trace.loader import load_trace_file
 from diagnostics.trace.schema import LoadedTrace
@@ -228,6 +229,9 @@ def analyse_upload_files(
         raise InputError(
             f"{len(paths)} files", f"too many at once; upload at most {MAX_UPLOAD_FILES}"
         )
+    snapshots = [i for i, name in enumerate(names) if is_snapshot_file(name)]
+    if snapshots:
+        return _with_snapshots(paths, names, snapshots, mode, store, limits)
     budget = Budget(limits)
     rows, drills = [], []
     for i, (path, name) in enumerate(zip(paths, names, strict=True)):
@@ -255,3 +259,42 @@ def analyse_upload_files(
             for name, path, drill in zip(names, paths, drills, strict=True)
         )
     return UploadSet(table, reasons, chosen, results, str(store))
+
+
+def _with_snapshots(
+    paths: Sequence[Path],
+    names: Sequence[str],
+    snapshots: Sequence[int],
+    mode: Mode | None,
+    store: str | Path,
+    limits: Limits,
+) -> UploadSet:
+    """CUDA memory snapshots among the uploads: two are one job's before and after (growth
+    by site), any other number each its own result; traces beside them analysed as usual.
+    The snapshots' bytes come off the traces' budget."""
+    from diagnostics.analyze_memory import analyze_snapshots
+
+    snap_paths = [paths[i] for i in snapshots]
+    snap_names = [names[i] for i in snapshots]
+    pairs = [(0, 1)] if len(snapshots) == 2 else [(i,) for i in range(len(snapshots))]
+    results = []
+    for group in pairs:
+        chosen = [snap_paths[i] for i in group]
+        labels = [snap_names[i] for i in group]
+        result = analyze_snapshots(
+            chosen, display_names=labels, max_bytes=limits.max_decompressed_bytes
+        )
+        results.append(UploadResult(" -> ".join(labels), result, ()))
+    traces = [i for i in range(len(paths)) if i not in set(snapshots)]
+    if traces:
+        spent = sum(Path(p).stat().st_size for p in snap_paths)
+        rest = analyse_upload_files(
+            [paths[i] for i in traces],
+            display_names=[names[i] for i in traces],
+            mode=mode or "separate",
+            store=store,
+            limits=Limits(max(1, limits.max_decompressed_bytes - spent), limits.max_events),
+        )
+        results = list(rest.results) + results
+        return UploadSet(rest.identities, rest.mismatches, "separate", tuple(results), str(store))
+    return UploadSet(identity_table([]), (), "separate", tuple(results), str(store))

@@ -148,6 +148,7 @@ if pressed is not None and pressed.fix.config_patch:
 
 st.subheader("Charts")
 render.run_charts(result, key_prefix="run")
+render.memory_snapshot(result, key_prefix="run")
 render.notes(result)
 
 st.subheader("Drill down")

@@ -24,10 +24,12 @@ st.title(":material/upload_file: Upload a trace")
 max_upload_mb = int(st.get_option("server.maxUploadSize"))
 st.markdown(
     "Drop a Chrome trace written by `torch.profiler` (`tensorboard_trace_handler` or "
-    "`export_chrome_trace`) — or several, one per rank of a distributed job."
+    "`export_chrome_trace`) — or several, one per rank of a distributed job — or a CUDA "
+    "memory snapshot (`torch.cuda.memory._dump_snapshot`; two of one job are compared)."
 )
 st.caption(
-    f"`.json` or `.json.gz`, or a `.zip`/`.tar.gz` of them · up to "
+    f"`.json` or `.json.gz`, or a `.zip`/`.tar.gz` of them; snapshots `.pickle` or "
+    "`.pickle.gz`, read without running anything in them · up to "
     f"{views.MAX_UPLOAD_FILES} files · "
     f"up to **{max_upload_mb} MB per file** as uploaded · {views.upload_limits_text()} · "
     "analysed from a temporary copy that is deleted straight after, unless you save it."
@@ -93,14 +95,18 @@ elif save.button(
     st.rerun()
 
 uploads_ui.rank_tables(upload_set, chosen)
-render.cards(result)
+if result.snapshot is None:
+    render.cards(result)
+render.memory_snapshot(result, key_prefix="upload")
 st.subheader("Findings")
 render.findings(result, key_prefix="upload")
-st.subheader("Charts")
-render.run_charts(result, key_prefix="upload")
+if result.snapshot is None:
+    st.subheader("Charts")
+    render.run_charts(result, key_prefix="upload")
 render.notes(result)
-st.subheader("Drill down")
-drilldown.drilldown(chosen.drilldowns, key_prefix="upload")
+if result.snapshot is None:
+    st.subheader("Drill down")
+    drilldown.drilldown(chosen.drilldowns, key_prefix="upload")
 st.subheader("Report")
 render.downloads(
     lambda fmt: render.report_text(result, fmt), base_name="trace-report", key_prefix="upload"

@@ -16,6 +16,7 @@ from diagnostics.compare import compare
 from diagnostics.errors import InputError
 from diagnostics.report import plots
 from diagnostics.runs import list_runs
+from diagnostics.views.memory import snapshot_growth_between
 
 session.setup_page("Compare", ":material/compare_arrows:")
 st.title(":material/compare_arrows: Compare two runs")
@@ -79,6 +80,12 @@ if comparison.config_changes:
         hide_index=True,
         width="stretch",
     )
+
+memory_growth = snapshot_growth_between(result_a, result_b)
+if memory_growth is not None:  # both runs recorded memory/*.pickle
+    st.markdown("**Memory snapshots: growth by allocation site**")
+    st.caption(md_text(memory_growth[1]))
+    st.dataframe(memory_growth[0], hide_index=True, width="stretch")
 
 st.subheader("Findings")
 gone, new, kept = st.columns(3)

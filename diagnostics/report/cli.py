@@ -111,7 +111,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from diagnostics.report.model import build_comparison_report, build_report
 
     try:
-        result = analyse(args.path, limits, child)
+        from diagnostics.snapshot.reader import is_snapshot_file
+
+        if args.compare and is_snapshot_file(args.path) and is_snapshot_file(args.compare):
+            # two memory snapshots: one analysis of the pair (growth by site, leak suspects)
+            result = analyse(args.path, limits, child, compare=args.compare)
+            args.compare = None
+        else:
+            result = analyse(args.path, limits, child)
         if args.compare:
             report = build_comparison_report(
                 compare(result, analyse(args.compare, limits, child)), pricing=pricing

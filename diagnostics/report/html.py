@@ -304,6 +304,24 @@ def _comparison_html(report: Report) -> str:
     return "".join(parts)
 
 
+def _memory_html(report: Report) -> str:
+    if not report.memory_tables:
+        return ""
+    parts = ['<section id="memory"><h2>Memory snapshot</h2>']
+    for table in report.memory_tables:
+        if table.key == "memory_snapshot":
+            parts.append(_table(table.rows))
+            continue
+        parts.append(f"<h3>{esc(table.title)}</h3>")
+        parts.append(
+            _table(table.rows, table.head, css="grid", numeric_from=table.numeric_from)
+            if table.rows
+            else "<p>none</p>"
+        )
+    parts.append("</section>")
+    return "".join(parts)
+
+
 def render_html(report: Report) -> str:
     figures = _Figures()
     findings_html = (
@@ -330,6 +348,8 @@ def render_html(report: Report) -> str:
     nav = [("summary", "Summary"), ("findings", "Findings"), ("cost", "Cost"), ("charts", "Charts")]
     if report.comparison:
         nav.insert(1, ("comparison", "Before and after"))
+    if report.memory_tables:
+        nav.insert(1, ("memory", "Memory snapshot"))
     sections = [
         f"<header><h1>{esc(report.title)}</h1>"
         f'<p class="meta">Generated {esc(report.generated_at)} by Pipeline Doctor · '
@@ -343,6 +363,7 @@ def render_html(report: Report) -> str:
         + "</section>",
         '<section id="summary"><h2>Summary</h2>' + _table(report.summary_rows) + "</section>",
         _comparison_html(report),
+        _memory_html(report),
         (
             '<section id="ranks"><h2>Ranks</h2>'
             + _table(report.ranks_table[1], report.ranks_table[0], css="grid", numeric_from=1)

@@ -49,6 +49,7 @@ def report_document(report: Report) -> dict[str, Any]:
         "notes": list(report.notes),
         "findings": [finding.to_dict() for finding in report.findings],
         "cost": report.cost.to_dict() if report.cost is not None else None,
+        "memory_tables": [t.to_dict() for t in report.memory_tables],
         "comparison": None
         if section is None
         else {

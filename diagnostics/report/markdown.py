@@ -165,6 +165,16 @@ def render_markdown(report: Report) -> str:
             parts.append(
                 "### Config changes\n\n" + table(("key", "a", "b"), section.config_changes)
             )
+    if report.memory_tables:
+        parts.append("## Memory snapshot")
+        for memory in report.memory_tables:
+            if memory.key == "memory_snapshot":
+                parts.append(table(("", ""), memory.rows))
+            else:
+                parts.append(
+                    f"### {text(memory.title)}\n\n"
+                    + (table(memory.head, memory.rows) if memory.rows else "none")
+                )
     if report.ranks_table:
         parts.append("## Ranks\n\n" + table(report.ranks_table[0], report.ranks_table[1]))
     parts.append("## Findings")

@@ -19,6 +19,7 @@ import polars as pl
 from diagnostics.compare import Comparison, result_label
 from diagnostics.metrics import KeyMetrics, key_metrics
 from diagnostics.report import fmt, plots
+from diagnostics.report.memory import MemoryTable, memory_tables
 from diagnostics.report.pricing import CostEstimate, Pricing, estimate_cost
 from diagnostics.report.sections import (
     environment_rows,
@@ -106,6 +107,8 @@ class Report:
     comparison: ComparisonSection | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
     analysis: dict[str, Any] = field(default_factory=dict)  # the analyser's JSON document(s)
+    # a CUDA memory snapshot's sections (diagnostics.report.memory), empty without one
+    memory_tables: tuple[MemoryTable, ...] = ()
 
     def findings_at_or_above(self, severity: str) -> tuple[ReportFinding, ...]:
         limit = SEVERITY_ORDER[severity]
@@ -169,6 +172,23 @@ def _charts(result: Any) -> list[Chart]:
         )
     if run is not None and run.samples.height:
         charts.append(Chart("system", "GPU and CPU", plots.system_figure(run.samples)))
+    snapshot = getattr(result, "snapshot", None)
+    if snapshot is not None:
+        from diagnostics.report import memory_plots
+
+        charts.append(
+            Chart(
+                "memory_timeline", "Memory timeline", memory_plots.memory_timeline_figure(snapshot)
+            )
+        )
+        charts.append(
+            Chart(
+                "memory_categories", "Memory by category", memory_plots.categories_figure(snapshot)
+            )
+        )
+        charts.append(
+            Chart("segment_map", "Segment map", memory_plots.segment_map_figure(snapshot))
+        )
     if facts is not None:
         charts.append(
             Chart("breakdown", "Trace breakdown", plots.breakdown_figure(facts.breakdown))
@@ -276,7 +296,7 @@ def build_report(result: Any, *, pricing: Pricing | None = None) -> Report:
     source = dict(getattr(result, "source", None) or {})
     kind = str(source.get("kind") or ("run" if getattr(result, "run", None) else "trace"))
     run = getattr(result, "run", None)
-    noun = {"run": "run", "ranks": "rank traces"}.get(kind, "trace")
+    noun = {"run": "run", "ranks": "rank traces", "snapshot": "memory snapshot"}.get(kind, "trace")
     return Report(
         kind=kind,
         title=f"Pipeline Doctor report: {noun} {result_label(result)}",
@@ -296,6 +316,9 @@ def build_report(result: Any, *, pricing: Pricing | None = None) -> Report:
         notes=tuple(str(n) for n in getattr(result, "notes", ()) or ()),
         metrics=_metrics_dict(metrics),
         analysis=_analysis_json(result),
+        memory_tables=memory_tables(
+            (getattr(result, "summary", None) or {}).get("memory_snapshot")
+        ),
     )
 
 

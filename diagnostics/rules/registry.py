@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from diagnostics.rules.activations_dominate_peak import ActivationsDominatePeak
 from diagnostics.rules.base import Rule
 from diagnostics.rules.batch_too_small import BatchTooSmall
 from diagnostics.rules.exposed_communication import ExposedCommunication
 from diagnostics.rules.host_device_sync import HostDeviceSync
 from diagnostics.rules.launch_bound_kernels import LaunchBoundKernels
 from diagnostics.rules.low_gpu_utilization import LowGpuUtilization
+from diagnostics.rules.memory_fragmentation import MemoryFragmentation
 from diagnostics.rules.memory_leak import MemoryLeak
+from diagnostics.rules.memory_leak_by_site import MemoryLeakBySite
 from diagnostics.rules.memory_near_capacity import MemoryNearCapacity
 from diagnostics.rules.missing_pin_memory import MissingPinMemory
+from diagnostics.rules.optimizer_state_dominates import OptimizerStateDominates
+from diagnostics.rules.out_of_memory_cause import OutOfMemoryCause
 from diagnostics.rules.rank_stragglers import RankStragglers
 from diagnostics.rules.step_time_outliers import StepTimeOutliers
 from diagnostics.rules.tensor_cores_unused import TensorCoresUnused
@@ -44,6 +49,12 @@ RULES: tuple[Rule, ...] = (
     UnusedEmbeddingRows(),
     RankStragglers(),
     ExposedCommunication(),
+    # from a CUDA memory snapshot (diagnostics.snapshot; docs/MEMORY.md)
+    OutOfMemoryCause(),
+    MemoryLeakBySite(),
+    MemoryFragmentation(),
+    ActivationsDominatePeak(),
+    OptimizerStateDominates(),
 )
 
 

@@ -44,6 +44,8 @@ from diagnostics.unpack.tar_stream import TarStream, member_text
 
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz")
 TRACE_SUFFIXES = (".json", ".json.gz")
+# CUDA memory snapshots travel in archives too; the restricted reader reads them after
+SNAPSHOT_SUFFIXES = (".pickle", ".pickle.gz")
 # Every member an archive may list (traces, folders, other files): enough for a few hundred
 # rank files, few enough that listing them costs nothing.
 MAX_ARCHIVE_MEMBERS = 1024
@@ -79,7 +81,7 @@ def is_archive_name(name: str) -> bool:
 def _is_trace_member(name: str) -> bool:
     base = PurePosixPath(name.replace("\\", "/")).name
     return (
-        name.lower().endswith(TRACE_SUFFIXES)
+        name.lower().endswith(TRACE_SUFFIXES + SNAPSHOT_SUFFIXES)
         and not base.startswith(".")  # macOS "._rank0.json" resource forks
         and "__MACOSX/" not in name
     )
@@ -277,7 +279,9 @@ def extract_traces(
     except _MEMBER_ERRORS as exc:
         raise InputError(name, f"is not a readable archive ({exc})") from None
     if not out:
-        raise InputError(name, "holds no trace files (.json, .json.gz)")
+        raise InputError(
+            name, "holds no trace files (.json, .json.gz) or memory snapshots (.pickle, .pickle.gz)"
+        )
     return out
 
 

@@ -66,6 +66,8 @@ __all__ = [
 ]
 
 ACCEPTED_EXTENSIONS = (".json", ".json.gz")
+# CUDA memory snapshots (diagnostics.snapshot), read by the restricted unpickler only
+SNAPSHOT_EXTENSIONS = (".pickle", ".pickle.gz")
 # Step folders kept at once (each ~ its traces' event tables, ~0.2 KB per event on disk):
 # a few sessions' uploads; the oldest goes first.
 MAX_STORES = 16
@@ -132,14 +134,15 @@ def check_names(names: Sequence[str]) -> None:
         )
     for name in names:
         lower = name.lower()
-        if lower.endswith(ACCEPTED_EXTENSIONS) or is_archive_name(name):
+        if lower.endswith(ACCEPTED_EXTENSIONS + SNAPSHOT_EXTENSIONS) or is_archive_name(name):
             continue
         suffixes = "".join(Path(lower).suffixes[-2:]) or "no extension"
         raise InputError(
             name,
             f"unsupported file type ({suffixes}): upload Chrome traces written by "
             f"torch.profiler, as {' or '.join(ACCEPTED_EXTENSIONS)}, or a "
-            f"{'/'.join(ARCHIVE_SUFFIXES)} of them",
+            f"{'/'.join(ARCHIVE_SUFFIXES)} of them, or CUDA memory snapshots "
+            f"({' or '.join(SNAPSHOT_EXTENSIONS)})",
         )
 
 

@@ -41,7 +41,8 @@ def test_an_unsupported_extension_says_which_file_and_what_is_accepted(empty_env
     # what a person reads
     assert [shown(e.value) for e in at.error] == [
         "notes.txt: unsupported file type (.txt): upload Chrome traces written by "
-        "torch.profiler, as .json or .json.gz, or a .zip/.tar/.tar.gz/.tgz of them"
+        "torch.profiler, as .json or .json.gz, or a .zip/.tar/.tar.gz/.tgz of them, or CUDA "
+        "memory snapshots (.pickle or .pickle.gz)"
     ]
 
 

@@ -126,7 +126,8 @@ def test_unsupported_extensions_name_the_file_and_the_accepted_ones(name, proble
         check_names([name])
     assert str(info.value) == (
         f"{name}: {problem}: upload Chrome traces written by torch.profiler, as .json or "
-        ".json.gz, or a .zip/.tar/.tar.gz/.tgz of them"
+        ".json.gz, or a .zip/.tar/.tar.gz/.tgz of them, or CUDA memory snapshots (.pickle or "
+        ".pickle.gz)"
     )
 
 

@@ -38,6 +38,7 @@ SIZING = {
     "worker_headroom",
     "launch_delay_outlier_us",  # says whether launches queue, in the evidence
     "straggler_cause_min_share_pct",  # names the straggler's cause
+    "snapshot_oom_site_min_pct",  # names the out-of-memory error's cause (one site or many)
 }
 GATING_CASES = [case for case in CASES if case.values[1] not in SIZING]
 

@@ -1,0 +1,42 @@
+"""CUDA memory snapshots: read safely (reader), typed (schema), analysed (analysis)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from diagnostics.snapshot.analysis import SnapshotFacts, analyse_snapshot
+from diagnostics.snapshot.compare import SnapshotGrowth, compare_snapshots
+from diagnostics.snapshot.reader import is_snapshot_file, read_snapshot
+from diagnostics.trace.budget import BudgetExceeded, human_bytes
+
+__all__ = ["SnapshotFacts", "SnapshotGrowth", "is_snapshot_file", "read_and_analyse_pair"]
+
+
+def read_and_analyse_pair(
+    paths: Sequence[str | os.PathLike[str]],
+    display_names: Sequence[str] | None = None,
+    *,
+    max_bytes: int,
+) -> tuple[SnapshotFacts, SnapshotGrowth | None]:
+    """One snapshot analysed, or two: the second analysed and compared with the first
+    (before, after). The byte cap holds for the files together."""
+    names = list(display_names) if display_names is not None else [str(p) for p in paths]
+    if not 1 <= len(paths) <= 2:
+        raise ValueError("one snapshot, or two to compare")
+    facts, left = [], max_bytes
+    for path, name in zip(paths, names, strict=True):
+        if left <= 0:
+            raise BudgetExceeded(
+                name,
+                f"the snapshots together are larger than the {human_bytes(max_bytes)} limit "
+                "(decompressed); raise --max-decompressed-mb or PIPELINE_DOCTOR_MAX_DECOMPRESSED_MB",
+            )
+        snapshot = read_snapshot(Path(path), display_name=name, max_bytes=left)
+        left -= snapshot.bytes_read
+        facts.append(analyse_snapshot(snapshot))
+        del snapshot
+    if len(facts) == 1:
+        return facts[0], None
+    return facts[1], compare_snapshots(facts[0], facts[1])
