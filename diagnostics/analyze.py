@@ -42,7 +42,13 @@ from diagnostics.rules.base import Skipped
 from diagnostics.rules.engine import run_rules
 from diagnostics.runs import RunFolder
 from diagnostics.severity import SEVERITY_ORDER
-from diagnostics.snapshot import SnapshotFacts, SnapshotGrowth, is_snapshot_file
+from diagnostics.snapshot import (
+    SnapshotFacts,
+    SnapshotGrowth,
+    is_snapshot_file,
+    read_and_analyse_pair,
+    run_snapshots,
+)
 from diagnostics.trace.budget import DEFAULT_MAX_DECOMPRESSED_BYTES, DEFAULT_MAX_EVENTS, Limits
 from diagnostics.trace.loader import (
     LoadedInput,
@@ -75,8 +81,6 @@ def analyze(
     """
     folder = Path(path)
     if folder.is_file() and is_snapshot_file(folder):
-        from diagnostics.analyze_memory import analyze_snapshots
-
         return analyze_snapshots([folder], max_bytes=max_decompressed_bytes, thresholds=thresholds)
     if folder.is_dir() and not RunFolder.is_run_folder(folder):
         files = trace_files_in(folder)
@@ -94,9 +98,28 @@ def analyze(
     loaded = load(path, max_decompressed_bytes=max_decompressed_bytes, max_events=max_events)
     snapshot, growth = None, None
     if loaded.run is not None and loaded.run.folder.snapshot_files():
-        from diagnostics.analyze_memory import run_snapshots
-
         snapshot, growth = run_snapshots(loaded.run.folder, max_decompressed_bytes)
+    return analyze_loaded(loaded, thresholds=thresholds, snapshot=snapshot, growth=growth)
+
+
+def analyze_snapshots(
+    paths: Sequence[str | os.PathLike[str]],
+    *,
+    display_names: Sequence[str] | None = None,
+    max_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
+    thresholds: Any = None,
+) -> AnalysisResult:
+    """One CUDA memory snapshot, or two of one job (before, after): the second analysed
+    and compared with the first (diagnostics.snapshot; docs/MEMORY.md)."""
+    names = list(display_names) if display_names is not None else [str(p) for p in paths]
+    snapshot, growth = read_and_analyse_pair(paths, names, max_bytes=max_bytes)
+    loaded = LoadedInput(
+        kind="snapshot",  # type: ignore[arg-type]
+        path=names[-1] if len(names) == 1 else f"{names[0]} -> {names[1]}",
+        traces=(),
+        files=tuple(names),
+        warnings=snapshot.warnings,
+    )
     return analyze_loaded(loaded, thresholds=thresholds, snapshot=snapshot, growth=growth)
 
 

@@ -153,8 +153,7 @@ def analyse(
                     "for traces and runs use report --compare",
                 )
     if child is None:
-        from diagnostics.analyze import analyze
-        from diagnostics.analyze_memory import analyze_snapshots
+        from diagnostics.analyze import analyze, analyze_snapshots
 
         if compare is not None:
             return analyze_snapshots(

@@ -396,7 +396,7 @@ def child_main(request_path: str) -> int:
                 request["paths"], display_names=request["display_names"], **budgets
             )
         elif request.get("compare"):
-            from diagnostics.analyze_memory import analyze_snapshots
+            from diagnostics.analyze import analyze_snapshots
 
             result = analyze_snapshots(
                 [request["path"], request["compare"]],

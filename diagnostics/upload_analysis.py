@@ -272,7 +272,7 @@ def _with_snapshots(
     """CUDA memory snapshots among the uploads: two are one job's before and after (growth
     by site), any other number each its own result; traces beside them analysed as usual.
     The snapshots' bytes come off the traces' budget."""
-    from diagnostics.analyze_memory import analyze_snapshots
+    from diagnostics.analyze import analyze_snapshots
 
     snap_paths = [paths[i] for i in snapshots]
     snap_names = [names[i] for i in snapshots]

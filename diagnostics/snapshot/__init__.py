@@ -6,6 +6,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from diagnostics.runs import RunFolder
 from diagnostics.snapshot.analysis import SnapshotFacts, analyse_snapshot
 from diagnostics.snapshot.compare import SnapshotGrowth, compare_snapshots
 from diagnostics.snapshot.reader import is_snapshot_file, read_snapshot
@@ -40,3 +41,14 @@ def read_and_analyse_pair(
     if len(facts) == 1:
         return facts[0], None
     return facts[1], compare_snapshots(facts[0], facts[1])
+
+
+def run_snapshots(
+    folder: RunFolder, max_bytes: int
+) -> tuple[SnapshotFacts | None, SnapshotGrowth | None]:
+    """A run folder's memory/ snapshots: the last analysed, compared with the first."""
+    files = folder.snapshot_files()
+    if not files:
+        return None, None
+    chosen = [files[0], files[-1]] if len(files) > 1 else files
+    return read_and_analyse_pair(chosen, [str(f) for f in chosen], max_bytes=max_bytes)

@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from diagnostics.analyze_memory import analyze_snapshots  # noqa: E402
+from diagnostics.analyze import analyze_snapshots  # noqa: E402
 from diagnostics.snapshot.writer import write_snapshot  # noqa: E402
 
 pytestmark = [
