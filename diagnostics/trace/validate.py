@@ -28,7 +28,9 @@ import polars as pl
 PHYSICAL_TS_LIMIT_US = 1e17  # about 3,200 years of µs
 FAR_FACTOR = 100.0
 CORE_QUANTILES = (0.001, 0.999)
-LONGER_THAN_RECORDING = 2.0
+# Far beyond: an exported step keeps the whole recording's profiler span, twice its own
+# length or more; nothing real lasts a hundred recordings.
+LONGER_THAN_RECORDING = 100.0
 MIN_RECORDING_US = 1000.0
 ZERO_KERNEL_SHARE = 0.5
 ZERO_KERNEL_MIN = 20  # a handful of kernels says nothing about the timeline
