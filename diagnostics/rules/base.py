@@ -156,7 +156,8 @@ def need_trainer_config(keys: str) -> Need:
 
     def skip(inputs: AnalysisInputs) -> str:
         if inputs.run is None:
-            return f"needs a run of the reference trainer (its config: {keys})"
+            # worded for an uploaded trace: someone else's job, so no trainer advice
+            return f"needs the run's DataLoader and epoch records ({keys}): a trace has none"
         return f"a script run: this judgement reads the reference trainer's config ({keys})"
 
     return Need(
