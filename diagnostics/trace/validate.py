@@ -61,11 +61,15 @@ def check_times(events: pl.DataFrame, display: str) -> tuple[pl.DataFrame, list[
     if n_far:
         kept_ts = events.filter(~far)["ts"]
         worst = events.filter(far)["ts"].abs().max()
+        others = (
+            f"the others lie within {(float(kept_ts.max()) - float(kept_ts.min())) / 1e6:.3g} s"
+            if kept_ts.len()
+            else "no other event is left"
+        )
         warnings.append(
             f"{display}: left out {_count(n_far, 'event')} whose timestamp lies far outside the "
-            f"recording (up to {worst:.3g} µs; the others lie within "
-            f"{(float(kept_ts.max()) - float(kept_ts.min())) / 1e6:.3g} s): they would "
-            "stretch its span and every time measured over it"
+            f"recording (up to {worst:.3g} µs; {others}): they would stretch its span and "
+            "every time measured over it"
         )
         events = events.filter(~far)
     # The recording runs from the first start to nearly the last end: the 99.9th percentile

@@ -143,3 +143,25 @@ def test_a_non_numeric_step_time_is_not_read_as_a_number(tmp_path, value):
     result = analyze(folder)
     assert result.summary["steps"] == len(lines) - 1
     assert any("step_time_ms (1)" in w for w in result.warnings)
+
+
+def test_a_trace_whose_every_event_is_out_of_bounds_is_one_line(tmp_path):
+    # found by the property test: every event beyond the physical bound left nothing to say
+    # "the others lie within" about (a TypeError before)
+    from diagnostics.errors import InputError
+    from diagnostics.trace.loader import load_trace_file
+
+    path = _write(
+        tmp_path,
+        "all_far",
+        {
+            "traceEvents": [
+                {"ph": "X", "name": "k", "ts": 1e18, "dur": 1},
+                {"ph": "X", "name": "k", "ts": 2e18, "dur": 1},
+            ]
+        },
+    )
+    with pytest.raises(InputError) as caught:
+        load_trace_file(path)
+    message = str(caught.value)
+    assert "\n" not in message and "far outside the recording" in message
