@@ -25,6 +25,7 @@ import polars as pl
 
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
+from diagnostics.rules.evidence import chart
 from diagnostics.rules.snapshot_evidence import (
     SNAPSHOT_HISTORY,
     mib,
@@ -85,6 +86,14 @@ class ActivationsDominatePeak(Rule):
             "checkpointing keeps each checkpointed block's inputs",
             "category_method": snapshot.category_method,
             "sites": site_rows(sites),
+            "chart": chart(
+                "bar",
+                "Largest allocation sites at the peak",
+                "allocation site",
+                "held at the peak (MiB)",
+                sites.head(10)["label"].to_list(),
+                {"held (MiB)": [round(b / 2**20, 1) for b in sites.head(10)["bytes"].to_list()]},
+            ),
             "threshold_pct": thresholds.snapshot_activations_min_pct,
         }
         top = sites.row(0, named=True)["label"] if sites.height else None

@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
+from diagnostics.rules.evidence import chart
 from diagnostics.rules.snapshot_evidence import SNAPSHOT, mib, snapshot_inputs, window
 from diagnostics.snapshot import examples as snap
 from diagnostics.thresholds import Thresholds
@@ -80,6 +81,21 @@ class MemoryFragmentation(Rule):
             # what expandable segments would give back: the split pieces become one range
             "bytes_freed": frag.inactive_split_bytes,
             "threshold_pct": thresholds.snapshot_fragmentation_min_pct,
+            "chart": chart(
+                "bar",
+                "Reserved memory at the dump: in use, and cached free in split pieces",
+                "state",
+                "memory (MiB)",
+                ["active", "cached free", "inactive split pieces", "largest free block"],
+                {
+                    "memory (MiB)": [
+                        round((snapshot.dump.active_bytes or 0) / 2**20, 1),
+                        round((frag.cached_free_bytes or 0) / 2**20, 1),
+                        round((frag.inactive_split_bytes or 0) / 2**20, 1),
+                        round((frag.largest_free_block_bytes or 0) / 2**20, 1),
+                    ]
+                },
+            ),
         }
         if failed_in_pieces:
             detail = (

@@ -27,6 +27,7 @@ import polars as pl
 
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
+from diagnostics.rules.evidence import chart
 from diagnostics.rules.snapshot_evidence import TWO_SNAPSHOTS, mib, snapshot_inputs, window
 from diagnostics.snapshot import examples as snap
 from diagnostics.thresholds import Thresholds
@@ -82,6 +83,19 @@ class MemoryLeakBySite(Rule):
                 "total_growth_bytes": growth.growth_bytes,
                 "stack": "\n".join((row["stack"] or "").splitlines()[:8]),
                 "threshold_bytes": thresholds.snapshot_leak_min_bytes,
+                "chart": chart(
+                    "bar",
+                    f"{row['label']}: memory held at the dump of each snapshot",
+                    "snapshot",
+                    "held (MiB)",
+                    [str(growth.before), str(growth.after)],
+                    {
+                        "held (MiB)": [
+                            round(row["bytes_before"] / 2**20, 1),
+                            round(row["bytes_after"] / 2**20, 1),
+                        ]
+                    },
+                ),
             }
             findings.append(
                 Finding(

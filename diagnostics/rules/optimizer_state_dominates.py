@@ -25,6 +25,7 @@ import polars as pl
 
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
+from diagnostics.rules.evidence import chart
 from diagnostics.rules.snapshot_evidence import (
     SNAPSHOT_HISTORY,
     mib,
@@ -81,6 +82,14 @@ class OptimizerStateDominates(Rule):
             "peak; sharding over N ranks frees (N-1)/N of it instead",
             "category_method": snapshot.category_method,
             "sites": site_rows(sites),
+            "chart": chart(
+                "bar",
+                "Largest allocation sites at the peak",
+                "allocation site",
+                "held at the peak (MiB)",
+                sites.head(10)["label"].to_list(),
+                {"held (MiB)": [round(b / 2**20, 1) for b in sites.head(10)["bytes"].to_list()]},
+            ),
             "threshold_pct": thresholds.snapshot_optimizer_state_min_pct,
         }
         return [

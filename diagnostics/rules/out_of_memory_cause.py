@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
+from diagnostics.rules.evidence import chart
 from diagnostics.rules.snapshot_evidence import SNAPSHOT, mib, site_rows, snapshot_inputs, window
 from diagnostics.snapshot import examples as snap
 from diagnostics.thresholds import Thresholds
@@ -114,6 +115,16 @@ class OutOfMemoryCause(Rule):
             "bytes_freed": freed,
             "sites": site_rows(oom.sites),
         }
+        if oom.sites.height:
+            held = oom.sites.head(10)
+            evidence["chart"] = chart(
+                "bar",
+                "What held memory at the out-of-memory error (by allocation site)",
+                "allocation site",
+                "held (MiB)",
+                held["label"].to_list(),
+                {"held (MiB)": [round(b / 2**20, 1) for b in held["bytes"].to_list()]},
+            )
         return [
             Finding(
                 rule=self.id,
