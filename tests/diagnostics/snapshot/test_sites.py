@@ -30,13 +30,13 @@ def test_the_site_is_the_first_python_frame_outside_torch():
         EVAL,
         Frame(f"{TORCH}/nn/modules/linear.py", 125, "forward"),
         EVAL,
-        Frame("/work/llm/model.py", 88, "forward"),
+        Frame("/home/alice/llm/model.py", 88, "forward"),
         Frame(f"{TORCH}/nn/modules/module.py", 1762, "_call_impl"),
-        Frame("/work/llm/train.py", 140, "train_step"),
+        Frame("/home/alice/llm/train.py", 140, "train_step"),
     )
     site = site_of(stack)
     assert (site.key, site.label, site.user_code) == (
-        "/work/llm/model.py:88 in forward",
+        "/home/alice/llm/model.py:88 in forward",
         "model.py:88 in forward",
         True,
     )
@@ -75,7 +75,7 @@ def test_optimizer_state_and_init():
     state = (
         Frame(f"{TORCH}/optim/adamw.py", 150, "_init_group"),
         Frame(f"{TORCH}/optim/adamw.py", 209, "step"),
-        Frame("/work/llm/train.py", 150, "train_step"),
+        Frame("/home/alice/llm/train.py", 150, "train_step"),
     )
     assert phase_of(state) == "optimizer"
     assert category_of(state, "optimizer", outlived_phase=None) == "optimizer_state"
@@ -83,9 +83,9 @@ def test_optimizer_state_and_init():
         Frame(f"{TORCH}/nn/modules/module.py", 1341, "convert"),
         Frame(f"{TORCH}/nn/modules/module.py", 928, "_apply"),
         Frame(f"{TORCH}/nn/modules/module.py", 1355, "to"),
-        Frame("/work/llm/train.py", 60, "main"),
+        Frame("/home/alice/llm/train.py", 60, "main"),
     )
     assert category_of(moved, phase_of(moved), outlived_phase=None) == "parameters"
     # a user line with no module, optimizer or autograd frame: its category is not guessed
-    plain = (Frame("/work/llm/train.py", 170, "log_metrics"),)
+    plain = (Frame("/home/alice/llm/train.py", 170, "log_metrics"),)
     assert category_of(plain, phase_of(plain), outlived_phase=True) == "unknown"
