@@ -21,15 +21,14 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-import polars as pl
-
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
-from diagnostics.rules.evidence import chart
 from diagnostics.rules.snapshot_evidence import (
     SNAPSHOT_HISTORY,
+    category_at_peak,
     mib,
     site_rows,
+    sites_chart,
     snapshot_inputs,
     window,
 )
@@ -63,12 +62,9 @@ class ActivationsDominatePeak(Rule):
     def check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:
         snapshot = inputs.snapshot
         assert snapshot is not None and snapshot.peak is not None
-        peak = snapshot.peak.allocated_bytes
-        activations = snapshot.category_bytes("activations")
-        share = 100.0 * activations / peak if peak else 0.0
+        peak, activations, share, sites = category_at_peak(snapshot, "activations")
         if share < thresholds.snapshot_activations_min_pct:
             return []
-        sites = snapshot.sites_at_peak.filter(pl.col("category") == "activations")
         evidence: dict[str, Any] = {
             "source": snapshot.source,
             **window(snapshot),
@@ -86,13 +82,8 @@ class ActivationsDominatePeak(Rule):
             "checkpointing keeps each checkpointed block's inputs",
             "category_method": snapshot.category_method,
             "sites": site_rows(sites),
-            "chart": chart(
-                "bar",
-                "Largest allocation sites at the peak",
-                "allocation site",
-                "held at the peak (MiB)",
-                sites.head(10)["label"].to_list(),
-                {"held (MiB)": [round(b / 2**20, 1) for b in sites.head(10)["bytes"].to_list()]},
+            "chart": sites_chart(
+                "Largest allocation sites at the peak", sites, "held at the peak (MiB)"
             ),
             "threshold_pct": thresholds.snapshot_activations_min_pct,
         }

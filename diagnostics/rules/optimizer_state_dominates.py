@@ -21,15 +21,14 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-import polars as pl
-
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
-from diagnostics.rules.evidence import chart
 from diagnostics.rules.snapshot_evidence import (
     SNAPSHOT_HISTORY,
+    category_at_peak,
     mib,
     site_rows,
+    sites_chart,
     snapshot_inputs,
     window,
 )
@@ -61,13 +60,10 @@ class OptimizerStateDominates(Rule):
     def check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:
         snapshot = inputs.snapshot
         assert snapshot is not None and snapshot.peak is not None
-        peak = snapshot.peak.allocated_bytes
-        state = snapshot.category_bytes("optimizer_state")
-        share = 100.0 * state / peak if peak else 0.0
+        peak, state, share, sites = category_at_peak(snapshot, "optimizer_state")
         if share < thresholds.snapshot_optimizer_state_min_pct:
             return []
         freed = int(state * _EIGHT_BIT_FREES)
-        sites = snapshot.sites_at_peak.filter(pl.col("category") == "optimizer_state")
         evidence: dict[str, Any] = {
             "source": snapshot.source,
             **window(snapshot),
@@ -82,13 +78,8 @@ class OptimizerStateDominates(Rule):
             "peak; sharding over N ranks frees (N-1)/N of it instead",
             "category_method": snapshot.category_method,
             "sites": site_rows(sites),
-            "chart": chart(
-                "bar",
-                "Largest allocation sites at the peak",
-                "allocation site",
-                "held at the peak (MiB)",
-                sites.head(10)["label"].to_list(),
-                {"held (MiB)": [round(b / 2**20, 1) for b in sites.head(10)["bytes"].to_list()]},
+            "chart": sites_chart(
+                "Largest allocation sites at the peak", sites, "held at the peak (MiB)"
             ),
             "threshold_pct": thresholds.snapshot_optimizer_state_min_pct,
         }

@@ -25,8 +25,14 @@ from typing import Any, ClassVar
 
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity
-from diagnostics.rules.evidence import chart
-from diagnostics.rules.snapshot_evidence import SNAPSHOT, mib, site_rows, snapshot_inputs, window
+from diagnostics.rules.snapshot_evidence import (
+    SNAPSHOT,
+    mib,
+    site_rows,
+    sites_chart,
+    snapshot_inputs,
+    window,
+)
 from diagnostics.snapshot import examples as snap
 from diagnostics.thresholds import Thresholds
 
@@ -116,14 +122,10 @@ class OutOfMemoryCause(Rule):
             "sites": site_rows(oom.sites),
         }
         if oom.sites.height:
-            held = oom.sites.head(10)
-            evidence["chart"] = chart(
-                "bar",
+            evidence["chart"] = sites_chart(
                 "What held memory at the out-of-memory error (by allocation site)",
-                "allocation site",
+                oom.sites,
                 "held (MiB)",
-                held["label"].to_list(),
-                {"held (MiB)": [round(b / 2**20, 1) for b in held["bytes"].to_list()]},
             )
         return [
             Finding(

@@ -81,3 +81,26 @@ def window(snapshot: Any) -> dict[str, Any]:
         "entries": [int(timeline["seq"].min()), int(timeline["seq"].max())],
         "at": "dump time",
     }
+
+
+def category_at_peak(snapshot: Any, category: str) -> tuple[int, int, float, pl.DataFrame]:
+    """(peak allocated bytes, the category's bytes at the peak, its share %, its sites)."""
+    peak = snapshot.peak.allocated_bytes
+    held = snapshot.category_bytes(category)
+    share = 100.0 * held / peak if peak else 0.0
+    return peak, held, share, snapshot.sites_at_peak.filter(pl.col("category") == category)
+
+
+def sites_chart(title: str, sites: pl.DataFrame, y_label: str) -> Any:
+    """A bar chart of the ten largest sites' bytes, in MiB."""
+    from diagnostics.rules.evidence import chart
+
+    top = sites.head(10)
+    return chart(
+        "bar",
+        title,
+        "allocation site",
+        y_label,
+        top["label"].to_list(),
+        {"held (MiB)": [round(b / 2**20, 1) for b in top["bytes"].to_list()]},
+    )
