@@ -1,6 +1,8 @@
 # syntax=docker/dockerfile:1
-# Targets: base (runtime dependencies), production (non-root, serves the app behind a
-# sign-in), development (non-root; adds the test tools and JupyterLab). docs/SECURITY.md.
+# Targets: production (non-root, serves the app behind a sign-in), development (non-root;
+# adds the test tools and JupyterLab). docs/SECURITY.md. Every dependency is installed
+# before any code is copied, and the code is copied last, in one layer, from the `code`
+# stage: a code-only change rebuilds that layer and nothing else (docs/CI.md).
 FROM python:3.11-slim AS base
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -10,21 +12,26 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /app
 COPY requirements.txt .
 RUN pip install --no-cache-dir -r requirements.txt
-COPY app.py ./
-COPY pages ./pages
-COPY app_ui ./app_ui
-COPY .streamlit ./.streamlit
-COPY diagnostics ./diagnostics
-COPY trainer ./trainer
-COPY probe ./probe
-COPY scripts/serve.py ./scripts/serve.py
 RUN useradd --create-home --uid 10001 doctor \
     && mkdir -p /data/runs \
     && chown -R doctor:doctor /data
 
+# The application's files, in one place for both targets.
+FROM scratch AS code
+COPY app.py /app/
+COPY pages /app/pages
+COPY app_ui /app/app_ui
+COPY .streamlit /app/.streamlit
+COPY diagnostics /app/diagnostics
+COPY trainer /app/trainer
+COPY probe /app/probe
+COPY scripts/serve.py /app/scripts/serve.py
+
 FROM base AS production
 # Authlib: Streamlit's st.login (OpenID Connect) needs it when [auth] is configured.
 RUN pip install --no-cache-dir Authlib==1.9.10
+# owned by root: the server's user reads the code but cannot change it
+COPY --from=code /app /app
 # Every interface, so a published port reaches it: scripts/serve.py then refuses to start
 # unless PIPELINE_DOCTOR_TOKEN or [auth] in /app/.streamlit/secrets.toml is set (or, for a
 # read-only demo, PIPELINE_DOCTOR_ALLOW_ANONYMOUS=1).
@@ -38,10 +45,11 @@ CMD ["python", "scripts/serve.py", "--port", "8501"]
 FROM base AS development
 COPY requirements-dev.txt .
 RUN pip install --no-cache-dir -r requirements-dev.txt jupyterlab==4.6.6
-COPY tests ./tests
-COPY bench ./bench
-COPY pyproject.toml ./
-RUN chown -R doctor:doctor /app
+# the developer's user owns the tree (JupyterLab edits it)
+COPY --chown=doctor:doctor --from=code /app /app
+COPY --chown=doctor:doctor pyproject.toml ./
+COPY --chown=doctor:doctor tests ./tests
+COPY --chown=doctor:doctor bench ./bench
 USER 10001:10001
 # JupyterLab runs code: loopback and a token by default (JUPYTER_TOKEN, else one Jupyter
 # generates and prints). To reach it through a published port, set JUPYTER_IP=0.0.0.0

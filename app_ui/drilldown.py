@@ -21,6 +21,16 @@ from diagnostics.report import drill_plots
 
 TABS = ("Overview", "Operators", "Kernels", "Memory", "Timeline", "Export")
 MS = st.column_config.NumberColumn
+# The roofline figures both tables carry (diagnostics.facts.roofline)
+ROOFLINE_COLUMNS = {
+    "tflops_per_s": MS("TFLOP/s", format="%.1f", help="FLOPs over the union of its GPU time"),
+    "tb_per_s": MS("TB/s", format="%.3f", help="compulsory bytes over its GPU time"),
+    "flops_per_byte": MS("FLOP/byte", format="%.1f", help="arithmetic intensity"),
+    "pct_of_peak_flops": MS(
+        "% of peak", format="%.1f", help="of the device's dense peak; empty: device unknown"
+    ),
+    "bound": st.column_config.TextColumn("Bound", help="compute or memory (the roofline)"),
+}
 OPERATOR_COLUMNS = {
     "operator": st.column_config.TextColumn("Operator", width="large"),
     "input_shapes": st.column_config.TextColumn("Input shapes", width="medium"),
@@ -30,6 +40,8 @@ OPERATOR_COLUMNS = {
     "device_self_ms": MS("Device self (ms)", format="%.3f"),
     "device_total_ms": MS("Device total (ms)", format="%.3f"),
     "tensor_core_eligible": st.column_config.CheckboxColumn("Tensor Core eligible"),
+    "gflops": MS("GFLOP", format="%.3f", help="FLOPs of all calls (docs/ROOFLINE.md)"),
+    **ROOFLINE_COLUMNS,
 }
 KERNEL_COLUMNS = {
     "kernel": st.column_config.TextColumn("Kernel", width="large"),
@@ -43,6 +55,7 @@ KERNEL_COLUMNS = {
     "tensor_core": st.column_config.CheckboxColumn("Tensor / Matrix Cores"),
     "operator": st.column_config.TextColumn("Launched by", width="medium"),
     "operators": st.column_config.NumberColumn("Operators", format="%d"),
+    **ROOFLINE_COLUMNS,
 }
 
 

@@ -202,6 +202,7 @@ def _panel_body(runs_dir: Path, run: RunFolder) -> None:
                 query_params={"run": run.run_id},
             )
         st.progress(progress.fraction, text=progress.text)
+        render.alert_state(run)
         if status.status == "completed":
             st.success(
                 "Finished. Open the diagnosis to see the findings.", icon=":material/check_circle:"

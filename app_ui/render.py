@@ -19,6 +19,7 @@ from diagnostics.report import plots
 from diagnostics.report.formats import REPORT_FORMATS, render_report
 from diagnostics.report.model import build_comparison_report, build_report
 from diagnostics.rules.base import Finding
+from diagnostics.runs import RunFolder, RunFolderError
 from diagnostics.severity import order_findings
 
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
@@ -70,6 +71,17 @@ def memory_snapshot(result: AnalysisResult, key_prefix: str) -> None:
         st.dataframe(view.growth, hide_index=True, width="stretch")
 
 
+def alert_state(run: RunFolder) -> None:
+    """The too-long-run alert's line (nothing when the run asked for none)."""
+    try:
+        shown = views.alert_summary(run.alert())
+    except RunFolderError as exc:  # a torn alert.json must not hide the rest of the page
+        st.warning(md_text(exc), icon=":material/notification_important:")
+        return
+    if shown is not None:
+        getattr(st, shown.level)(md_text(shown.text), icon=shown.icon)
+
+
 def text_cells(table: pl.DataFrame) -> pl.DataFrame:
     """A table for st.table, which renders markdown in its cells: every cell as plain text
     (config values come from a run's own run.json)."""
@@ -89,6 +101,14 @@ def notes(result: AnalysisResult) -> None:
             st.table(
                 text_cells(
                     pl.DataFrame({"": [r[0] for r in coverage], "value": [r[1] for r in coverage]})
+                )
+            )
+    roofline = views.roofline_summary_rows(result.summary)
+    if roofline:
+        with st.expander("Roofline: FLOPs from the recorded shapes against the device's peak"):
+            st.table(
+                text_cells(
+                    pl.DataFrame({"": [r[0] for r in roofline], "value": [r[1] for r in roofline]})
                 )
             )
     if result.skipped:
@@ -128,7 +148,7 @@ def findings(
         f"{len(ranked)} finding{'s' if len(ranked) != 1 else ''}, most severe first. "
         + (
             "Each shows its evidence, the fix as code and as a config patch for a re-run."
-            if result.is_trainer_run
+            if result.is_run_folder
             else "Each shows its evidence and the fix as code for your own training script."
         )
     )
@@ -171,15 +191,25 @@ def findings(
                     )
             st.markdown("**Fix**")
             st.code(finding.fix.code, language="python")
-            patch = finding.fix.config_patch if result.is_trainer_run else None
+            patch = finding.fix.config_patch if result.is_run_folder else None
             if patch:
-                st.markdown("**Config patch for the reference trainer**")
+                for_script = views.is_script_patch(patch)
+                st.markdown(
+                    "**DataLoader overrides for a re-run of your script (no edit)**"
+                    if for_script
+                    else "**Config patch for the reference trainer**"
+                )
+                # a script's config holds only what was overridden; its loader's actual
+                # arguments are in the finding's evidence
+                before = (
+                    {"dataloader": finding.evidence.get("dataloader")} if for_script else config
+                )
                 st.table(
-                    text_cells(views.patch_rows(patch, config)),
+                    text_cells(views.patch_rows(patch, before)),
                     hide_index=True,
                     border="horizontal",
                 )
-                st.code(views.patch_command(patch, config), language="bash")
+                st.code(views.patch_command(patch, config, finding.evidence), language="bash")
                 if can_rerun:
                     clicked = st.button(
                         "Re-run with fix",
@@ -188,7 +218,12 @@ def findings(
                         icon=":material/replay:",
                         disabled=rerun_disabled_reason is not None,
                         help=rerun_disabled_reason
-                        or "Launch the same config with this patch; the runs are linked.",
+                        or (
+                            "Launch the same script, unedited, with these overrides; the runs "
+                            "are linked."
+                            if for_script
+                            else "Launch the same config with this patch; the runs are linked."
+                        ),
                     )
                     if clicked:
                         pressed = finding

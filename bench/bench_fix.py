@@ -14,6 +14,12 @@ far more than the loader does (``--threads auto`` keeps the trainer's own choice
 
     .venv/bin/python bench/bench_fix.py                  # 40 steps, 1 round (~1-2 min)
     .venv/bin/python bench/bench_fix.py --steps 60 --rounds 3
+    .venv/bin/python bench/bench_fix.py --script --rounds 3   # a user's script instead
+
+``--script`` does the same for a user's own script under ``pipeline-doctor profile``
+(tests/scripts/slow_loader.py: 8 samples a batch, each sleeping 5 ms in ``__getitem__``, a
+3072-wide MLP, ``num_workers=0``), re-run with the finding's patch as ``--override``: the
+speed-up that tests/probe/test_rerun_with_fix.py proves the mechanism of.
 """
 
 from __future__ import annotations
@@ -34,13 +40,16 @@ from diagnostics.result import AnalysisResult  # noqa: E402
 
 RULE = "too-few-workers"
 SCENARIO = "slow-loader"
+SCRIPT = REPO_ROOT / "tests" / "scripts" / "slow_loader.py"
+SCRIPT_ARGS = ["--batch-size", "8", "--sleep-ms", "5", "--hidden", "3072"]
 
 
-def set_args(patch: dict[str, Any]) -> list[str]:
+def patch_args(patch: dict[str, Any], flag: str = "--set") -> list[str]:
+    """The patch as the trainer's ``--set`` or the wrapper's ``--override`` arguments."""
     args: list[str] = []
     for key, value in patch.items():
         text = ("true" if value else "false") if isinstance(value, bool) else str(value)
-        args += ["--set", f"{key}={text}"]
+        args += [flag, f"{key}={text}"]
     return args
 
 
@@ -56,6 +65,23 @@ def run(runs_dir: Path, steps: int, threads: str, extra: list[str]) -> AnalysisR
     done = subprocess.run(args + extra, cwd=REPO_ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"error: trainer run failed: {done.stderr.strip().splitlines()[-1:]}")
+    return analyze(done.stdout.strip().splitlines()[-1])
+
+
+def run_script(runs_dir: Path, steps: int, threads: str, extra: list[str]) -> AnalysisResult:
+    """slow_loader.py under ``python -m probe profile`` (no trace), ``extra`` its overrides."""
+    import os
+
+    env = dict(os.environ)
+    if threads != "auto":
+        env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+    args = [
+        sys.executable, "-m", "probe", "profile", "--runs-dir", str(runs_dir), "--no-trace",
+        *extra, str(SCRIPT), "--steps", str(steps), *SCRIPT_ARGS,
+    ]  # fmt: skip
+    done = subprocess.run(args, cwd=REPO_ROOT, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        sys.exit(f"error: profiled script failed: {done.stderr.strip().splitlines()[-1:]}")
     return analyze(done.stdout.strip().splitlines()[-1])
 
 
@@ -75,21 +101,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--threads", default="1", help="torch threads for both runs, or auto")
+    parser.add_argument(
+        "--script", action="store_true", help="a user's script under pipeline-doctor profile"
+    )
     args = parser.parse_args(argv)
+    start, flag = (run_script, "--override") if args.script else (run, "--set")
+    subject = f"{SCRIPT.name} (pipeline-doctor profile)" if args.script else SCENARIO
 
     with tempfile.TemporaryDirectory(prefix="bench_fix_") as tmp:
         runs_dir = Path(tmp)
-        first = run(runs_dir, args.steps, args.threads, [])
+        first = start(runs_dir, args.steps, args.threads, [])
         finding = next((f for f in first.findings if f.rule == RULE), None)
         if finding is None or not finding.fix.config_patch:
-            print(f"{RULE} did not fire on {SCENARIO}: nothing to fix", file=sys.stderr)
+            print(f"{RULE} did not fire on {subject}: nothing to fix", file=sys.stderr)
             return 1
         patch = finding.fix.config_patch
         unfixed, fixed = [first], []
         for round_no in range(args.rounds):
             if round_no:
-                unfixed.append(run(runs_dir, args.steps, args.threads, []))
-            fixed.append(run(runs_dir, args.steps, args.threads, set_args(patch)))
+                unfixed.append(start(runs_dir, args.steps, args.threads, []))
+            fixed.append(start(runs_dir, args.steps, args.threads, patch_args(patch, flag)))
 
     def summary(results: list[AnalysisResult]) -> dict[str, Any]:
         stats = [step_stats(r) for r in results]
@@ -102,14 +133,14 @@ def main(argv: list[str] | None = None) -> int:
 
     a, b = summary(unfixed), summary(fixed)
     ratio = a["median_ms"] / b["median_ms"]
-    print(f"fix and verify: {SCENARIO}, {args.steps} steps x {args.rounds} round(s), "
+    print(f"fix and verify: {subject}, {args.steps} steps x {args.rounds} round(s), "
           f"torch threads {args.threads}")  # fmt: skip
     print(f"patch from the {RULE} finding: {patch} "
           f"(estimated saving {finding.estimated_saving_pct}%)")  # fmt: skip
     print()
     print("| run | median step (ms) | p95 step (ms) | data wait (% of step) | too-few-workers |")
     print("|---|---:|---:|---:|---|")
-    for name, s in ((SCENARIO, a), (f"{SCENARIO} + patch", b)):
+    for name, s in ((subject, a), (f"{subject} + patch", b)):
         print(
             f"| {name} | {s['median_ms']:.1f} | {s['p95_ms']:.1f} | {s['wait_share_pct']:.1f} "
             f"| {'fires' if s['fired'] else 'gone'} |"

@@ -34,8 +34,8 @@ def build(kind: str) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
     )
     return (
         model,
-        torch.randn(int(os.environ.get("BENCH_BATCH", "512")), width),
-        torch.randn(int(os.environ.get("BENCH_BATCH", "512")), 1),
+        torch.randn(int(os.environ.get("BENCH_BATCH", "1024")), width),
+        torch.randn(int(os.environ.get("BENCH_BATCH", "1024")), 1),
     )
 
 

@@ -1,4 +1,4 @@
-"""CLI: ``python -m diagnostics analyze|report|rules ...``.
+"""CLI: ``python -m diagnostics analyze|report|gate|rules ...``.
 
 analyze PATH [--format json|text] [-o FILE] [--max-decompressed-mb N] [--max-events N]
         [--max-memory-mb N] [--timeout-s S] [--thresholds FILE]
@@ -7,6 +7,7 @@ analyze PATH [--format json|text] [-o FILE] [--max-decompressed-mb N] [--max-eve
     --max-memory-mb / --timeout-s, or an address-space limit the command already runs
     under, analyse in the bounded child of diagnostics.isolated.
 report ...  -> diagnostics.report.cli.main ; rules ... -> diagnostics.rules.docs.main
+gate ...  -> diagnostics.gate.cli.main (docs/GATE.md)
 """
 
 from __future__ import annotations
@@ -38,10 +39,11 @@ from diagnostics.text_output import (
 )
 
 USAGE = (
-    "usage: python -m diagnostics {analyze,report,rules} ...\n"
+    "usage: python -m diagnostics {analyze,report,gate,rules} ...\n"
     "  analyze PATH [--format json|text] [-o FILE]   analyse a trace, rank folder, run or\n"
     "                                               CUDA memory snapshot (--compare B)\n"
     "  report PATH --format html|md|json -o FILE    write a report\n"
+    "  gate BASELINE CANDIDATE                      exit 1 on a significant regression\n"
     "  rules [--format md]                          print the rule reference\n"
 )
 
@@ -98,7 +100,12 @@ def render_text(doc: dict[str, Any]) -> str:
     source, summary, env = doc["source"], doc["summary"], doc["environment"]
     head = [f"{source['kind']} {source['path']}"]
     head += [str(v) for v in (env.get("device"), env.get("gpu_name")) if v]
-    from diagnostics.report.sections import gpu_identity, kernel_coverage_rows
+    from diagnostics.report.sections import (
+        gpu_identity,
+        kernel_coverage_rows,
+        mfu_rows,
+        roofline_rows,
+    )
 
     identity = gpu_identity(env)
     if identity:
@@ -158,6 +165,7 @@ def render_text(doc: dict[str, Any]) -> str:
             f" · exposed copies {_ms(timeline['exposed_memcpy_us'] / 1000.0)}"
             f" · idle {_ms(timeline['idle_us'] / 1000.0)} ({_pct(timeline['idle_pct'])})"
         )
+    lines.extend(f"{label}: {value}" for label, value in mfu_rows(summary))
     if summary.get("peak_memory_bytes") is not None:
         lines.append(f"peak memory: {summary['peak_memory_bytes'] / 2**30:.2f} GiB")
     if summary.get("memory_snapshot"):
@@ -165,6 +173,7 @@ def render_text(doc: dict[str, Any]) -> str:
 
         lines.extend(snapshot_text_lines(summary["memory_snapshot"]))
     lines.extend(f"{label}: {value}" for label, value in kernel_coverage_rows(summary))
+    lines.extend(f"{label}: {value}" for label, value in roofline_rows(summary))
     ranks = summary.get("ranks")
     if ranks:
         spread = ranks.get("spread")
@@ -251,6 +260,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from diagnostics.report.cli import main as report_main
 
         return report_main(rest)
+    if command == "gate":
+        from diagnostics.gate.cli import main as gate_main
+
+        return gate_main(rest)
     if command == "rules":
         try:
             from diagnostics.rules.docs import main as rules_main

@@ -26,10 +26,11 @@ from diagnostics.facts import (
 )
 from diagnostics.facts.comm_ranks import CollectiveMatch
 from diagnostics.facts.device import identify_device
+from diagnostics.facts.mfu import mfu_facts
 from diagnostics.facts.ranks import rank_collectives
 from diagnostics.facts.summary import overlap_summary
-from diagnostics.metrics import KeyMetrics, compute_key_metrics
-from diagnostics.model import AnalysisInputs, RunData, TraceFacts
+from diagnostics.metrics import KeyMetrics, compute_key_metrics, steady_steps
+from diagnostics.model import AnalysisInputs
 from diagnostics.rank_pool import POOL_MIN_FILES, digest_files, ranks_are_distinct
 from diagnostics.result import (
     BREAKDOWN_KEYS,
@@ -49,6 +50,7 @@ from diagnostics.snapshot import (
     read_and_analyse_pair,
     run_snapshots,
 )
+from diagnostics.sources import RunData, TraceFacts
 from diagnostics.trace.budget import DEFAULT_MAX_DECOMPRESSED_BYTES, DEFAULT_MAX_EVENTS, Limits
 from diagnostics.trace.loader import (
     LoadedInput,
@@ -457,6 +459,11 @@ def summarise(
     summary.update(_comm_summary(facts))
     if facts is not None and facts.kernel_coverage is not None:
         summary["kernel_coverage"] = facts.kernel_coverage.to_dict()
+    if facts is not None and facts.roofline is not None:
+        summary["roofline"] = facts.roofline.to_summary()
+    mfu = mfu_facts(facts, run, steady_steps(run_steps) if run_steps is not None else None)
+    if mfu.model is not None or mfu.counted is not None:
+        summary["mfu"] = mfu.to_summary()
     if match is not None:
         summary["comm_ranks"] = match.to_summary()
     summary["events"] = sum(t.events.height for t in loaded.traces) if loaded.traces else None

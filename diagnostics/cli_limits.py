@@ -2,7 +2,8 @@
 
 ``--max-decompressed-mb`` and ``--max-events`` default to the environment
 (PIPELINE_DOCTOR_MAX_DECOMPRESSED_MB / PIPELINE_DOCTOR_MAX_EVENTS, as the app reads
-them), else to the built-in limits of diagnostics.trace.budget. ``--max-memory-mb`` and
+them), else to limits sized to this machine's memory (Limits.for_command_line: the
+user's own file on the user's own machine, where the app keeps its fixed budget). ``--max-memory-mb`` and
 ``--timeout-s`` (or an address-space limit the command already runs under) move the
 analysis into the app's bounded child (diagnostics.isolated). Imports nothing heavy, so
 usage errors stay instant.
@@ -25,12 +26,13 @@ class LimitOptionError(Exception):
 
 
 def add_limit_options(parser: argparse.ArgumentParser) -> None:
-    """--max-decompressed-mb and --max-events; defaults from the environment, else built in."""
+    """--max-decompressed-mb and --max-events; defaults from the environment, else sized to
+    this machine's memory."""
     from diagnostics.limit_values import MAX_DECOMPRESSED_MB, MAX_EVENTS, flag_type
     from diagnostics.trace.budget import ENV_MAX_DECOMPRESSED_MB, ENV_MAX_EVENTS, Limits
 
     try:
-        defaults = Limits.from_env()
+        defaults = Limits.for_command_line()
     except ValueError as exc:
         raise LimitOptionError(str(exc)) from None
     parser.add_argument(

@@ -38,6 +38,14 @@ GPU busy (%): ``gpu_busy_pct``
     Trace only: NVML samples no copy engines, so a run folder without a trace leaves it null.
 ``gpu_utilization_pct`` (kept from v1 for its readers)
     The busy figure for a trace, the NVML mean without one: prefer the two named figures.
+MFU and counted FLOPs utilisation (%)
+    ``mfu_pct``: the median over the steady-state steps of each step's model FLOPs (6N +
+    12·L·H·Q·T per token from the reference trainer's config, or from the model a script's
+    HF Trainer trained, times its tokens) over its step time and the device's dense peak
+    for the run's precision; ``mfu_label`` says which. ``counted_flops_
+    utilization_pct``: the median over profiler steps of the roofline's counted operator
+    FLOPs over step time and the peak ("hardware FLOPs utilisation from counted
+    operators"). Both None on CPU or an unknown device (diagnostics/facts/mfu.py).
 peak memory (bytes)
     The largest CUDA peak (``cuda_peak_bytes``, else ``cuda_allocated_bytes``) in the run's
     step records, else the largest device allocation in the trace's ``[memory]`` events,
@@ -52,8 +60,10 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from diagnostics.facts.mfu import mfu_facts
+
 if TYPE_CHECKING:
-    from diagnostics.model import RunData, TraceFacts
+    from diagnostics.sources import RunData, TraceFacts
 
 
 # the labels every view, report and comparison gives the two GPU figures
@@ -83,6 +93,20 @@ class KeyMetrics:
     # kernel time / span of the profiled steps, % (as nvidia-smi); NVML's mean without a trace
     gpu_kernel_utilization_pct: float | None = None
     gpu_busy_pct: float | None = None  # kernels, copies, memsets / span, % (trace only)
+    # model FLOPs utilisation: median over steady steps of 6N + 12·L·H·Q·T per token from the
+    # trainer's config (a script run's: the model its HF Trainer trained) x tokens / step
+    # time / dense peak, % (facts/mfu.py); None on CPU, on an unknown device or precision,
+    # or without the model's sizes
+    mfu_pct: float | None = None
+    # hardware FLOPs utilisation from counted operators: median over profiler steps of the
+    # roofline's counted FLOPs / step time / dense peak, % (facts/mfu.py)
+    counted_flops_utilization_pct: float | None = None
+    # the peak each of the two is a share of ("H200 SXM dense bf16 989.5 TFLOP/s")
+    mfu_peak_basis: str | None = None
+    counted_flops_peak_basis: str | None = None
+    # what mfu_pct's model FLOPs came from: facts/mfu.py's MODEL_LABEL (a trainer run's
+    # config) or a script run's recorded model ("MFU (model FLOPs from the HF Trainer's model)")
+    mfu_label: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -264,6 +288,7 @@ def compute_key_metrics(trace: TraceFacts | None, run: RunData | None) -> KeyMet
         peak = _trace_peak_memory(trace)
         if peak is not None:
             values["peak_memory_bytes"], values["peak_memory_kind"] = peak
+    mfu = mfu_facts(trace, run, steady_steps(run.steps) if has_run and run is not None else None)
     if values.get("peak_memory_bytes") is None and has_run:
         assert run is not None
         rss = run.steps["rss_bytes"].max() if "rss_bytes" in run.steps.columns else None
@@ -287,6 +312,11 @@ def compute_key_metrics(trace: TraceFacts | None, run: RunData | None) -> KeyMet
         steady_steps=values.get("steady_steps"),
         gpu_kernel_utilization_pct=kernel_util,
         gpu_busy_pct=busy,
+        mfu_pct=mfu.model.median_pct if mfu.model is not None else None,
+        counted_flops_utilization_pct=mfu.counted.median_pct if mfu.counted is not None else None,
+        mfu_peak_basis=mfu.model.peak_basis if mfu.model is not None else None,
+        counted_flops_peak_basis=mfu.counted.peak_basis if mfu.counted is not None else None,
+        mfu_label=mfu.model.label if mfu.model is not None else None,
     )
 
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from diagnostics.errors import InputError
-from diagnostics.model import TraceFacts
 from diagnostics.process_limits import address_space_limit, address_space_used, die_with_parent
+from diagnostics.sources import TraceFacts
 from diagnostics.trace.budget import Budget, Limits, SharedTotals
 from diagnostics.trace.schema import TraceMetadata
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from diagnostics.metrics import KeyMetrics
-from diagnostics.model import RunData, TraceFacts
 from diagnostics.rules.base import Finding, Skipped
+from diagnostics.sources import RunData, TraceFacts
 
 if TYPE_CHECKING:
     from diagnostics.snapshot.analysis import SnapshotFacts
@@ -93,6 +93,25 @@ SUMMARY_KEYS: dict[str, str] = {
     "unknown_kernels: [{name, calls, device_us}] (largest 10), unknown_kernel_count, "
     "operator_attributed_pct}: shares of summed kernel time the kernel-family table "
     "classifies and that link to a CPU operator (null: no CPU operators); docs/KERNELS.md",
+    "roofline": "a GPU trace recorded with shapes: {device_peak: {device, bf16_tflops, "
+    "fp16_tflops, tf32_tflops, fp32_tflops, fp8_tflops, hbm_tbps, source} or null (unknown "
+    "device: every pct_of_peak and bound null), modelled_calls, counted_gflops, counted_gpu_us, "
+    "matrix_gflops, signatures: [{name, kind, shape, dtype, calls, gflops, mbytes, gpu_us, "
+    "tflops_per_s, tflops_per_s_median, tb_per_s, flops_per_byte, pct_of_peak_flops, "
+    "pct_of_peak_bandwidth, bound}] (largest 20 by GPU time), kernels: [{name, flops, bytes, "
+    "device_us, tflops_per_s, tb_per_s, flops_per_byte, pct_of_peak_flops, "
+    "pct_of_peak_bandwidth, bound}] (largest 20)}; FLOP and byte model per operator: "
+    "docs/ROOFLINE.md",
+    "mfu": "FLOPs utilisation per step, two ways (diagnostics/facts/mfu.py, docs/ROOFLINE.md): "
+    "{model: MFU from the reference trainer's config (a script run's: from the model its HF "
+    "Trainer trained, run.json model_shape, x each step's real tokens), 6N + 12·L·H·Q·T per "
+    "token x tokens / step time / the dense peak of the run's precision, over the "
+    "steady-state steps; counted: "
+    "hardware FLOPs utilisation from counted operators, the roofline's counted FLOPs per "
+    "profiler step / step time / the peak}; each {label, median_pct, median_tflops_per_s, "
+    "precision, peak_tflops, device_peak, source, flops_per_token, gpu_time_covered_pct, "
+    "unknown_reason, steps: [{step, phase, step_time_ms, flops, tflops_per_s, pct}]} or null; "
+    "null: a CPU run without a GPU trace",
     "findings_by_severity": "{high, medium, low}: number of findings",
     "trace_run_steps": "run folder with a trace: [{trace_step, run_step}], the profiler's "
     "steps matched to the run's step records on one clock",
@@ -158,9 +177,10 @@ class AnalysisResult:
     snapshot_growth: SnapshotGrowth | None = None
 
     @property
-    def is_trainer_run(self) -> bool:
-        """A run folder of the reference trainer (not an uploaded trace): only then do
-        findings carry trainer config patches and the views offer re-runs."""
+    def is_run_folder(self) -> bool:
+        """A run folder, the reference trainer's or a profiled script's (not an uploaded
+        trace): only then do findings carry patches (trainer keys, or DataLoader overrides
+        for a script) and the views offer re-runs."""
         return self.run is not None
 
     def to_json(self) -> dict[str, Any]:

@@ -24,6 +24,9 @@ Layout (``RUN_FOLDER_VERSION`` 1)::
       cancel.request      touched to ask the trainer to stop (status cancelled); removed on resume
       steps.rank<k>.jsonl distributed runs: rank k > 0's records (rank 0 keeps the names
       samples.rank<k>.jsonl  above); log.rank<k>.txt; status.rank<k>.json, each rank's end
+      alert.json          the too-long-run alert (runtime.alert_after_s / --alert-after-s):
+                          state, threshold_s, webhook host, step, elapsed_s, reason (absent:
+                          no alert asked for; docs/RUN-FOLDER.md)
       run.lock            held by the one trainer writing the folder: {"pid", "host", "at"}
                           (O_EXCL; trainer/run_lock.py; a dead holder's lock is recovered)
 
@@ -47,10 +50,12 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
+from functools import cache
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import polars as pl
+if TYPE_CHECKING:
+    import polars as pl
 
 RUN_FOLDER_VERSION = 1
 
@@ -84,6 +89,10 @@ CHECKPOINT_DIR = "checkpoints"
 RANK_STATUS_FILE = "status.rank{rank}.json"  # every rank's own end, aggregated into status.json
 TOKENIZER_FILE = "tokenizer.json"
 CANCEL_FILE = "cancel.request"
+ALERT_FILE = "alert.json"
+# armed: waiting for the threshold; sending: passed it, the post in flight; sent / failed:
+# the post's outcome; not_configured: no webhook set (the state says if the run passed it)
+ALERT_STATES: frozenset[str] = frozenset({"armed", "sending", "sent", "failed", "not_configured"})
 
 RUNS_DIR_ENV = "PIPELINE_DOCTOR_RUNS_DIR"
 DEFAULT_RUNS_DIR = "runs"
@@ -99,61 +108,86 @@ def default_runs_dir(environ: Mapping[str, str] | None = None) -> Path:
     return Path(value or DEFAULT_RUNS_DIR)
 
 
-# Column -> dtype for each record kind. Records may carry fewer fields (None is written
-# as null); the reader always returns every column below, in this order.
-STEP_SCHEMA: dict[str, pl.DataType] = {
-    "step": pl.Int64,  # global optimiser step, 1-based
-    "epoch": pl.Int64,
-    "phase": pl.String,  # "pretrain" (masked LM) or "finetune"
-    "wall_time": pl.Float64,  # Unix seconds at the end of the step
-    "step_time_ms": pl.Float64,  # end-to-end: data wait + copy + compute + optimiser
-    "data_wait_ms": pl.Float64,  # blocked in next(dataloader_iter)
-    "h2d_ms": pl.Float64,  # host-to-device copy of the batch
-    "compute_ms": pl.Float64,  # forward + backward
-    "optimizer_ms": pl.Float64,  # clip + optimiser step + zero_grad
-    # the training thread runnable but without a CPU (another process or thread had it);
-    # null where the OS does not say. Not a part of the step: it overlaps the parts above
-    "cpu_wait_ms": pl.Float64,
-    "loss": pl.Float64,
-    "grad_norm": pl.Float64,  # total L2 norm before clipping
-    "lr": pl.Float64,
-    "amp_scale": pl.Float64,  # GradScaler scale; null without a scaler
-    "batch_size": pl.Int64,
-    "samples_per_s": pl.Float64,
-    "rss_bytes": pl.Int64,  # trainer process resident set size
-    "cuda_allocated_bytes": pl.Int64,
-    "cuda_reserved_bytes": pl.Int64,
-    "cuda_peak_bytes": pl.Int64,
-    "profiled": pl.Boolean,  # inside the profiler's active window
-    # known causes of extra time in this step, comma-separated (null: none): profiler_warmup,
-    # profiler_active, after_trace_export, epoch_start, after_evaluation, after_checkpoint
-    "marks": pl.String,
-}
+# Column -> dtype for each record kind (STEP_SCHEMA, SAMPLE_SCHEMA, MEMORY_LINE_SCHEMA).
+# Records may carry fewer fields (None is written as null); the reader always returns
+# every column below, in this order. Built on first use: importing polars costs 0.5-1 s,
+# which the profile launcher and a script's process would pay before the script's first
+# line although neither reads a frame until the run has ended.
+@cache
+def _schemas() -> dict[str, dict[str, pl.DataType]]:
+    import polars as pl
 
-SAMPLE_SCHEMA: dict[str, pl.DataType] = {
-    "wall_time": pl.Float64,
-    "cpu_percent": pl.Float64,  # whole host, all cores (100 = one core busy... x cores)
-    "trainer_rss_bytes": pl.Int64,
-    "workers_rss_bytes": pl.Int64,  # sum over live DataLoader worker processes (USS-free RSS)
-    "worker_count": pl.Int64,
-    "gpu_index": pl.Int64,  # null when NVML is unavailable
-    "gpu_util_pct": pl.Float64,
-    "gpu_mem_used_bytes": pl.Int64,
-    "gpu_mem_total_bytes": pl.Int64,
-    "gpu_power_w": pl.Float64,
-    "gpu_sm_clock_mhz": pl.Float64,
-    "gpu_temp_c": pl.Float64,
-}
+    steps: dict[str, pl.DataType] = {
+        "step": pl.Int64,  # global optimiser step, 1-based
+        "epoch": pl.Int64,
+        "phase": pl.String,  # "pretrain" (masked LM) or "finetune"
+        "wall_time": pl.Float64,  # Unix seconds at the end of the step
+        "step_time_ms": pl.Float64,  # end-to-end: data wait + copy + compute + optimiser
+        "data_wait_ms": pl.Float64,  # blocked in next(dataloader_iter)
+        "h2d_ms": pl.Float64,  # host-to-device copy of the batch
+        "compute_ms": pl.Float64,  # forward + backward
+        "optimizer_ms": pl.Float64,  # clip + optimiser step + zero_grad
+        # the training thread runnable but without a CPU (another process or thread had it);
+        # null where the OS does not say. Not a part of the step: it overlaps the parts above
+        "cpu_wait_ms": pl.Float64,
+        "loss": pl.Float64,
+        "grad_norm": pl.Float64,  # total L2 norm before clipping
+        "lr": pl.Float64,
+        "amp_scale": pl.Float64,  # GradScaler scale; null without a scaler
+        "batch_size": pl.Int64,
+        "samples_per_s": pl.Float64,
+        # a script run's tokens of the step's batches with input_ids (the attention mask's
+        # sum where it was on the CPU, else every id) and their token-weighted mean padded
+        # length; null for other batches, and in the trainer's records
+        "tokens": pl.Int64,
+        "seq_len": pl.Float64,
+        "rss_bytes": pl.Int64,  # trainer process resident set size
+        "cuda_allocated_bytes": pl.Int64,
+        "cuda_reserved_bytes": pl.Int64,
+        "cuda_peak_bytes": pl.Int64,
+        "profiled": pl.Boolean,  # inside the profiler's active window
+        # known causes of extra time in this step, comma-separated (null: none): profiler_warmup,
+        # profiler_active, after_trace_export, epoch_start, after_evaluation, after_checkpoint,
+        # memory_history (CUDA allocator history on: probe/memory_snapshots.py)
+        "marks": pl.String,
+        # embedding-store reads of the step's batch (trainer/embedding_store.py); null
+        # without a store: read transactions, keys read, time inside the reads
+        "store_reads": pl.Int64,
+        "store_keys": pl.Int64,
+        "store_read_ms": pl.Float64,
+    }
 
-MEMORY_LINE_SCHEMA: dict[str, pl.DataType] = {
-    "function": pl.String,  # qualified name of the profiled function
-    "filename": pl.String,
-    "line": pl.Int64,
-    "mem_usage_mib": pl.Float64,  # memory_profiler's process memory after the line
-    "increment_mib": pl.Float64,  # summed over every call of the function
-    "occurrences": pl.Int64,
-    "source": pl.String,
-}
+    samples: dict[str, pl.DataType] = {
+        "wall_time": pl.Float64,
+        "cpu_percent": pl.Float64,  # whole host, all cores (100 = one core busy... x cores)
+        "trainer_rss_bytes": pl.Int64,
+        "workers_rss_bytes": pl.Int64,  # sum over live DataLoader worker processes (USS-free RSS)
+        "worker_count": pl.Int64,
+        "gpu_index": pl.Int64,  # null when NVML is unavailable
+        "gpu_util_pct": pl.Float64,
+        "gpu_mem_used_bytes": pl.Int64,
+        "gpu_mem_total_bytes": pl.Int64,
+        "gpu_power_w": pl.Float64,
+        "gpu_sm_clock_mhz": pl.Float64,
+        "gpu_temp_c": pl.Float64,
+    }
+
+    memory_lines: dict[str, pl.DataType] = {
+        "function": pl.String,  # qualified name of the profiled function
+        "filename": pl.String,
+        "line": pl.Int64,
+        "mem_usage_mib": pl.Float64,  # memory_profiler's process memory after the line
+        "increment_mib": pl.Float64,  # summed over every call of the function
+        "occurrences": pl.Int64,
+        "source": pl.String,
+    }
+    return {"STEP_SCHEMA": steps, "SAMPLE_SCHEMA": samples, "MEMORY_LINE_SCHEMA": memory_lines}
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("STEP_SCHEMA", "SAMPLE_SCHEMA", "MEMORY_LINE_SCHEMA"):
+        return _schemas()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # run.json's "kind": what made the run. Folders written before the field existed are the
@@ -190,6 +224,10 @@ class DataLoaderRecord:
     # of ``wait_ms``, the CPU time of the training thread itself: the rest is I/O, sleep or
     # waiting for worker processes
     wait_cpu_ms: float | None = None
+    # the framework whose code called DataLoader(...): "transformers" (HF's Trainer, from
+    # its TrainingArguments: ``site`` is then the user's trainer.train() line), "lightning",
+    # "accelerate"; None for the user's own call, and in files written before it was kept
+    built_by: str | None = None
 
     ARGUMENTS: ClassVar[tuple[str, ...]] = (
         "batch_size",
@@ -242,6 +280,7 @@ class DataLoaderRecord:
                 wait_cpu_ms=(
                     float(c) if (c := typed("wait_cpu_ms", (int, float))) is not None else None
                 ),
+                built_by=typed("built_by", (str,)),
             )
         except TypeError:
             return None
@@ -297,6 +336,52 @@ def _parse_status(path: Path, raw: Mapping[str, Any]) -> RunStatus:
         step=_field(path, raw, "step", (int,), 0),
         total_steps=_field(path, raw, "total_steps", (int,), None),
     )
+
+
+@dataclass(frozen=True)
+class AlertState:
+    """The too-long-run alert of one run, as ``alert.json`` holds it."""
+
+    state: str  # one of ALERT_STATES
+    threshold_s: float
+    webhook: str | None = None  # scheme://host[:port] only: the URL's path is its secret
+    step: int | None = None  # the run's step when it passed the threshold
+    elapsed_s: float | None = None  # None: not passed (yet)
+    reason: str | None = None  # why it failed or was not sent
+    http_status: int | None = None
+    text: str | None = None  # the message posted (or that would have been)
+    updated_at: float | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.elapsed_s is not None
+
+
+def _parse_alert(path: Path, raw: Mapping[str, Any]) -> AlertState:
+    state = raw.get("state")
+    if state not in ALERT_STATES:
+        raise RunFolderError(f"{path}: unreadable (state is {state!r})")
+    threshold = _field(path, raw, "threshold_s", _NUMBER, None)
+    if threshold is None:
+        raise RunFolderError(f"{path}: unreadable (threshold_s is missing)")
+    elapsed = _field(path, raw, "elapsed_s", _NUMBER, None)
+    updated = _field(path, raw, "updated_at", _NUMBER, None)
+    return AlertState(
+        state=state,
+        threshold_s=float(threshold),
+        webhook=_field(path, raw, "webhook", (str,), None),
+        step=_field(path, raw, "step", (int,), None),
+        elapsed_s=None if elapsed is None else float(elapsed),
+        reason=_field(path, raw, "reason", (str,), None),
+        http_status=_field(path, raw, "http_status", (int,), None),
+        text=_field(path, raw, "text", (str,), None),
+        updated_at=None if updated is None else float(updated),
+    )
+
+
+def write_alert_state(run_dir: str | os.PathLike[str], payload: Mapping[str, Any]) -> None:
+    """Replaces ``alert.json`` (atomically; the alert's own thread is its one writer)."""
+    _atomic_write_json(Path(run_dir) / ALERT_FILE, payload)
 
 
 _MANIFEST_CORE_KEYS = frozenset(
@@ -422,6 +507,8 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
 
 def _fits(value: Any, dtype: pl.DataType) -> bool:
     """A JSON value of the column's type (null always fits; bool is no number here)."""
+    import polars as pl
+
     if value is None:
         return True
     if dtype == pl.Int64:
@@ -452,12 +539,16 @@ def _typed_records(
 
 
 def _frame(records: list[dict[str, Any]], schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    import polars as pl
+
     columns = {name: [rec.get(name) for rec in records] for name in schema}
     return pl.DataFrame(columns, schema=schema, strict=False)
 
 
 def _conform(frame: pl.DataFrame, schema: dict[str, pl.DataType]) -> pl.DataFrame:
     """Every schema column, in order, with its dtype (older files may lack new columns)."""
+    import polars as pl
+
     return frame.select(
         [
             pl.col(name).cast(dtype, strict=False)
@@ -539,12 +630,19 @@ class RunFolder:
                 )
         return status
 
+    def alert(self) -> AlertState | None:
+        """The too-long-run alert's state; None when the run asked for no alert."""
+        path = self.path / ALERT_FILE
+        if not path.exists():
+            return None
+        return _parse_alert(path, _read_json(path))
+
     def steps(self) -> pl.DataFrame:
         """Per-step records, sorted by step (the last record wins for a repeated step)."""
-        return self._records(STEPS_PARQUET, STEPS_LINES, STEP_SCHEMA, key="step")
+        return self._records(STEPS_PARQUET, STEPS_LINES, _schemas()["STEP_SCHEMA"], key="step")
 
     def samples(self) -> pl.DataFrame:
-        return self._records(SAMPLES_PARQUET, SAMPLES_LINES, SAMPLE_SCHEMA, key=None)
+        return self._records(SAMPLES_PARQUET, SAMPLES_LINES, _schemas()["SAMPLE_SCHEMA"], key=None)
 
     def world_size(self) -> int:
         """Processes of the job (1 for a single-process run), from the manifest."""
@@ -553,10 +651,13 @@ class RunFolder:
 
     def rank_steps(self) -> pl.DataFrame:
         """Every rank's step records, with a leading ``rank`` column (0 only when single)."""
+        import polars as pl
+
         frames = [self.steps().select(pl.lit(0, dtype=pl.Int64).alias("rank"), pl.all())]
         for rank in range(1, self.world_size()):
             parquet = rank_file(STEPS_PARQUET, rank)
-            frame = self._records(parquet, rank_file(STEPS_LINES, rank), STEP_SCHEMA, key="step")
+            lines = rank_file(STEPS_LINES, rank)
+            frame = self._records(parquet, lines, _schemas()["STEP_SCHEMA"], key="step")
             frames.append(frame.select(pl.lit(rank, dtype=pl.Int64).alias("rank"), pl.all()))
         return pl.concat(frames)
 
@@ -603,11 +704,13 @@ class RunFolder:
         path = self.path / MEMORY_LINES_FILE
         if not path.exists():
             return None
-        return _frame(_read_lines(path), MEMORY_LINE_SCHEMA)
+        return _frame(_read_lines(path), _schemas()["MEMORY_LINE_SCHEMA"])
 
     def _records(
         self, parquet: str, lines: str, schema: dict[str, pl.DataType], key: str | None
     ) -> pl.DataFrame:
+        import polars as pl
+
         parquet_path = self.path / parquet
         if parquet_path.exists():
             try:
@@ -719,6 +822,14 @@ class RunListing:
     status: RunStatus
     parent_run_id: str | None = None
     error: str | None = None
+    script: str | None = None  # a script run's file name (kind script), else None
+
+
+def _script_name(manifest: RunManifest) -> str | None:
+    if manifest.kind != "script":
+        return None
+    path = (manifest.extra.get("script") or {}).get("path")
+    return Path(path).name if isinstance(path, str) and path else "a script"
 
 
 def list_runs(runs_dir: str | os.PathLike[str]) -> list[RunListing]:
@@ -748,6 +859,7 @@ def list_runs(runs_dir: str | os.PathLike[str]) -> list[RunListing]:
                     scenario=manifest.scenario,
                     status=run.status(),
                     parent_run_id=manifest.parent_run_id,
+                    script=_script_name(manifest),
                 )
             )
         except RunFolderError as exc:
@@ -813,6 +925,15 @@ class _LineAppender:
                 now = time.monotonic()
                 if now - self._last_flush < self._flush_interval_s:
                     return
+        self.flush()
+
+    def extend(self, records: list[Mapping[str, Any]]) -> None:
+        """Several records at once: one lock and one clock read for the batch."""
+        with self._lock:
+            self._buffer.extend(records)
+            fresh = time.monotonic() - self._last_flush < self._flush_interval_s
+            if len(self._buffer) < self._max_buffered and fresh:
+                return
         self.flush()
 
     def flush_if_stale(self) -> None:
@@ -881,10 +1002,13 @@ class RunWriter:
         applied_patch: Mapping[str, Any] | None = None,
         notes: Iterable[str] = (),
         total_steps: int | None = None,
+        extra: Mapping[str, Any] | None = None,
     ) -> RunWriter:
         """A new run folder; FileExistsError if the id is taken (``mkdir`` decides, so of
         two processes creating one id at once exactly one wins). Any other OSError (a full
-        disk, no permission) removes what was made: no half-made folder blocks the id."""
+        disk, no permission) removes what was made: no half-made folder blocks the id.
+        ``extra``: further manifest fields (a script run's ``kind``, ``command``, ...), in
+        the first manifest written, so no reader ever sees the folder without them."""
         run_id = run_id or new_run_id(config.get("scenario"))
         path = Path(runs_dir) / run_id
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -903,6 +1027,7 @@ class RunWriter:
                     "parent_run_id": parent_run_id,
                     "applied_patch": dict(applied_patch) if applied_patch else None,
                     "notes": list(notes),
+                    **(extra or {}),
                 },
             )
             writer = cls(path=path)
@@ -1063,6 +1188,9 @@ class RankRecords:
 
     def append_step(self, record: Mapping[str, Any]) -> None:
         self._steps.append(record)
+
+    def append_steps(self, records: list[Mapping[str, Any]]) -> None:
+        self._steps.extend(records)
 
     def append_sample(self, record: Mapping[str, Any]) -> None:
         self._samples.append(record)

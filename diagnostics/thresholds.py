@@ -361,6 +361,46 @@ class Thresholds:
         "ours: HTA's late-start signal (get_potential_stragglers) weighed by the wait each "
         "late start caused; with N ranks an even job makes each cause about 1/N of it",
     )
+    # -- per-sample-lookups ---------------------------------------------------------------
+    store_reads_per_sample_min: float = _t(
+        0.5,
+        "key-value read transactions per sample of a batch (median over steps) at or above "
+        "which the reads count as one per sample",
+        "ours: one get per sample is 1.0; batch_get makes one read per shard touched, at most "
+        "shards / batch_size per sample (4 / 32 = 0.125 for the reference trainer)",
+    )
+    store_read_share_of_wait_min_pct: float = _t(
+        25.0,
+        "the batch's key-value read time as a share of the step's data wait (medians) above "
+        "which the reads are what the step waits for, %",
+        "ours: below a quarter of the wait other loading work dominates, and batching the "
+        "reads cannot remove most of it",
+    )
+
+    # -- misshapen-matmul -----------------------------------------------------------------
+    misshapen_gemm_min_share_pct: float = _t(
+        5.0,
+        "share of the counted GEMMs' GPU time in GEMMs with a dimension off the precision's "
+        "Tensor Core alignment (and not measured as fast as aligned ones) above which it is "
+        "reported, %",
+        "ours: below a twentieth of GEMM time, padding saves less than the run-to-run noise "
+        "of a step",
+    )
+    misshapen_gemm_min_slowdown_pct: float = _t(
+        10.0,
+        "a misaligned GEMM signature counts as slowed when its TFLOP/s is this far below the "
+        "aligned GEMMs of similar size in the same trace, %",
+        "ours: one aligned signature's calls spread by up to 5 % in the H200 traces "
+        "(m768l6b256: 647-680 TFLOP/s over 72 calls of one addmm); a tenth is beyond that",
+    )
+    misshapen_gemm_compare_flops_ratio: float = _t(
+        32.0,
+        "aligned GEMMs compared with a misaligned one are those of the same precision whose "
+        "FLOPs a call are within this factor of its own",
+        "ours: a GPT-2 LM head (N = 50,257) does 16x the FLOPs of its MLP GEMMs; within 32x "
+        "both fill an H100/H200 (tens of GFLOP a call), where the shape decides the rate",
+        minimum=1.0,
+    )
 
     @classmethod
     def field_docs(cls) -> list[tuple[str, Any, str, str]]:

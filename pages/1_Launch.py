@@ -1,4 +1,5 @@
-"""Launch: configure a profiled run of the reference trainer, start it, watch it live.
+"""Launch: configure a profiled run of the reference trainer or of the user's own script
+(?launch=script; app_ui.script_form), start it, watch it live.
 
 The trainer runs as its own process (trainer.launch.start_run); this page only reads its
 run folder. The run being watched is in the URL (?run=<id>) and is otherwise found again
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app_ui import auth, live, session
+from app_ui import auth, live, script_form, session
 from app_ui.safe_text import md_text
 from diagnostics import views
 from trainer import launch
@@ -23,9 +24,22 @@ if watched is not None:
     live.panel(runs_dir, watched)
 
 busy = launch.active_runs(runs_dir)
+may_launch = auth.is_authenticated()
+LAUNCH_KINDS = {"trainer": "The reference trainer", "script": "Your own script"}
+kind = st.radio(
+    "Run",
+    list(LAUNCH_KINDS),
+    index=1 if st.query_params.get("launch") == "script" else 0,
+    format_func=LAUNCH_KINDS.__getitem__,
+    horizontal=True,
+)
+if kind == "script":
+    st.query_params["launch"] = "script"
+    script_form.draw(runs_dir, busy, may_launch)
+    st.stop()
+st.query_params.pop("launch", None)
 described = {**launch.SCENARIOS, **launch.DISTRIBUTED_SCENARIOS}
 names = list(described)
-may_launch = auth.is_authenticated()
 scenario = st.selectbox(
     "Scenario",
     names,
@@ -72,20 +86,7 @@ with st.form("launch"):
         help="Nodes > 1: node 0's address, reachable by every node. The runs folder must "
         "be on a file system all nodes share.",
     )
-    if busy:
-        st.warning(
-            f"**{md_text(busy[0].run_id)}** is using the device. One run at a time: wait for it to "
-            "finish or cancel it above, then start this one.",
-            icon=":material/hourglass_top:",
-        )
-    submitted = st.form_submit_button(
-        "Start run",
-        type="primary",
-        icon=":material/play_arrow:",
-        disabled=bool(busy) or not may_launch,
-        help=None if may_launch else "Sign in to launch runs.",
-        width="stretch",
-    )
+    submitted = script_form.start_button("Start run", busy, may_launch)
 
 if submitted:
     overrides = {**views.form_overrides(values, preset), "model.size": size}

@@ -25,7 +25,7 @@ statuses = status_col.multiselect(
 )
 scenarios = scenario_col.multiselect(
     "Scenario",
-    sorted({run.scenario or "—" for run in listings}),
+    sorted({views.run_label(run) for run in listings}),
     placeholder="All scenarios",
 )
 shown = views.filter_runs(listings, statuses=statuses, scenarios=scenarios)

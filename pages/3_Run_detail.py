@@ -13,7 +13,7 @@ from app_ui.safe_text import md_code, md_text
 from diagnostics import views
 from diagnostics.errors import InputError
 from diagnostics.runs import RunFolder, RunFolderError, list_runs
-from trainer import launch
+from trainer import launch, script_launch
 
 session.setup_page("Run detail", ":material/biotech:")
 runs_dir = session.runs_dir()
@@ -50,13 +50,27 @@ except RunFolderError as exc:  # a folder from another version, or half-written 
     st.stop()
 
 st.subheader(md_text(run.run_id), divider="gray")
+is_script = manifest.kind == "script"
 st.markdown(
-    f"Scenario **{md_text(run.scenario or '—')}** · {views.status_badge(md_text(status.status))}"
+    (
+        f"Script **{md_text(run.script)}**"
+        if is_script
+        else f"Scenario **{md_text(run.scenario or '—')}**"
+    )
+    + f" · {views.status_badge(md_text(status.status))}"
     + (f" ({md_text(status.reason)})" if status.reason else "")
     + f" · started {views.fmt_when(run.created_at)}"
     + f" · {views.fmt_seconds(views.run_duration_s(status))}"
     + f" · {md_text(manifest.environment.get('device', 'device unknown'))}"
 )
+render.alert_state(folder)
+if is_script:  # what ran: the file, its hash, the command line (run.json's own strings)
+    st.table(
+        render.text_cells(views.script_table(manifest)),
+        hide_index=True,
+        hide_header=True,
+        border="horizontal",
+    )
 if manifest.parent_run_id:
     st.markdown(
         f":material/replay: Re-run of **{md_text(manifest.parent_run_id)}** with "
@@ -114,15 +128,27 @@ pressed = render.findings(
     result,
     key_prefix="run",
     config=manifest.config,
-    can_rerun=bool(manifest.scenario),
+    can_rerun=bool(manifest.scenario) or is_script,
     rerun_disabled_reason=(
         "Sign in to launch runs."
         if not auth.is_authenticated()
         else f"{md_text(busy[0].run_id)} is using the device; re-run when it has finished."
         if busy
+        else script_launch.rerun_blocker(manifest)
+        if is_script
         else None
     ),
 )
+if pressed is not None and pressed.fix.config_patch and is_script:
+    try:
+        auth.authorise("Launch")
+        launched = script_launch.start_rerun(manifest, pressed.fix.config_patch, runs_dir=runs_dir)
+    except (launch.LaunchError, script_launch.ScriptRefused, auth.NotAllowed) as exc:
+        st.error(f"Could not start the re-run: {md_text(exc)}", icon=":material/error:")
+    else:
+        st.session_state["watched_run_id"] = launched.run_id
+        st.switch_page("pages/1_Launch.py", query_params={"run": launched.run_id})
+    pressed = None
 if pressed is not None and pressed.fix.config_patch:
     overrides = views.rerun_overrides(
         manifest.config,
@@ -167,5 +193,5 @@ render.downloads(
 
 with st.expander("Configuration"):
     st.dataframe(views.config_table(manifest.config), hide_index=True, width="stretch")
-with st.expander("Trainer log (last lines)"):
+with st.expander("Script log (last lines)" if is_script else "Trainer log (last lines)"):
     st.code(folder.log_tail(8000) or "(empty)", language="text")

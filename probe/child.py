@@ -10,11 +10,14 @@ run's status:
 - ran to the end, ``sys.exit(0)`` or the ``--steps`` limit: completed, exit 0;
 - ``sys.exit(n)``: failed with "exit code n", exit n (a message: failed with it, exit 1);
 - an exception: failed with the exception's last line, exit 1 (the traceback on stderr);
-- SIGTERM or SIGINT: cancelled, exit 128 + the signal number.
+- SIGTERM or SIGINT: cancelled, exit 128 + the signal number;
+- its wrapper gone (killed): stopped as by SIGTERM, failed with the wrapper named, and this
+  process (rank 0) writes the run's end itself (probe/wrapper_watch.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import runpy
 import signal
@@ -25,11 +28,14 @@ from typing import Any
 
 import torch
 
-from diagnostics.runs import RunFolder
+from diagnostics.runs import RunFolder, RunWriter
 from probe import session as sessions
 from probe.hooks import Hooks
+from probe.integrations import Integrations
+from probe.memory_snapshots import OutOfMemoryRecorded, SnapshotWindow
 from probe.profiler import ProfilerWindow
 from probe.session import Session, StepLimitReached
+from probe.wrapper_watch import WrapperWatch, orphan_outcome
 
 
 class Cancelled(BaseException):
@@ -51,21 +57,28 @@ def _exception_line(exc: BaseException) -> str:
 
 def _print_script_traceback(exc: BaseException) -> None:
     """The traceback as ``python train.py`` prints it: from the script's first frame, the
-    wrapper's own (this module, runpy) left out."""
+    wrapper's own (this module, runpy) left out. Nothing when stderr is gone (a killed
+    wrapper's pipe): the run's end must still be written."""
     tb = exc.__traceback__
     own = (__file__, "<frozen runpy>", runpy.__file__)
     while tb is not None and tb.tb_frame.f_code.co_filename in own:
         tb = tb.tb_next
-    traceback.print_exception(type(exc), exc, tb or exc.__traceback__)
+    with contextlib.suppress(OSError, ValueError):
+        traceback.print_exception(type(exc), exc, tb or exc.__traceback__)
 
 
 def _exit_outcome(exc: SystemExit) -> tuple[str, str | None, int]:
     code = exc.code
+    if isinstance(exc.__context__, KeyboardInterrupt):
+        # the script caught Ctrl-C and exited (Lightning's Trainer does: sys.exit(1)): the
+        # run was still interrupted, not failed; the script's exit code passes on
+        return "cancelled", "interrupted (SIGINT)", code if isinstance(code, int) else 1
     if code is None or code == 0:
         return "completed", None, 0
     if isinstance(code, int):
         return "failed", f"exit code {code}", code
-    print(code, file=sys.stderr)  # what Python itself does with sys.exit("message")
+    with contextlib.suppress(OSError, ValueError):
+        print(code, file=sys.stderr)  # what Python itself does with sys.exit("message")
     return "failed", " ".join(str(code).split()), 1
 
 
@@ -79,18 +92,31 @@ def _environment(rank: int) -> dict[str, Any]:
     }
 
 
+def _exit_forked_copy(code: int) -> None:
+    """A copy of this process that the script forked has run the script to its end (a
+    fork whose child returns, or calls sys.exit): it leaves as the script asked, and
+    writes nothing, since the run's end is the script's own process's."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
+
+
 def run(run_dir: Path) -> int:
+    own_pid = os.getpid()
     manifest = RunFolder(run_dir).manifest()
     config = manifest.config
     script = Path(config["script"]).resolve()
     rank = int(os.environ.get("RANK", "0"))
     window = ProfilerWindow(**config.get("profiler", {}))
+    snapshot_window = SnapshotWindow(**config.get("memory_snapshots", {}))
     session = Session(
         run_dir,
         rank=rank,
         max_steps=config.get("steps"),
         window=window,
         sample_hz=float(config.get("sample_hz", 10.0)),
+        snapshot_window=snapshot_window,
     )
     if rank == 0:
         environment = {**manifest.environment, **_environment(rank)}
@@ -103,8 +129,13 @@ def run(run_dir: Path) -> int:
     sys.path[0] = str(script.parent)
     session.start()
     hooks.install()
+    integrations = Integrations(session.note)
+    integrations.install()  # patches a framework only as the script imports it
+    watch = WrapperWatch()
+    watch.start()
     try:
-        runpy.run_path(str(script), run_name="__main__")
+        if not watch.gone:
+            runpy.run_path(str(script), run_name="__main__")
     except StepLimitReached as stop:
         session.note(f"stopped after step {stop.args[0]}: the --steps limit")
     except SystemExit as exc:
@@ -113,28 +144,70 @@ def run(run_dir: Path) -> int:
         status, reason, code = "cancelled", f"{exc.args[0]} received", 128 + exc.signum
     except KeyboardInterrupt:
         status, reason, code = "cancelled", "interrupted (SIGINT)", 128 + signal.SIGINT
+    except torch.cuda.OutOfMemoryError as exc:
+        _print_script_traceback(exc)
+        # dumped here, while the failed frames still hold what filled the device
+        recorded = session.snapshots.out_of_memory(session.steps_done + 1, exc)
+        reason = str(recorded) if isinstance(recorded, OutOfMemoryRecorded) else None
+        status, reason, code = "failed", reason or _exception_line(exc), 1
     except BaseException as exc:
         _print_script_traceback(exc)
         status, reason, code = "failed", _exception_line(exc), 1
     finally:
+        if os.getpid() != own_pid:
+            _exit_forked_copy(code)
         # the records are being flushed: a second signal (Ctrl-C reaches the whole process
         # group, the wrapper forwards it too) must not cut that short; the wrapper kills
         # this process if it hangs
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        watch.stop()
+        integrations.uninstall()
         hooks.uninstall()
         session.close()
         sessions.activate(None)
+    for pid in session.forked_steppers():
+        session.note(
+            f"a process the script forked (pid {pid}) ran training steps: they are not "
+            "recorded; the run's steps are the script's own process's"
+        )
     if session.steps_done == 0 and status == "completed":
         session.note(
             "the script ended without a step: no optimizer step, DataLoader batch or "
             "probe.step() was seen, so there are no step records"
         )
+    if session.steps_done == 0 and session.processes_started:
+        started = sum(session.processes_started.values())
+        targets = ", ".join(sorted(session.processes_started))
+        session.note(
+            f"the script started {started} process(es) of its own, running {targets}: "
+            "the instruments watch the script's own process only, so none of their steps "
+            "were seen; to profile processes that train, let torchrun start them instead "
+            f"(pipeline-doctor profile --nproc-per-node {started} SCRIPT, with the script "
+            "training in the process it runs in rather than starting its own)"
+        )
     _summarise(session, hooks)
+    # a script that prints ends on the dead wrapper's pipe (BrokenPipeError) before the
+    # watch's next look: the wrapper is asked for again here, however the script ended
+    orphaned = watch.gone or not watch.wrapper_alive()
+    if orphaned:
+        reason = orphan_outcome(watch.wrapper_pid, status, reason, session.steps_done)
+        status, code = "failed", code or 1
     session.records.write_status(status, reason, session.steps_done, exit_code=code)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    if orphaned and rank == 0:
+        _end_the_run(run_dir, status, reason, session.steps_done)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
     return code
+
+
+def _end_the_run(run_dir: Path, status: str, reason: str | None, step: int) -> None:
+    """What the wrapper writes at a run's end (status.json, the parquet copies), written
+    by rank 0 when no wrapper is left to write it."""
+    writer = RunWriter.reopen(run_dir)
+    writer.set_step(step)
+    writer.finalise(status, reason)  # type: ignore[arg-type]
 
 
 def _summarise(session: Session, hooks: Hooks) -> None:
@@ -148,6 +221,10 @@ def _summarise(session: Session, hooks: Hooks) -> None:
             "steps": session.steps_done,
             "optimizers": list(session.optimizer_steps.values()),
             "dataloaders_built": hooks.loaders.count,
+            # null when the script read no key-value store the probe knows (lmdb)
+            "key_value_reads": session.key_values.summary(hooks.base),
+            # processes the script started itself (not DataLoader workers), by function
+            "processes_started": dict(session.processes_started),
         },
         amp={**session.amp, "skipped_steps": session.skipped_steps},
     )

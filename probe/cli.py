@@ -6,7 +6,10 @@ process(es) -- ``python -m probe.child RUN_DIR``, or under torchrun with more th
 and passes their output through, keeping a copy in the run's ``log.txt``. It keeps the
 heartbeat, turns a ``cancel.request`` or its own SIGTERM/SIGINT into a cancel of the
 script, then writes the run's status from the processes' own ends and prints the folder.
-Its exit code is the script's. It imports no torch, so refusing a bad command is instant.
+Its exit code is the script's. It imports no torch, so refusing a bad command is instant,
+and no polars before the script's process has started: the parquet copies at the end need
+it, so it is imported on a thread while the script runs (0.5-1 s the script's first line
+no longer waits for, nor the end when the run outlasts the import).
 """
 
 from __future__ import annotations
@@ -35,7 +38,9 @@ from diagnostics.runs import (
     default_runs_dir,
     new_run_id,
 )
+from probe.alert import RunAlert
 from probe.overrides import as_patch, parse_override
+from probe.wrapper_watch import WRAPPER_PID_ENV
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 STOP_GRACE_S = 20.0  # after SIGTERM, how long the script has to unwind before SIGKILL
@@ -81,6 +86,31 @@ def _parser() -> argparse.ArgumentParser:
         "--no-trace", action="store_true", help="no torch.profiler window (steps still timed)"
     )
     profile.add_argument("--sample-hz", type=float, default=10.0, help="system sampler rate")
+    profile.add_argument(
+        "--memory-snapshots",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="CUDA: allocator history for STEPS steps from step 2, snapshots into memory/ "
+        "(docs/MEMORY.md); an out-of-memory error is dumped either way",
+    )
+    profile.add_argument(
+        "--memory-snapshot-stacks",
+        choices=("python", "all"),
+        default="python",
+        help="what each allocation keeps: python frames, or all (C++ too: slow dumps)",
+    )
+    profile.add_argument(
+        "--max-runtime-s",
+        type=float,
+        help="wall-time budget: past it the script is stopped as a cancel (the app sets it)",
+    )
+    profile.add_argument(
+        "--alert-after-s",
+        type=float,
+        help="post once to $PIPELINE_DOCTOR_ALERT_WEBHOOK when the script has run this long "
+        "(never stops it; the outcome goes to the run folder's alert.json)",
+    )
     profile.add_argument("script", help="the training script")
     profile.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     return parser
@@ -101,6 +131,8 @@ def _checked(args: argparse.Namespace) -> tuple[Path, dict[str, Any], int]:
         raise UsageError(f"script: {script} is not a file")
     if args.steps is not None and args.steps < 1:
         raise UsageError(f"--steps: {args.steps} is not a positive number of steps")
+    if args.memory_snapshots < 0:
+        raise UsageError(f"--memory-snapshots: {args.memory_snapshots} is not 0 or more steps")
     overrides: dict[str, Any] = {}
     for text in args.override:
         try:
@@ -116,6 +148,10 @@ def _checked(args: argparse.Namespace) -> tuple[Path, dict[str, Any], int]:
         raise UsageError("--rdzv-endpoint: HOST:PORT of node 0 is needed with --nnodes > 1")
     if not 0 < args.sample_hz <= 100:
         raise UsageError(f"--sample-hz: {args.sample_hz} is outside (0, 100]")
+    if args.max_runtime_s is not None and not args.max_runtime_s > 0:
+        raise UsageError(f"--max-runtime-s: {args.max_runtime_s} is not a positive number")
+    if args.alert_after_s is not None and not args.alert_after_s > 0:
+        raise UsageError(f"--alert-after-s: {args.alert_after_s} is not a positive number")
     return script, overrides, nproc * nnodes
 
 
@@ -216,7 +252,22 @@ def profile(args: argparse.Namespace, argv: list[str]) -> int:
         "nnodes": args.nnodes or 1,
         "profiler": {"enabled": not args.no_trace},
         "sample_hz": args.sample_hz,
+        "alert_after_s": args.alert_after_s,
+        "memory_snapshots": {"steps": args.memory_snapshots, "stacks": args.memory_snapshot_stacks},
         "device": None,
+    }
+    # in the first manifest: the app lists a folder as soon as it exists, and one read
+    # between a create and a later update showed a script run as the trainer's
+    script_fields = {
+        "kind": "script",
+        "command": ["pipeline-doctor", *argv],
+        "script": {
+            "path": str(resolved),
+            "sha256": _sha256(resolved),
+            "args": list(args.args),
+            "as_given": args.script,
+        },
+        **({"distributed": {"world_size": world}} if world > 1 else {}),
     }
     try:
         writer = RunWriter.create(
@@ -227,6 +278,7 @@ def profile(args: argparse.Namespace, argv: list[str]) -> int:
             parent_run_id=args.parent_run_id,
             applied_patch=as_patch(overrides) or None,
             total_steps=args.steps,
+            extra=script_fields,
         )
     except FileExistsError as exc:
         raise UsageError(f"--run-id: {exc.filename} already exists") from None
@@ -234,30 +286,47 @@ def profile(args: argparse.Namespace, argv: list[str]) -> int:
         raise UsageError(
             f"--runs-dir: cannot create a run folder in {runs_dir}: {exc.strerror}"
         ) from None
-    writer.update_manifest(
-        kind="script",
-        command=["pipeline-doctor", *argv],
-        script={
-            "path": str(resolved),
-            "sha256": _sha256(resolved),
-            "args": list(args.args),
-            "as_given": args.script,
-        },
-        **({"distributed": {"world_size": world}} if world > 1 else {}),
-    )
-    return _supervise(writer, _child_command(args, writer.path, world), world)
+    alert = None
+    if args.alert_after_s is not None:
+        run = RunFolder(writer.path)
+        alert = RunAlert(
+            writer.path,
+            args.alert_after_s,
+            step=run.last_step,
+            total_steps=lambda: args.steps,
+            environ=os.environ,
+        )
+        alert.start()
+    try:
+        command = _child_command(args, writer.path, world)
+        return _supervise(writer, command, world, args.max_runtime_s)
+    finally:
+        if alert is not None:
+            alert.close()
 
 
-def _supervise(writer: RunWriter, command: list[str], world: int) -> int:
+BUDGET_REASON = "wall-time budget"
+
+
+def _import_for_the_end() -> None:
+    with contextlib.suppress(Exception):  # the end imports it again, and says what fails
+        import polars  # noqa: F401
+
+
+def _supervise(
+    writer: RunWriter, command: list[str], world: int, max_runtime_s: float | None = None
+) -> int:
     run = RunFolder(writer.path)
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"  # the script's prints reach the log as they happen
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+    env[WRAPPER_PID_ENV] = str(os.getpid())  # the script stops if this process dies
     signalled: list[str] = []
     lock = threading.Lock()
     with (writer.path / LOG_FILE).open("ab") as log:
         log.write(f"$ {shlex.join(command)}\n".encode())
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        threading.Thread(target=_import_for_the_end, daemon=True).start()
 
         def forward(signum: int, frame: Any) -> None:
             if not signalled:
@@ -271,6 +340,7 @@ def _supervise(writer: RunWriter, command: list[str], world: int) -> int:
             _Tee(process.stderr, sys.stderr.buffer, log, lock),  # type: ignore[arg-type]
         ]
         deadline = None
+        budget_ends = None if max_runtime_s is None else time.monotonic() + max_runtime_s
         while True:
             try:
                 returncode = process.wait(timeout=HEARTBEAT_INTERVAL_S / 2)
@@ -279,6 +349,9 @@ def _supervise(writer: RunWriter, command: list[str], world: int) -> int:
                 pass
             if (writer.path / CANCEL_FILE).exists() and not signalled:
                 signalled.append("cancel request")
+                process.send_signal(signal.SIGTERM)
+            if budget_ends is not None and time.monotonic() > budget_ends and not signalled:
+                signalled.append(BUDGET_REASON)
                 process.send_signal(signal.SIGTERM)
             if signalled and deadline is None:
                 deadline = time.monotonic() + STOP_GRACE_S
@@ -299,18 +372,29 @@ def _supervise(writer: RunWriter, command: list[str], world: int) -> int:
         # the launcher's own reason: the script only saw the signal it was passed
         if reason_signal == "cancel request":
             reason, code = "cancel requested", 128 + signal.SIGTERM
+        elif reason_signal == BUDGET_REASON:
+            reason = f"{BUDGET_REASON} of {max_runtime_s:g} s reached"
+            code = 128 + signal.SIGTERM
         else:
             reason, code = f"{reason_signal} received", 128 + signal.Signals[reason_signal]
     step = run.last_step()
     if step is not None:
         writer.set_step(step)
     writer.finalise(status, reason)  # type: ignore[arg-type]
+    if reason_signal is not None:
+        # a stopped script can be cut off mid-line (a print the signal interrupted): the
+        # folder, the wrapper's last line of stdout, still gets a line of its own
+        print()
     print(writer.path)
     return code
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["gate"]:  # the CI gate is the analyser's (docs/GATE.md)
+        from diagnostics.gate.cli import main as gate_main
+
+        return gate_main(argv[1:])
     try:
         args = _parser().parse_args(argv)
         return profile(args, argv)

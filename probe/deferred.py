@@ -13,9 +13,10 @@ per step on an H200 for the step clock's one sync alone). Instead:
   ``Event.query()``, which never blocks. ``flush()`` waits for everything (checkpoints,
   the end of a phase, a stop), so a record is never lost and never written out of order.
 
-On CPU the times are immediate (``Resolved``), and ``HostScalars`` reads each step's
-loss, gradient norm and scale in one batch every ``every`` steps: a ``float()`` per figure
-per step was a measurable part of a tiny step's cost.
+On CPU the times are immediate (``Resolved``), and a batch of steps' losses, gradient
+norms and scales is read at once (:func:`read_floats`): a ``float()`` per figure per step
+was a measurable part of a tiny step's cost. A profiled script's session goes further and
+keeps its CPU steps out of ``PendingSteps`` altogether (probe/session.py).
 """
 
 from __future__ import annotations
@@ -152,7 +153,7 @@ class PendingSteps:
         self,
         sink: Callable[[dict[str, Any]], None],
         complete: Callable[[dict[str, Any], dict[str, float], dict[str, Any]], dict[str, Any]],
-        scalars: DeviceScalars | HostScalars | None = None,
+        scalars: DeviceScalars | None = None,
     ):
         self._sink = sink
         self._complete = complete
@@ -162,7 +163,7 @@ class PendingSteps:
     def __len__(self) -> int:
         return len(self._queue)
 
-    def ship_on_flush(self, scalars: DeviceScalars | HostScalars) -> None:
+    def ship_on_flush(self, scalars: DeviceScalars) -> None:
         """The device scalars to ship when flushing (known once the device is)."""
         self._scalars = scalars
 
@@ -202,72 +203,7 @@ class PendingSteps:
             release()
 
 
-class HostScalars:
-    """CPU steps' loss, gradient norm and AMP scale, read in one batch every ``every`` steps.
-
-    Each value is a tensor, a :class:`~probe.step_values.NormParts`, a number or None; a
-    batch's tensors are stacked and read with one ``tolist()``, its norm parts reduced
-    together, so the per-step cost is an append."""
-
-    def __init__(self, every: int = DEFAULT_READ_EVERY):
-        self._every = max(1, every)
-        self._rows: list[tuple[Any, Any, Any]] = []
-        self._first = 0
-        self._read: dict[int, dict[str, Any]] = {}
-
-    def add(self, loss: Any, grad_norm: Any, amp_scale: Any) -> HostRow:
-        index = self._first + len(self._rows)
-        self._rows.append((loss, grad_norm, amp_scale))
-        if len(self._rows) >= self._every:
-            self.ship()
-        return HostRow(self, index)
-
-    def ship(self) -> None:
-        """Reads the rows queued so far (on CPU a read is the copy: nothing to wait for)."""
-        rows, first = self._rows, self._first
-        if not rows:
-            return
-        self._rows = []
-        self._first += len(rows)
-        losses, norms, scales = (_read_floats([row[column] for row in rows]) for column in range(3))
-        for offset, (loss, norm, scale) in enumerate(zip(losses, norms, scales, strict=True)):
-            self._read[first + offset] = {
-                "loss": loss,
-                "grad_norm": norm,
-                "amp_scale": scale,
-            }
-
-    def take(self, index: int) -> dict[str, Any] | None:
-        return self._read.pop(index, None)
-
-    def peek(self, index: int) -> bool:
-        return index in self._read
-
-
-class HostRow:
-    """A handle on one step's row of :class:`HostScalars` (ready once its batch is read)."""
-
-    def __init__(self, owner: HostScalars, index: int):
-        self._owner = owner
-        self._index = index
-        self._values: dict[str, Any] | None = None
-
-    def ready(self) -> bool:
-        return self._owner.peek(self._index)
-
-    def wait(self) -> None:
-        if not self._owner.peek(self._index):
-            self._owner.ship()
-
-    def get(self) -> dict[str, Any]:
-        if self._values is None:
-            values = self._owner.take(self._index)
-            assert values is not None, "get() before the step's batch was read"
-            self._values = values
-        return self._values
-
-
-def _read_floats(values: list[Any]) -> list[float | None]:
+def read_floats(values: list[Any]) -> list[float | None]:
     """Each value as a float (None stays None); tensors and norm parts read in batches."""
     from probe.step_values import NormParts  # step_values imports nothing of this module
 

@@ -3,16 +3,21 @@
 ``DataLoader.__init__`` is wrapped: before the loader is built, ``--override
 dataloader.KEY=VALUE`` replaces the argument (so a re-run tries a fix without editing the
 script); after, the loader's own attributes are recorded with the ``file:line`` of the
-first frame outside torch and probe (the user's call), into ``dataloaders.jsonl``.
+first frame outside torch, probe and the frameworks (the user's call), into
+``dataloaders.jsonl``; ``built_by`` names the framework whose code made the call (the HF
+Trainer builds its DataLoader from ``TrainingArguments``: the user's line is then
+``trainer.train()``, and the fix is in those arguments, not in a call to rewrite).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import inspect
 import linecache
 import os
 import sys
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -31,6 +36,39 @@ _SKIPPED_ROOTS = tuple(
     if module.__file__
 )
 
+# frameworks that build DataLoaders on the user's behalf: Lightning wraps DataLoader.__init__
+# while a LightningModule's *_dataloader() hook runs, and re-creates a loader to give it a
+# DistributedSampler; HF's Trainer builds its loader from TrainingArguments and accelerate
+# re-creates it as the base of its DataLoaderShard. The line to show is the user's, not
+# theirs; each package maps to the framework a finding names (``built_by``)
+FRAMEWORK_OF_PACKAGE = {
+    "lightning": "lightning",
+    "pytorch_lightning": "lightning",
+    "lightning_fabric": "lightning",
+    "transformers": "transformers",
+    "accelerate": "accelerate",
+}
+FRAMEWORK_PACKAGES = tuple(FRAMEWORK_OF_PACKAGE)
+
+
+def _package_root(name: str) -> str | None:
+    """The folder of a top-level package, found without importing it."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    return str(Path(locations[0]).resolve()) + os.sep if locations else None
+
+
+# package folder -> framework, found once: a package that is not installed has none
+_FRAMEWORK_OF_ROOT = {
+    root: framework
+    for package, framework in FRAMEWORK_OF_PACKAGE.items()
+    if (root := _package_root(package))
+}
+_FRAMEWORK_ROOTS = tuple(_FRAMEWORK_OF_ROOT)
+
 
 def _outside_instruments(filename: str) -> bool:
     if filename.startswith("<"):
@@ -39,12 +77,33 @@ def _outside_instruments(filename: str) -> bool:
     return not resolved.startswith(_SKIPPED_ROOTS) and "runpy" not in Path(filename).name
 
 
+def _in_framework(filename: str) -> bool:
+    return str(Path(filename).resolve()).startswith(_FRAMEWORK_ROOTS)
+
+
 def user_frame(depth: int = 2) -> tuple[str, int] | None:
-    """(file, line) of the innermost caller outside torch and probe, if any."""
+    """(file, line) of the innermost caller outside torch, probe and the frameworks, if any."""
     frame = sys._getframe(depth)
     while frame is not None:
-        if _outside_instruments(frame.f_code.co_filename):
-            return str(Path(frame.f_code.co_filename).resolve()), frame.f_lineno
+        filename = frame.f_code.co_filename
+        if _outside_instruments(filename) and not _in_framework(filename):
+            return str(Path(filename).resolve()), frame.f_lineno
+        frame = frame.f_back
+    return None
+
+
+def calling_framework(depth: int = 2) -> str | None:
+    """The framework (``FRAMEWORK_OF_PACKAGE``'s values) whose code is the innermost caller
+    outside torch and probe; None when that caller is the user's own code."""
+    frame = sys._getframe(depth)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if _outside_instruments(filename):
+            resolved = str(Path(filename).resolve())
+            for root, framework in _FRAMEWORK_OF_ROOT.items():
+                if resolved.startswith(root):
+                    return framework
+            return None
         frame = frame.f_back
     return None
 
@@ -96,6 +155,8 @@ class LoaderRecorder:
         self._base = base
         self.count = 0
         self.built: list[dict[str, Any]] = []  # every record, for the totals at the end
+        # id(dataset) -> (the dataset, weakly; the first record built on it)
+        self._by_dataset: dict[int, tuple[Any, dict[str, Any]]] = {}
         self._original = DataLoader.__init__
         self._original_iter = DataLoader.__iter__
         self._signature = inspect.signature(self._original)
@@ -109,13 +170,14 @@ class LoaderRecorder:
                 original(loader, *args, **kwargs)
                 return
             site = user_frame()
+            by_framework = calling_framework()
             args, kwargs, overridden = recorder._overridden(loader, args, kwargs, site)
             loader._probe_building = True  # type: ignore[attr-defined]
             try:
                 original(*args, **kwargs)
             finally:
                 loader.__dict__.pop("_probe_building", None)
-            recorder._record(loader, site, overridden)
+            recorder._record(loader, site, overridden, by_framework)
 
         original_iter = self._original_iter
 
@@ -184,14 +246,40 @@ class LoaderRecorder:
                 bound.arguments[key] = value
         return bound.args, bound.kwargs, overridden
 
+    def _rebuilt_from(self, dataset: Any, by_framework: str | None) -> dict[str, Any] | None:
+        """The record of the loader a framework is re-creating (Lightning, for a sampler;
+        accelerate, as its shard's base): one built earlier on the same dataset object.
+        None for a loader of its own."""
+        if not by_framework or dataset is None:
+            return None
+        earlier = self._by_dataset.get(id(dataset))
+        if earlier is None or earlier[0]() is not dataset:
+            return None
+        return earlier[1]
+
+    def _remember_dataset(self, dataset: Any, record: dict[str, Any]) -> None:
+        if dataset is None or id(dataset) in self._by_dataset:
+            return
+        with contextlib.suppress(TypeError):  # a dataset without weak references
+            self._by_dataset[id(dataset)] = (weakref.ref(dataset), record)
+
     def _record(
-        self, loader: DataLoader, site: tuple[str, int] | None, overridden: dict[str, Any]
+        self,
+        loader: DataLoader,
+        site: tuple[str, int] | None,
+        overridden: dict[str, Any],
+        by_framework: str | None = None,
     ) -> None:
         index = self.count
         self.count += 1
         loader._probe_index = index  # type: ignore[attr-defined]
-        file, line = site if site else (None, None)
         dataset = getattr(loader, "dataset", None)
+        origin = self._rebuilt_from(dataset, by_framework)
+        if origin is not None:
+            # the framework passes the loader's arguments as they are now: an override
+            # already applied shows no change, so the script's values are the original's
+            overridden = {**origin["overridden"], **overridden}
+        file, line = (origin["file"], origin["line"]) if origin else site if site else (None, None)
         record = {
             "index": index,
             "file": file,
@@ -205,6 +293,11 @@ class LoaderRecorder:
             "persistent_workers": bool(loader.persistent_workers),
             "prefetch_factor": loader.prefetch_factor,
             "overridden": overridden,
+            # a re-created loader is the original's, built where and by whom it was
+            "built_by": origin.get("built_by") if origin else by_framework,
         }
+        if origin is not None:
+            record["rebuilt_from"] = origin["index"]
+        self._remember_dataset(dataset, record)
         self.built.append(record)
         self._sink(record)

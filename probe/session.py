@@ -30,27 +30,34 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from diagnostics.runs import TRACE_DIR, RankRecords, RunFolder, RunWriter
-from probe.deferred import DeviceScalars, HostScalars, PendingSteps
+from probe.deferred import DeviceScalars, PendingSteps, read_floats
+from probe.key_values import READS
+from probe.memory_snapshots import NullSnapshotRecorder, SnapshotWindow, make_snapshot_recorder
 from probe.profiler import NullProfiler, ProfilerWindow, make_profiler
 from probe.step_values import (
+    HOST_FIELDS,
     CudaTimes,
     NormParts,
     NullsForMissing,
     batch_samples,
+    batch_tokens,
     gradient_norm,
     host_float,
+    host_step_record,
+    step_record,
 )
-from probe.steps import Resolved, RssReader, cuda_memory
+from probe.steps import RssReader, cuda_memory
 from probe.system import NullSampler, make_sampler
 
 
@@ -61,19 +68,60 @@ class StepLimitReached(BaseException):
     swallow it."""
 
 
-@dataclass
+_NOTHING_RECORDED: dict[str, Any] = {}  # a step without probe.record(): never written to
+
+# A process the script forks (os.fork, a fork-started multiprocessing.Process; DataLoader
+# workers too) is a copy of this one, sessions and their unwritten records included: left
+# alone, its steps and its copy of the buffered ones were appended to the same files as the
+# script's own (measured: steps 1..6 written twice by a script that forked once after step
+# 3). In the copy every session goes quiet; a step it still sees leaves a marker file named
+# after its pid, which the script's own process turns into a note at its end.
+FORKED_STEPS_MARKER = "forked_steps.{pid}"
+_LIVE_SESSIONS: weakref.WeakSet[Session] = weakref.WeakSet()
+
+
+def _quiet_in_forked_child() -> None:
+    for session in list(_LIVE_SESSIONS):
+        session.forked_off()
+
+
+os.register_at_fork(after_in_child=_quiet_in_forked_child)
+
+
+class _NoRecords:
+    """A forked copy's records: nothing it does is written."""
+
+    def append_step(self, record: Any) -> None:
+        pass
+
+    def append_steps(self, records: Any) -> None:
+        pass
+
+    def append_sample(self, record: Any) -> None:
+        pass
+
+    def flush_if_stale(self) -> None:
+        pass
+
+    def write_status(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+@dataclass(slots=True)
 class _OpenStep:
     begin: float  # perf_counter seconds
     data_wait_s: float = 0.0
     fetches: int = 0  # batches fetched on the training thread
     samples: int | None = None
-    losses: list[Any] = field(default_factory=list)
+    tokens: int | None = None  # of the fetched batches with input_ids (step_values.batch_tokens)
+    token_length_sum: int = 0  # sum over those batches of tokens x padded length
+    losses: list[Any] | None = None  # made at the first backward(): most steps have one
     grad_norm: Any = None
     optimizer_begin: float | None = None
     optimizer_s: float | None = None
     begin_event: Any = None  # CUDA event at the step's start (the previous step's end)
     optimizer_event: Any = None
-    recorded: dict[str, Any] = field(default_factory=dict)  # probe.record(...)
+    recorded: dict[str, Any] | None = None  # probe.record(...)
 
 
 class Session:
@@ -88,6 +136,7 @@ class Session:
         window: ProfilerWindow | None = None,
         sample_hz: float = 10.0,
         read_every: int = 10,
+        snapshot_window: SnapshotWindow | None = None,
     ):
         self.run_dir = run_dir
         self.rank = rank
@@ -98,17 +147,29 @@ class Session:
         self._lock = threading.Lock()  # the sampler thread notes too
         self._rss = RssReader()
         self.device: torch.device | None = None
+        self._cuda = False  # device is a CUDA device: set with it, read several times a step
         self.mode: str | None = None  # "batches", "optimizer" or "explicit" once known
         self.steps_done = 0
         self._open: _OpenStep | None = None
+        self._explicit_open = False  # inside explicit_begin() .. its step's end
+        self._one_fetch_per_step = False  # expect_explicit_steps(one_fetch_per_step=...)
         self._lead: weakref.ref[Any] | None = None
         self.optimizer_steps: dict[int, dict[str, Any]] = {}
         self.amp: dict[str, Any] = {"autocast_dtypes": [], "grad_scaler": False}
         self.skipped_steps = 0
         self._scaler: Any = None  # the GradScaler whose step() is running
+        self.scaled_losses = False  # GradScaler.scale() has tagged a loss (probe.hooks)
         self._lead_stepped = False
+        # False: a step's loss is the mean of its backward() losses (a loop that averages
+        # micro-batches itself); True: their sum (HF Trainer scales each micro-batch's
+        # loss by its share of the optimizer step before backward)
+        self.micro_batch_losses_add_up = False
         self._scalars: DeviceScalars | None = None
-        self._host_scalars = HostScalars(read_every)
+        # CPU steps ended, not yet written: (host figures, loss, norm, scale, store reads)
+        self._host_steps: list[tuple[tuple[Any, ...], Any, Any, float | None, Any]] = []
+        self._wall_offset = time.time() - time.perf_counter()
+        self._params: dict[int, tuple[list[tuple[int, int]], list[Any]]] = {}
+        self._profiler_done = False
         self._nan: torch.Tensor | None = None  # a device NaN for figures a step lacks
         self._read_every = read_every
         self.pending: PendingSteps | None = None
@@ -118,14 +179,36 @@ class Session:
             self._on_sample, self.note, enabled=sample_hz > 0, sample_hz=sample_hz
         )
         self.notes: list[str] = []
+        self._snapshot_window = snapshot_window or SnapshotWindow()
+        self.snapshots: NullSnapshotRecorder = NullSnapshotRecorder()
         # loader index -> [batches, seconds waited, of which CPU seconds of this thread]
         self.loader_waits: dict[Any, list[float]] = {}
+        # key-value store reads (probe/key_values.py): active once the script imports a store.
+        # The counter is the process's; a session in a process that an earlier one patched
+        # (an in-process caller) starts it inactive, or its steps would carry store fields
+        # for reads it never saw.
+        READS.forget_everything()
+        self.key_values = READS
+        self.forked = False  # this is a forked copy of the session's process (forked_off)
+        # processes the script started itself, not DataLoader workers: target -> count
+        self.processes_started: dict[str, int] = {}
+        _LIVE_SESSIONS.add(self)
 
     # --- lifetime ------------------------------------------------------------------------
 
     def start(self) -> None:
         self._sampler.start()
-        self.pending = PendingSteps(self._write, self._complete, self._host_scalars)
+        self.pending = PendingSteps(self._write, self._complete)
+        # before the script runs, so that a window from step 1 sees its model being built;
+        # rank 0 only: the snapshots' names carry no rank
+        self.snapshots = make_snapshot_recorder(
+            self._snapshot_window,
+            self.run_dir,
+            enabled=self.rank == 0,
+            cuda=torch.cuda.is_available(),
+            note=self.note,
+        )
+        self.snapshots.step_begins(1)
 
     def _on_sample(self, row: dict[str, Any]) -> None:
         self.records.append_sample(row)
@@ -151,11 +234,45 @@ class Session:
             with contextlib.suppress(StepLimitReached):
                 self.end_step(time.perf_counter())
         self._open = None
+        with contextlib.suppress(Exception):  # a broken tensor must not hide the end
+            self._write_host_steps()
         if self.pending is not None:
             with contextlib.suppress(Exception):  # a broken device must not hide the end
                 self.pending.flush()
         self.profiler.stop()
+        self.snapshots.stop()
         self._sampler.stop()
+
+    def forked_off(self) -> None:
+        """In a process forked from this session's (``os.register_at_fork``): nothing more
+        is written, and the unwritten records, the script's own process's, are dropped."""
+        self.forked = True
+        self.records = _NoRecords()  # type: ignore[assignment]
+        self.manifest = None
+        self._host_steps = []
+        self._open = None
+        self.pending = None
+
+    def process_started(self, target: str) -> None:
+        if not self.forked:
+            self.processes_started[target] = self.processes_started.get(target, 0) + 1
+
+    def _forked_step_seen(self) -> None:
+        marker = self.run_dir / FORKED_STEPS_MARKER.format(pid=os.getpid())
+        if not marker.exists():
+            with contextlib.suppress(OSError):
+                marker.touch()
+
+    def forked_steppers(self) -> list[int]:
+        """The pids of forked copies that stepped (their markers, removed as read)."""
+        pids = []
+        for marker in self.run_dir.glob(FORKED_STEPS_MARKER.format(pid="*")):
+            suffix = marker.name.rsplit(".", 1)[-1]
+            if suffix.isdigit():
+                pids.append(int(suffix))
+            with contextlib.suppress(OSError):
+                marker.unlink()
+        return sorted(pids)
 
     def note(self, text: str) -> None:
         """A note in run.json (rank 0), once."""
@@ -183,10 +300,6 @@ class Session:
                 self._open.begin_event = self._event()
         return self._open
 
-    @property
-    def _cuda(self) -> bool:
-        return self.device is not None and self.device.type == "cuda"
-
     def _event(self) -> Any:
         event = torch.cuda.Event(enable_timing=True)
         event.record()
@@ -197,6 +310,16 @@ class Session:
         if self.mode in (None, "batches") and self._open is not None and self._open.fetches:
             self.mode = "batches"
             self.end_step(now)
+        elif (
+            self.mode == "explicit"
+            and self._one_fetch_per_step
+            and not self._explicit_open
+            and self._open
+            and self._open.fetches
+        ):
+            # a second fetch outside any explicit step (an evaluation loop): the batch
+            # fetched before it was not a step's, so its wait and time are not the next one's
+            self._open = None
         self._ensure_open(now)
 
     def fetch_ended(
@@ -212,17 +335,31 @@ class Session:
         samples = batch_samples(batch)
         if samples is not None:
             step.samples = (step.samples or 0) + samples
+        tokens = batch_tokens(batch)
+        if tokens is not None:
+            count, length = tokens
+            step.tokens = (step.tokens or 0) + count
+            step.token_length_sum += count * length
 
     def backward_called(self, loss: torch.Tensor) -> None:
         if self.device is None:
             self._set_device(loss.device)
-        step = self._ensure_open(time.perf_counter())
+        step = self._open or self._ensure_open(time.perf_counter())
         if loss.numel() == 1:
-            scale = getattr(loss, "_probe_scale", None)  # GradScaler.scale(loss)'s output
-            step.losses.append(loss.detach() / scale if scale is not None else loss.detach())
+            # GradScaler.scale(loss)'s output; the attribute is looked up only once a
+            # scaler has scaled a loss (a missing one costs a caught AttributeError)
+            scale = getattr(loss, "_probe_scale", None) if self.scaled_losses else None
+            value = loss.detach() / scale if scale is not None else loss.detach()
+            if step.losses is None:
+                step.losses = [value]
+            else:
+                step.losses.append(value)
 
     def _set_device(self, device: torch.device) -> None:
+        if device.type == "cuda":
+            self._write_host_steps()  # steps before the first CUDA tensor were CPU steps
         self.device = device
+        self._cuda = device.type == "cuda"
         if device.type == "cuda":
             self._scalars = DeviceScalars(device, self._read_every)
             if self.pending is not None:
@@ -243,28 +380,44 @@ class Session:
                 self.manifest.update_manifest(environment=merged)
 
     def optimizer_pre(self, optimizer: Any) -> None:
-        info = self.optimizer_steps.setdefault(
-            id(optimizer), {"class": type(optimizer).__name__, "steps": 0}
-        )
+        if self.forked:
+            return
+        info = self.optimizer_steps.get(id(optimizer))
+        if info is None:
+            info = self.optimizer_steps[id(optimizer)] = {
+                "class": type(optimizer).__name__,
+                "steps": 0,
+            }
         info["steps"] += 1
-        if self._lead is None or self._lead() is None:
-            self._lead = weakref.ref(optimizer)
-        if self._lead() is not optimizer or self.mode == "explicit":
+        lead = self._lead() if self._lead is not None else None
+        if lead is None:
+            self._lead, lead = weakref.ref(optimizer), optimizer
+        if lead is not optimizer:
             return
         now = time.perf_counter()
+        if self.mode == "explicit" and self._open is None:
+            return  # an optimizer step outside the framework's steps: not one of them
         step = self._ensure_open(now)
         step.optimizer_begin = now
         if self._cuda:
             step.optimizer_event = self._event()
-        grads = [
-            p.grad
-            for group in optimizer.param_groups
-            for p in group["params"]
-            if getattr(p, "grad", None) is not None
-        ]
-        if grads and step.grad_norm is None:
+        if step.grad_norm is not None:  # clip_grad_norm_ gave it: the norm before clipping
+            return
+        grads = [p.grad for p in self._params_of(optimizer) if p.grad is not None]
+        if grads:
             # on the device, before the update; read with the step's other scalars later
             step.grad_norm = gradient_norm(grads)
+
+    def _params_of(self, optimizer: Any) -> list[Any]:
+        """The optimizer's parameters, flattened once and again only when its groups
+        change (add_param_group): a per-step walk of every group costs a large model."""
+        groups = optimizer.param_groups
+        shape = [(id(group["params"]), len(group["params"])) for group in groups]
+        cached = self._params.get(id(optimizer))
+        if cached is None or cached[0] != shape:
+            cached = (shape, [p for group in groups for p in group["params"]])
+            self._params[id(optimizer)] = cached
+        return cached[1]
 
     def clip_norm_seen(self, norm: Any) -> None:
         """``clip_grad_norm_``'s result: the norm before clipping, which the optimizer
@@ -273,13 +426,15 @@ class Session:
             self._ensure_open(time.perf_counter()).grad_norm = norm.detach()
 
     def optimizer_post(self, optimizer: Any) -> None:
-        if self._lead is None or self._lead() is not optimizer or self.mode == "explicit":
+        if self._lead is None or self._lead() is not optimizer:
             return
         self._lead_stepped = True
         now = time.perf_counter()
-        self.mode = "optimizer"
         if self._open is not None and self._open.optimizer_begin is not None:
             self._open.optimizer_s = now - self._open.optimizer_begin
+        if self.mode == "explicit":
+            return  # timed inside the explicit step, which ends it (HF on_step_end)
+        self.mode = "optimizer"
         self.end_step(now)
 
     def scaler_step_started(self, scaler: Any) -> None:
@@ -299,6 +454,8 @@ class Session:
             self._lead = weakref.ref(optimizer)
         self.mode = "optimizer"
         if self._open is not None:
+            if self._open.recorded is None:
+                self._open.recorded = {}
             self._open.recorded.setdefault("marks", "amp_skipped")
         try:
             self.end_step(time.perf_counter())
@@ -310,9 +467,27 @@ class Session:
         if text not in self.amp["autocast_dtypes"]:
             self.amp["autocast_dtypes"].append(text)
 
+    def expect_explicit_steps(self, *, one_fetch_per_step: bool = False) -> None:
+        """A framework callback delimits steps from now on (set before its loops run: the
+        batches fetched before its first step, a sanity evaluation's among them, must not
+        end batch-counted steps). ``one_fetch_per_step``: the framework fetches each
+        training batch just before opening its step (Lightning), so a second fetch outside
+        any step is an evaluation's and drops the first; HF's Trainer fetches all of an
+        update's micro-batches before ``on_step_begin`` and keeps the default."""
+        self.mode = "explicit"
+        self._one_fetch_per_step = one_fetch_per_step
+
     def explicit_begin(self) -> None:
         self.mode = "explicit"
+        self._explicit_open = True
         self._ensure_open(time.perf_counter())
+
+    def discard_open_step(self) -> None:
+        """What was opened since the last explicit end is not a training step (a framework's
+        evaluation between two steps fetched batches): dropped, so its fetches are not the
+        next step's data wait."""
+        if self.mode == "explicit":
+            self._open = None
 
     def explicit_end(self) -> None:
         if self._open is not None:
@@ -326,6 +501,8 @@ class Session:
                 f"probe.record: unknown field {unknown[0]!r}; allowed: loss, grad_norm, batch_size"
             )
         step = self._ensure_open(time.perf_counter())
+        if step.recorded is None:
+            step.recorded = {}
         for key, value in values.items():
             if isinstance(value, torch.Tensor):
                 value = value.detach()
@@ -336,54 +513,97 @@ class Session:
     # --- ending a step ---------------------------------------------------------------------
 
     def end_step(self, now: float) -> None:
+        if self.forked:
+            self._forked_step_seen()
+            return
         step = self._open
         if step is None:
             return
         self._open = None
+        self._explicit_open = False
         if self.steps_done == 0:
             self._start_profiler()
         self.steps_done += 1
-        marks = [m for m in (step.recorded.get("marks"),) if m]
-        state = self.profiler.state
-        if state in ("warmup", "active"):
-            marks.append(f"profiler_{state}")
+        recorded = step.recorded or _NOTHING_RECORDED
+        marks = [recorded["marks"]] if recorded.get("marks") else []
+        profiled = False
+        if not self._profiler_done:
+            state = self.profiler.state
+            if state in ("warmup", "active"):
+                marks.append(f"profiler_{state}")
+            profiled = self.profiler.recording
+            # a finished (or disabled) window never records again: stop asking it
+            self._profiler_done = state is None and not profiled
         if self.steps_done == 1:
             marks.append("epoch_start")  # the first step pays for warm-up: not steady
-        samples = step.recorded.get("batch_size", step.samples)
-        record = {
-            "step": self.steps_done,
-            "phase": "batches" if self.mode == "batches" else "train",
-            "wall_time": time.time(),
-            "batch_size": samples,
-            "rss_bytes": self._rss.read(),
-            "profiled": self.profiler.recording,
-            "marks": ",".join(marks) or None,
-            **(cuda_memory(self.device) if self.device is not None else {}),
-        }
-        host = {
-            "data_wait_ms": step.data_wait_s * 1e3 if step.fetches else None,
-            "step_time_ms": (now - step.begin) * 1e3,
-            "optimizer_ms": step.optimizer_s * 1e3 if step.optimizer_s is not None else None,
-        }
-        loss = step.recorded.get("loss")
+        marks.extend(self.snapshots.marks(self.steps_done))
+        samples = recorded.get("batch_size", step.samples)
+        loss = recorded.get("loss")
         if loss is None and step.losses:
-            loss = step.losses[0] if len(step.losses) == 1 else torch.stack(step.losses).mean()
-        grad_norm = step.recorded.get("grad_norm", step.grad_norm)
+            if len(step.losses) == 1:
+                loss = step.losses[0]
+            else:
+                stacked = torch.stack(step.losses)
+                loss = stacked.sum() if self.micro_batch_losses_add_up else stacked.mean()
+        grad_norm = recorded.get("grad_norm", step.grad_norm)
         scale = None
         if self._scaler is not None and self._scaler.is_enabled():
             scale = self._scaler._get_scale_async()
+        data_wait_ms = step.data_wait_s * 1e3 if step.fetches else None
+        store = self.key_values.take() if self.key_values.active else None
+        optimizer_ms = step.optimizer_s * 1e3 if step.optimizer_s is not None else None
+        # the token-weighted mean padded length: tokens x (6N + 12·L·H·Q·seq_len) is then the
+        # sum of the micro-batches' model FLOPs, each over its own length
+        seq_len = step.token_length_sum / step.tokens if step.tokens else None
+        row = (
+            self.steps_done,
+            "batches" if self.mode == "batches" else "train",
+            now + self._wall_offset,  # time.time() at the step's end, without a second clock
+            samples,
+            self._rss.read(),
+            profiled,
+            ",".join(marks) or None,
+            data_wait_ms,
+            (now - step.begin) * 1e3,
+            optimizer_ms,
+            step.tokens,
+            seq_len,
+        )
         if self._cuda:
-            times: Any = CudaTimes(host, step.begin_event, step.optimizer_event, self._event())
-            scalars: Any = self._device_scalars(loss, grad_norm, scale)
+            record = dict(zip(HOST_FIELDS, row, strict=True))
+            record.update(cuda_memory(self.device))  # type: ignore[arg-type]
+            if store is not None:
+                record.update(store)
+            times = CudaTimes(record, step.begin_event, step.optimizer_event, self._event())
+            assert self.pending is not None
+            self.pending.push(record, times, self._device_scalars(loss, grad_norm, scale))
         else:
-            times = Resolved(host)
-            # the scale now: GradScaler.update() rewrites its tensor in place
-            scalars = self._host_scalars.add(loss, grad_norm, host_float(scale))
-        assert self.pending is not None
-        self.pending.push(record, times, scalars)
+            # the scale now: GradScaler.update() rewrites its tensor in place; the loss and
+            # norm are read with the batch's others when it is written
+            self._host_steps.append((row, loss, grad_norm, host_float(scale), store))
+            if len(self._host_steps) >= self._read_every:
+                self._write_host_steps()
         self.profiler.step()
+        self.snapshots.step_ended(self.steps_done)
+        self.snapshots.step_begins(self.steps_done + 1)
         if self.max_steps is not None and self.steps_done >= self.max_steps:
             raise StepLimitReached(self.steps_done)
+
+    def _write_host_steps(self) -> None:
+        """The CPU steps ended since the last batch, completed and written together: their
+        losses and norms read in one stack each, their lines appended under one lock."""
+        rows, self._host_steps = self._host_steps, []
+        self._wall_offset = time.time() - time.perf_counter()  # follows NTP's slewing
+        if not rows:
+            return
+        losses = read_floats([loss for _, loss, _, _, _ in rows])
+        norms = read_floats([norm for _, _, norm, _, _ in rows])
+        self.records.append_steps(
+            [
+                host_step_record(row, loss, norm, scale, store)
+                for (row, _, _, scale, store), loss, norm in zip(rows, losses, norms, strict=True)
+            ]
+        )
 
     def _device_scalars(self, loss: Any, grad_norm: Any, scale: Any) -> Any:
         assert self._scalars is not None and self.device is not None
@@ -406,35 +626,7 @@ class Session:
     def _complete(
         self, record: dict[str, Any], times: dict[str, Any], values: dict[str, Any]
     ) -> dict[str, Any]:
-        step_ms = times["step_time_ms"]
-        data_ms = times.get("data_wait_ms")
-        optimizer_ms = times.get("optimizer_ms")
-        compute_ms = None
-        if not self._cuda and data_ms is not None:
-            compute_ms = max(0.0, step_ms - data_ms - (optimizer_ms or 0.0))
-        batch = record.get("batch_size")
-        return {
-            "step": record["step"],
-            "epoch": None,
-            "phase": record["phase"],
-            "wall_time": record["wall_time"],
-            "step_time_ms": step_ms,
-            "data_wait_ms": data_ms,
-            "h2d_ms": None,  # the copy is inside the user's code: not told apart
-            "compute_ms": compute_ms,
-            "optimizer_ms": optimizer_ms,
-            "loss": values.get("loss"),
-            "grad_norm": values.get("grad_norm"),
-            "amp_scale": values.get("amp_scale"),
-            "batch_size": batch,
-            "samples_per_s": batch / max(step_ms, 1e-6) * 1e3 if batch else None,
-            **{k: record.get(k) for k in ("rss_bytes", "profiled", "marks")},
-            **{
-                k: record[k]
-                for k in ("cuda_allocated_bytes", "cuda_reserved_bytes", "cuda_peak_bytes")
-                if k in record
-            },
-        }
+        return step_record({**record, **times}, values, host_clock=False)
 
     def _write(self, record: dict[str, Any]) -> None:
         self.records.append_step(record)

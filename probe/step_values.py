@@ -1,8 +1,10 @@
 """The parts of a script step's record that arrive late or need unpacking: CUDA-event
-times, device scalars with absent figures, a batch's sample count, a tensor as a float."""
+times, device scalars with absent figures, a batch's sample and token counts, a tensor as
+a float."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -41,6 +43,32 @@ def batch_samples(batch: Any) -> int | None:
             if found is not None:
                 return found
     return None
+
+
+def batch_tokens(batch: Any) -> tuple[int, int] | None:
+    """A tokenised batch's (tokens, padded length): a Mapping with a tensor ``input_ids``
+    (HF's collators, ``BatchEncoding``). The tokens are the attention mask's sum for a 2-D
+    batch whose mask lies on the CPU (padding does not count), else every id: a mask on
+    the device is never summed, as reading the sum would wait for the device. None for any
+    other batch, after one isinstance check (the per-fetch cost of a plain tensor batch)."""
+    if not isinstance(batch, Mapping):
+        return None
+    try:  # a Mapping of the script's own making: its failure must not silence the data wait
+        ids = batch.get("input_ids")
+        if not isinstance(ids, torch.Tensor) or ids.dim() == 0:
+            return None
+        length = int(ids.shape[-1])
+        if ids.dim() == 2:
+            mask = batch.get("attention_mask")
+            if (
+                isinstance(mask, torch.Tensor)
+                and mask.shape == ids.shape
+                and mask.device.type == "cpu"
+            ):
+                return int(mask.sum()), length
+        return ids.numel(), length
+    except Exception:
+        return None
 
 
 class NullsForMissing:
@@ -83,7 +111,7 @@ class NormParts:
     """A gradient norm not yet reduced: ``torch._foreach_norm``'s one norm per tensor.
 
     The optimizer pre-hook must take the norm before the update, but the reduction of the
-    parts to one figure can wait: on CPU :class:`probe.deferred.HostScalars` reduces a
+    parts to one figure can wait: on CPU :func:`probe.deferred.read_floats` reduces a
     batch of steps' parts in a few ops, not three per step."""
 
     __slots__ = ("parts",)
@@ -104,3 +132,104 @@ def gradient_norm(grads: list[torch.Tensor]) -> NormParts | torch.Tensor:
     if all(g.device == device and g.layout == torch.strided for g in grads):
         return NormParts(list(torch._foreach_norm(grads)))
     return torch.nn.utils.get_total_norm(grads)
+
+
+# a step's host-side figures, in the order end_step gathers them
+HOST_FIELDS = (
+    "step",
+    "phase",
+    "wall_time",
+    "batch_size",
+    "rss_bytes",
+    "profiled",
+    "marks",
+    "data_wait_ms",
+    "step_time_ms",
+    "optimizer_ms",
+    "tokens",
+    "seq_len",
+)
+CUDA_MEMORY = ("cuda_allocated_bytes", "cuda_reserved_bytes", "cuda_peak_bytes")
+# a step's key-value store reads (probe/key_values.py), once the script reads a store
+STORE_FIELDS = ("store_reads", "store_keys", "store_read_ms")
+
+
+def host_step_record(
+    row: tuple[Any, ...],
+    loss: float | None,
+    norm: float | None,
+    scale: float | None,
+    store: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A CPU step's written record, straight from end_step's row (the fields and their
+    order are :func:`step_record`'s; tests/probe/test_step_tokens.py and test_lmdb_reads.py
+    compare the two)."""
+    (
+        step, phase, wall_time, batch, rss, profiled, marks, data_ms, step_ms, optimizer_ms,
+        tokens, seq_len,
+    ) = row  # fmt: skip
+    compute_ms = None
+    if data_ms is not None:
+        compute_ms = max(0.0, step_ms - data_ms - (optimizer_ms or 0.0))
+    record = {
+        "step": step,
+        "epoch": None,
+        "phase": phase,
+        "wall_time": wall_time,
+        "step_time_ms": step_ms,
+        "data_wait_ms": data_ms,
+        "h2d_ms": None,
+        "compute_ms": compute_ms,
+        "optimizer_ms": optimizer_ms,
+        "loss": loss,
+        "grad_norm": norm,
+        "amp_scale": scale,
+        "batch_size": batch,
+        "samples_per_s": batch / max(step_ms, 1e-6) * 1e3 if batch else None,
+        "tokens": tokens,
+        "seq_len": seq_len,
+        "rss_bytes": rss,
+        "profiled": profiled,
+        "marks": marks,
+    }
+    if store is not None:
+        record.update(store)
+    return record
+
+
+def step_record(
+    host: dict[str, Any], values: dict[str, Any], *, host_clock: bool
+) -> dict[str, Any]:
+    """The written step record: the host's figures with the times and scalars read later.
+    On a host clock (CPU) the compute is what the step's other parts leave; on a device
+    clock it is not told apart."""
+    step_ms = host["step_time_ms"]
+    data_ms = host.get("data_wait_ms")
+    optimizer_ms = host.get("optimizer_ms")
+    compute_ms = None
+    if host_clock and data_ms is not None:
+        compute_ms = max(0.0, step_ms - data_ms - (optimizer_ms or 0.0))
+    batch = host.get("batch_size")
+    return {
+        "step": host["step"],
+        "epoch": None,
+        "phase": host["phase"],
+        "wall_time": host["wall_time"],
+        "step_time_ms": step_ms,
+        "data_wait_ms": data_ms,
+        "h2d_ms": None,  # the copy is inside the user's code: not told apart
+        "compute_ms": compute_ms,
+        "optimizer_ms": optimizer_ms,
+        "loss": values.get("loss"),
+        "grad_norm": values.get("grad_norm"),
+        "amp_scale": values.get("amp_scale"),
+        "batch_size": batch,
+        "samples_per_s": batch / max(step_ms, 1e-6) * 1e3 if batch else None,
+        "tokens": host.get("tokens"),
+        "seq_len": host.get("seq_len"),
+        "rss_bytes": host.get("rss_bytes"),
+        "profiled": host.get("profiled"),
+        "marks": host.get("marks"),
+        **{k: host[k] for k in CUDA_MEMORY if k in host},
+        **{k: host[k] for k in STORE_FIELDS if k in host},
+    }

@@ -2,7 +2,9 @@
 # The GPU check, on a CUDA machine (sized for ~8 minutes on an H200, estimated from its step
 # times; not yet run on one): every scenario at the cpu and
 # the gpu size, each run's findings against what the scenario must show, the fix-and-verify
-# re-runs, the gpu-marked tests and the instrument overhead at both sizes; one Markdown
+# re-runs, the gpu-marked tests (memory snapshots recorded by the trainer and the wrapper
+# included), the instrument overhead at both sizes and the cost of recording memory
+# snapshots (history off / python / all stacks, ~3 extra short runs); one Markdown
 # summary, whose path is the last line printed. Exit 0 when every required check passed.
 #
 #   scripts/gpu_check.sh [OPTIONS]                   # .venv/bin/python (made by setup.sh)

@@ -4,17 +4,27 @@
 - ``shared_traces_dir``: the real traces, read in place (``<repo>/../shared/traces``).
 - ``tiny_run``: one real, completed, instrumented run of the trainer CLI (healthy scenario,
   a few steps, CPU), made once per session; its folder path (treat it as read-only).
+- ``two_rank_runs``: a healthy and a straggler run, 2 ranks under torchrun (gloo, CPU), six
+  steps, made once per session for the distributed, rank-view and browser tests (read-only).
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# The xdist workers and the real runs they start share two cores. OpenMP's default of
+# spinning while a thread waits for work made two torch processes at once each 18x slower
+# than one alone (a loop of 256x256 matmuls: 8.8 s each, against 1.1 s when the waiting
+# threads sleep and 0.5 s alone). Set before torch is imported; the runs inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # Small enough for a few seconds on a shared 2-core CPU, big enough to cross the profiler's
 # active window (wait 1 + warmup 1 + active 3 = 5 fine-tuning steps) and one checkpoint.
@@ -46,14 +56,21 @@ def shared_traces_dir(repo_root: Path) -> Path:
     return repo_root.parent / "shared" / "traces"
 
 
-def run_trainer_cli(args: list[str] | tuple[str, ...], timeout_s: float = 180.0):
-    """``python -m trainer ...`` from the repo root; the CompletedProcess (text)."""
+def run_trainer_cli(
+    args: list[str] | tuple[str, ...], timeout_s: float = 180.0, *, measured: bool = False
+):
+    """``python -m trainer ...`` from the repo root; the CompletedProcess (text).
+    ``measured``: at a raised priority (tests.run_timing.raise_priority; its ranks inherit
+    it), for a run whose findings rest on time shares between its ranks or steps."""
+    from tests.run_timing import raise_priority
+
     return subprocess.run(
         [sys.executable, "-m", "trainer", *args],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         timeout=timeout_s,
+        preexec_fn=raise_priority if measured else None,
     )
 
 
@@ -94,6 +111,38 @@ TINY_DIST_ARGS = (
 )
 
 
+@dataclass(frozen=True)
+class TwoRankRuns:
+    runs_dir: Path
+    healthy: Path
+    straggler: Path
+
+
+def make_run(
+    runs_dir: Path, scenario: str, run_id: str, nproc: int = 2, *, measured: bool = False
+) -> Path:
+    """One completed tiny run of ``scenario`` with ``nproc`` processes (1: no torchrun)."""
+    args = ["run", "--scenario", scenario, "--run-id", run_id, *TINY_DIST_ARGS, "--steps", "6"]
+    if nproc > 1:
+        args += ["--nproc-per-node", str(nproc)]
+    result = run_trainer_cli(
+        [*args, "--runs-dir", str(runs_dir)], timeout_s=400.0, measured=measured
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def two_rank_runs(tmp_path_factory: pytest.TempPathFactory) -> TwoRankRuns:
+    runs_dir = tmp_path_factory.mktemp("two_rank_runs")
+    # one after the other: four ranks at once on two cores would blur the straggler's gap;
+    # raised, as the measured runs are: two suites and two busy loops beside them (load
+    # 17-29) left the straggler's ranks so starved that rank-stragglers stayed silent on it
+    healthy = make_run(runs_dir, "healthy", "healthy-2-ranks", measured=True)
+    straggler = make_run(runs_dir, "straggler", "straggler-2-ranks", measured=True)
+    return TwoRankRuns(runs_dir, healthy, straggler)
+
+
 # One tiny real run per trainer scenario (the reports build for each; other suites may read
 # them too). Scenario presets are kept: no batch-size override, so small-batch stays small.
 SCENARIO_RUN_ARGS = (
@@ -118,6 +167,7 @@ SCENARIO_NAMES = (
     "leak",
     "small-batch",
     "fp32",
+    "per-sample-lookups",
 )
 
 
@@ -178,7 +228,43 @@ BROWSER_FIXTURES = frozenset(
 )
 
 
+# scripts/test.sh runs the suite on three pytest-xdist workers, a test file at a time on one
+# of them, so that a module's shared run is made once. The files that share an expensive
+# session run are scheduled as one unit, so that run is made once too. (xdist's own
+# xdist_group marks cannot do it under pytest 9.2: xdist writes the group into a private
+# node-id attribute that pytest renamed, and the marks are silently ignored.)
+SHARED_RUN_FILES = {
+    "tests/trainer/test_scenarios.py": "scenario_runs",
+    "tests/diagnostics/report/test_scenario_runs.py": "scenario_runs",
+    "tests/trainer/test_distributed.py": "two_rank_runs",
+    "tests/app/test_rank_view.py": "two_rank_runs",
+    "tests/app/test_upload_set.py": "two_rank_runs",
+    "tests/app/test_e2e_ranks.py": "two_rank_runs",
+}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FilesAndSharedRuns(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return SHARED_RUN_FILES.get(path, path)
+
+    return FilesAndSharedRuns(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
+    strays = sorted(
+        {
+            f"{item.nodeid.split('::')[0]} uses {name}"
+            for item in items
+            for name in set(SHARED_RUN_FILES.values()) & set(getattr(item, "fixturenames", ()))
+            if SHARED_RUN_FILES.get(item.nodeid.split("::")[0]) != name
+        }
+    )
+    if strays:
+        raise pytest.UsageError(f"add to SHARED_RUN_FILES in tests/conftest.py: {strays}")
     unmarked = [
         item.nodeid
         for item in items
@@ -189,3 +275,15 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(
             f"uses a browser or live-server fixture without @pytest.mark.browser: {unmarked}"
         )
+
+
+@pytest.fixture(autouse=True)
+def main_module_put_back():
+    """Streamlit's AppTest puts its temporary script in sys.modules["__main__"] and never
+    puts the real one back. A process started with spawn afterwards in the same xdist
+    worker (the rank pool, a DataLoader with spawn workers) re-ran that script and died
+    (NameError: __args): a test's outcome depended on which files ran before it."""
+    main = sys.modules.get("__main__")
+    yield
+    if main is not None:
+        sys.modules["__main__"] = main

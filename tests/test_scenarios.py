@@ -15,7 +15,9 @@ outcome is the same on a GPU host.
 from __future__ import annotations
 
 import json
+import math
 import os
+import statistics
 import subprocess
 import sys
 from functools import cache
@@ -31,6 +33,7 @@ from diagnostics.result import AnalysisResult
 from diagnostics.rules.registry import CORE_RULE_IDS
 from diagnostics.rules.worker_restarts import WorkerRestarts
 from diagnostics.thresholds import Thresholds
+from tests.run_timing import raise_priority, shared_window, steps_per_s_within
 from trainer.config import build_config, split_sizes
 from trainer.corpus import load_tokenizer, make_corpus
 
@@ -107,8 +110,12 @@ runpy.run_module("trainer", run_name="__main__", alter_sys=True)
 WORKER_STARTS: dict[Path, int] = {}
 
 
-def run_together(runs_dir: Path, jobs: dict[str, list[str]]) -> dict[str, Path]:
-    """Starts every ``python -m trainer run`` at once; name -> run folder."""
+def run_together(
+    runs_dir: Path, jobs: dict[str, list[str]], measured: frozenset[str] = frozenset()
+) -> dict[str, Path]:
+    """Starts every ``python -m trainer run`` at once; name -> run folder. The ``measured``
+    jobs, and the DataLoader workers they fork, run at a raised priority
+    (tests.run_timing.raise_priority) where the user is root."""
     logs = runs_dir / "_logs"
     logs.mkdir(exist_ok=True)
     procs = {}
@@ -124,6 +131,7 @@ def run_together(runs_dir: Path, jobs: dict[str, list[str]]) -> dict[str, Path]:
                 stdout=out,
                 stderr=err,
                 env={**os.environ, "WORKER_STARTS_FILE": str(starts)},
+                preexec_fn=raise_priority if name in measured else None,
             )
     folders = {}
     for name, proc in procs.items():
@@ -160,7 +168,11 @@ def scenario_results(tmp_path_factory) -> dict[str, AnalysisResult]:
     # healthy keeps its workers across epochs; turned off, each epoch forks them again
     jobs["workers-not-persistent"] = ["--scenario", "healthy", *BASE_ARGS, *NO_PROFILER]
     jobs["workers-not-persistent"] += set_args({"data.persistent_workers": False})
-    return {name: _analysed(path) for name, path in run_together(runs_dir, jobs).items()}
+    # healthy is the run that must draw no finding: its one worker is sized for the cores
+    # it has, and beside six other training jobs and two busy loops at the same priority
+    # it fell behind (a 5.5 % data-wait share), which too-few-workers rightly reported
+    folders = run_together(runs_dir, jobs, measured=frozenset({"healthy"}))
+    return {name: _analysed(path) for name, path in folders.items()}
 
 
 @pytest.fixture(scope="session")
@@ -188,7 +200,16 @@ def fixed_results(scenario_results, tmp_path_factory) -> dict[str, AnalysisResul
             *NO_PROFILER,
             *set_args(found.fix.config_patch),
         ]
-    return {name: _analysed(path) for name, path in run_together(runs_dir, jobs).items()}
+    # The two slow-loader runs are the ones timed against each other. At the priority of
+    # the four other jobs here and of the other tests' processes, the cores are saturated,
+    # and a fix that turns sleeps into overlap cannot show: the storage latency the
+    # baseline sleeps through is CPU time another process uses anyway (CI once measured
+    # 1.36 fixed against 1.39 baseline steps/s). Raised together, they share the cores
+    # with each other, as one job does on the machine it owns.
+    timed = frozenset({"slow-loader-baseline", "slow-loader"})
+    return {
+        name: _analysed(path) for name, path in run_together(runs_dir, jobs, measured=timed).items()
+    }
 
 
 def test_healthy_fires_none_of_the_five(scenario_results):
@@ -300,13 +321,30 @@ def test_persistent_workers_remove_the_epoch_start_waits(scenario_results, fixed
 
 
 def test_fixed_slow_loader_is_faster(fixed_results):
-    def median_step_ms(result: AnalysisResult) -> float:
-        steps = result.run.steps.slice(1)  # the first step starts the workers
-        return float(steps["step_time_ms"].median())
+    # The fix moves each batch's 32 x 2 ms of storage latency and its tokenising into a
+    # worker: the step's wait for data must shrink to a fraction of the unfixed run's,
+    # whose wait can never be below the latency it sleeps through.
+    baseline, fixed = fixed_results["slow-loader-baseline"], fixed_results["slow-loader"]
+    config = baseline.run.config["data"]
+    floor_ms = config["sample_latency_ms"] * baseline.run.config["train"]["batch_size"]
+    assert config["num_workers"] == 0 and fixed.run.config["data"]["num_workers"] >= 1
 
-    baseline = median_step_ms(fixed_results["slow-loader-baseline"])
-    fixed = median_step_ms(fixed_results["slow-loader"])
-    assert fixed < baseline, f"fixed {fixed:.1f} ms vs baseline {baseline:.1f} ms"
+    def median_wait_ms(result: AnalysisResult) -> float:
+        # each epoch's first batch is made on demand, even by persistent workers
+        steady = result.run.steps.filter(~pl.col("marks").fill_null("").str.contains("epoch_start"))
+        return float(steady.slice(1)["data_wait_ms"].median())
+
+    assert median_wait_ms(baseline) >= floor_ms
+    assert median_wait_ms(fixed) < median_wait_ms(baseline) / 4
+    # Faster end to end, compared over the wall-clock window both runs spent training, so
+    # that both met the same machine load (compared as whole-run medians, a run that
+    # ended later met a quieter host and CI once saw the fix "slower").
+    window = shared_window(baseline.run.steps, fixed.run.steps)
+    fixed_rate = steps_per_s_within(fixed.run.steps, window)
+    baseline_rate = steps_per_s_within(baseline.run.steps, window)
+    assert fixed_rate > baseline_rate, (
+        f"fixed {fixed_rate:.2f} vs baseline {baseline_rate:.2f} steps/s"
+    )
 
 
 def test_healthy_crosses_epochs_on_persistent_workers_and_fires_no_restarts(scenario_results):
@@ -432,10 +470,20 @@ def test_leak_projects_steps_to_oom_from_the_recorded_host_memory(scenario_resul
     total = result.run.environment["memory_total_bytes"]
     assert total == psutil.virtual_memory().total
     assert ev["capacity_bytes"] == total
-    # steps left = (RAM - RSS at the last steady step) / bytes leaked per step
-    last_step = ev["steps"][1]
-    last_rss = result.run.steps.filter(pl.col("step") == last_step)["rss_bytes"].item()
-    expected = (total - last_rss) / ev["slope_bytes_per_step"]
+    # steps left = (RAM - RSS at the last step) / bytes leaked per step, the slope worked
+    # out here from steps.jsonl (not the finding's own): docs/RULES.md's fit leaves out the
+    # first fifth of the steps (leak_warmup_share 0.2) and takes Theil-Sen's median of the
+    # pairwise slopes over the rest
+    rows = [json.loads(line) for line in (Path(result.source["path"]) / "steps.jsonl").open()]
+    rss = sorted((r["step"], r["rss_bytes"]) for r in rows)
+    assert [step for step, _ in rss] == list(range(1, 25))  # the 24 steps of BASE_ARGS
+    steady = rss[math.ceil(0.2 * len(rss)) :]  # steps 6..24
+    assert ev["steps"] == [steady[0][0], steady[-1][0]] == [6, 24]
+    slope = statistics.median(
+        (b - a) / (j - i) for n, (i, a) in enumerate(steady) for j, b in steady[n + 1 :]
+    )
+    assert ev["slope_bytes_per_step"] == pytest.approx(slope, abs=0.5)  # rounded to bytes
+    expected = (total - steady[-1][1]) / slope
     assert isinstance(ev["projected_steps_to_oom"], int) and ev["projected_steps_to_oom"] > 0
     assert ev["projected_steps_to_oom"] == pytest.approx(expected, rel=1e-3, abs=2)
     assert f"about {ev['projected_steps_to_oom']} more steps" in found.recommendation

@@ -38,6 +38,7 @@ from trainer.config import (
     parse_assignment,
 )
 from trainer.logs import setup_logging
+from trainer.reproducibility import pin_math_libraries
 
 # checked with fullmatch: "$" would also accept an id ending in a newline
 RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -83,6 +84,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--instruments", default="on", help="on or off (off: no profiler, no sampler)")
     run.add_argument("--memory-lines", action="store_true", help="line-level memory (slow)")
+    run.add_argument(
+        "--memory-snapshots",
+        type=int,
+        metavar="STEPS",
+        help="CUDA: record allocator history for STEPS steps, snapshots into memory/",
+    )
     run.add_argument("--run-id", help="folder name under the runs dir (default: generated)")
     run.add_argument("--parent-run-id", help="the run this one re-runs with a fix")
     run.add_argument("--patch-json", help="a fix's config_patch: JSON object of dotted keys")
@@ -138,6 +145,8 @@ def config_from_args(
         overrides.append(("instruments.enabled", False))
     if args.memory_lines:
         overrides.append(("instruments.memory_lines", True))
+    if args.memory_snapshots is not None:
+        overrides.append(("instruments.memory_snapshot_steps", args.memory_snapshots))
     config = build_config(
         args.scenario,
         overrides,
@@ -319,8 +328,11 @@ def _resume_locked(run_dir: Path, lock: Any, args: argparse.Namespace) -> int:
 
 def _failure(exc: BaseException, step: int) -> str:
     """The run's one-line reason; a full disk says so and at which step."""
+    from probe.memory_snapshots import OutOfMemoryRecorded
     from trainer.run_io import os_error_behind
 
+    if isinstance(exc, OutOfMemoryRecorded):
+        return str(exc)  # "out of memory at step N: snapshot in PATH"
     cause = os_error_behind(exc)
     if cause is not None and cause.errno in DISK_FULL_ERRNOS:
         where = f" ({cause.filename})" if cause.filename else ""
@@ -462,6 +474,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # before the first matmul of this process and of every rank or worker it starts
+    pin_math_libraries()
     try:
         args = _parser().parse_args(argv)
         if args.command == "run":

@@ -20,8 +20,10 @@ from diagnostics.dotted import flatten_dotted
 
 Device = Literal["auto", "cpu", "cuda"]
 DatasetKind = Literal["map", "sharded"]
+StoreLookup = Literal["per-sample", "batched"]
 AmpMode = Literal["off", "bf16", "fp16"]
 ModelSize = Literal["auto", "cpu", "gpu"]
+SnapshotStacks = Literal["python", "all"]
 
 
 class ConfigError(ValueError):
@@ -74,6 +76,23 @@ class DataConfig:
     stall_ms: float = _spec(
         0.0, "how long each stalled batch waits, ms (with stall_every)", min=0.0, max=60_000.0
     )
+    # the field guide's LMDB embedding store (trainer/embedding_store.py)
+    embedding_store: bool = _spec(
+        False, "feed the model a precomputed feature vector per transaction from sharded LMDB"
+    )
+    embedding_lookup: StoreLookup = _spec(
+        "batched",
+        "store reads: one get per sample in __getitem__, or one batch_get per batch in "
+        "__getitems__ (the sharded dataset: one batch_get per batch of its stream)",
+    )
+    embedding_shards: int = _spec(4, "LMDB environments the store is sharded into", min=1, max=256)
+    embedding_dim: int = _spec(16, "length of each stored feature vector", min=1, max=4096)
+    store_latency_ms: float = _spec(
+        0.0,
+        "simulated round trip of a remote key-value store per read transaction (ms)",
+        min=0.0,
+        max=10_000.0,
+    )
     max_length: int = _spec(32, "tokens per sample (padded/truncated)", min=8, max=512)
     vocab_size: int = _spec(
         3000,
@@ -102,6 +121,15 @@ class ModelConfig:
     layers: int = _spec(2, "BERT encoder layers", min=1, max=48)
     heads: int = _spec(4, "attention heads (must divide hidden_size)", min=1, max=64)
     intermediate_size: int = _spec(768, "feed-forward size", min=16, max=16_384)
+    # Megatron-LM's --make-vocab-size-divisible-by: the rows past the vocabulary are never
+    # fed (no id reaches them) and their logits learn to stay low; the masked-LM head's
+    # GEMMs then have an N the Tensor Cores tile evenly (the misshapen-matmul rule's fix)
+    pad_vocab_to_multiple_of: int = _spec(
+        1,
+        "embedding and masked-LM decoder rows rounded up to a multiple of this; 1 = none",
+        min=1,
+        max=1024,
+    )
 
 
 @dataclass
@@ -149,6 +177,21 @@ class InstrumentsConfig:
         10.0, "system sampler rate (Hz)", min=0.0, max=100.0, exclusive_min=True
     )
     memory_lines: bool = _spec(False, "line-level memory (memory_profiler); slows the run")
+    # off by default: history costs on every allocation for as long as it is on, and the
+    # cost on this trainer is not measured yet (scripts/gpu_check.sh measures it)
+    memory_snapshot_steps: int = _spec(
+        0,
+        "CUDA: steps with allocator history, snapshots into memory/ at their first and last "
+        "step; 0 = none",
+        min=0,
+        max=1000,
+    )
+    memory_snapshot_start: int = _spec(
+        2, "CUDA: the first step with allocator history (1-based, whole run)", min=1
+    )
+    memory_snapshot_stacks: SnapshotStacks = _spec(
+        "python", "CUDA: stacks each allocation keeps: python, or all (C++ too: slow dumps)"
+    )
 
 
 @dataclass
@@ -162,6 +205,13 @@ class RuntimeConfig:
         "CUDA: steps between device-to-host reads of loss and grad norm (no per-step sync)",
         min=1,
         max=1000,
+    )
+    alert_after_s: float | None = _spec(
+        None,
+        "post once to $PIPELINE_DOCTOR_ALERT_WEBHOOK when the run has gone on this many "
+        "seconds; null = no alert",
+        min=0.0,
+        exclusive_min=True,
     )
 
 
@@ -236,6 +286,8 @@ SCENARIOS: dict[str, str] = {
     "leak": "`total_loss += loss` keeps every graph, plus a list that keeps every batch",
     "small-batch": "batches of 2: too small to keep the device busy",
     "fp32": "no AMP and TF32 off: every matmul in full fp32 on CUDA cores, Tensor Cores idle",
+    "per-sample-lookups": "an LMDB embedding store read with one get per sample, 2 ms per "
+    "read, no workers",
 }
 
 # Scenarios of a job under torchrun (``--nproc-per-node 2`` or more); kept apart from
@@ -275,6 +327,13 @@ SCENARIO_PRESETS: dict[str, dict[str, Any]] = {
     # what a GPU does with fp32 and no opt-in: the same model 5.6x slower per step on an
     # H200 (h200-sized/m768l6b256-fp32 against m768l6b256); on CPU it equals healthy
     "fp32": {"train.amp": "off", "train.tf32": False},
+    # 32 reads of 2 ms a batch in the training process; batched, one read per shard (4)
+    "per-sample-lookups": {
+        "data.embedding_store": True,
+        "data.embedding_lookup": "per-sample",
+        "data.store_latency_ms": 2.0,
+        "data.num_workers": 0,
+    },
 }
 
 # The sizing fields under each model.size. "cpu" is the defaults (a CPU CI run takes

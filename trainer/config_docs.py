@@ -36,14 +36,31 @@ NOTES: dict[str, str] = {
     "data.prune_vocab": "Keeps `[PAD]`, `[UNK]`, `[CLS]`, `[SEP]` (and `[MASK]` with masked-LM "
     "pretraining). The fix the `unused-embedding-rows` rule applies (default healthy run: "
     "~350 → ~110 rows).",
+    "model.pad_vocab_to_multiple_of": "64 is the fix the `misshapen-matmul` rule applies when "
+    "the vocabulary is the misaligned GEMM dimension (NVIDIA's Tensor Core guide: multiples of "
+    "64 in 16-bit for the best efficiency); with `data.prune_vocab` the pruned size is "
+    "padded. The padding rows are recorded as `vocab_usage.padding_rows`, not as unused rows.",
     "model.size": "Resolved at run start and recorded in `run.json` "
     "([size presets](#size-presets), [why these sizes](TRAINER.md#size-presets)); any key it "
     "sets that you set yourself wins.",
     "train.amp": "Applies on CUDA only; a CPU run computes in fp32 and its notes say so.",
     "instruments.enabled": "`--instruments off` sets it to false.",
     "instruments.memory_lines": "`--memory-lines` sets it to true.",
+    "instruments.memory_snapshot_steps": "`--memory-snapshots N` sets it. Off by default: "
+    "history costs on every allocation while on, not yet measured on this trainer "
+    "(`scripts/gpu_check.sh` measures it). A CPU run records none and its notes say "
+    '"memory snapshots need CUDA"; an out-of-memory error writes '
+    "`memory/oom_step_N.pickle` on CUDA even at 0 (then without stacks) "
+    "([MEMORY.md](MEMORY.md#recording)).",
     "runtime.threads": "On CPU the trainer uses `max(1, cores − data.num_workers)` threads "
     "([why](TRAINER.md#the-cli)).",
+    "runtime.alert_after_s": 'A Slack-compatible `{"text": ...}` naming the run, its step, '
+    "elapsed time, ETA and host, from a background thread with a 5 s timeout: it never fails "
+    "or slows the training (a post still in flight when the run ends delays its exit by at "
+    "most the 5 s). Counted from the trainer process's start (imports and corpus included, "
+    "which `train.max_runtime_s` leaves out; a resumed run from its own restart); one "
+    "alert a run, resumes included. The outcome (sent, failed and why, not configured) is in "
+    "the run folder's `alert.json` and on the run's page ([RUN-FOLDER.md](RUN-FOLDER.md)).",
     "distributed.sync": "Under torchrun only: a single process ignores the `distributed.*` "
     "keys. `overlap` = DDP's bucketed all-reduce during backward; "
     "`after-backward` = no DDP, one blocking all-reduce per gradient after backward.",
@@ -88,7 +105,7 @@ def render_markdown(fields: Sequence[FieldInfo] | None = None) -> str:
         "",
         "Order of settings: defaults → size preset (`model.size`) → scenario preset → each "
         "`--set` in order → `--patch-json` → `--steps`, `--device`, `--instruments`, "
-        "`--memory-lines`.",
+        "`--memory-lines`, `--memory-snapshots`.",
         "",
         "## Keys",
         "",

@@ -38,6 +38,7 @@ from trainer.corpus import (
     save_tokenizer,
     train_tokenizer,
 )
+from trainer.embedding_store import EmbeddingStore, build_store, transaction_features
 from trainer.vocab import ModelVocab, full_vocab, used_id_mask
 
 Sample = dict[str, torch.Tensor]
@@ -58,6 +59,9 @@ class Corpus:
     val_texts: list[str]
     val_labels: np.ndarray
     tokenizer: Tokenizer
+    # per row of the corpus (train then validation): what the embedding store is built from
+    amounts: np.ndarray | None = None
+    weekdays: np.ndarray | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -92,7 +96,33 @@ def load_corpus(
         tokenizer = train_tokenizer(texts[:n_train], data.vocab_size, data.max_length, cache_dir)
         if tokenizer_path is not None:
             save_tokenizer(tokenizer, tokenizer_path)
-    return Corpus(texts[:n_train], labels[:n_train], texts[n_train:], labels[n_train:], tokenizer)
+    return Corpus(
+        texts[:n_train],
+        labels[:n_train],
+        texts[n_train:],
+        labels[n_train:],
+        tokenizer,
+        amounts=frame["amount"].to_numpy(),
+        weekdays=frame["date"].dt.weekday().to_numpy(),
+    )
+
+
+STORE_DIR = "embeddings"  # in the run folder
+
+
+def open_embedding_store(
+    corpus: Corpus, data: DataConfig, seed: int, run_dir: Path
+) -> EmbeddingStore | None:
+    """The run's store (built on first use: deterministic, so a resumed run that finds it
+    reads the same vectors), not yet opened; None when ``data.embedding_store`` is off."""
+    if not data.embedding_store:
+        return None
+    root = run_dir / STORE_DIR
+    if not root.exists():
+        assert corpus.amounts is not None and corpus.weekdays is not None
+        vectors = transaction_features(corpus.amounts, corpus.weekdays, data.embedding_dim, seed)
+        build_store(root, vectors, shards=data.embedding_shards)
+    return EmbeddingStore(root, read_latency_ms=data.store_latency_ms)
 
 
 def augment(text: str, seed: int, epoch: int, index: int) -> str:
@@ -131,8 +161,15 @@ class TransactionDataset(Dataset[Sample]):
         augmenting: bool = False,
         sample_latency_ms: float = 0.0,
         seed: int = 0,
+        store: EmbeddingStore | None = None,
+        store_batched: bool = False,
+        first_key: int = 0,
     ):
         self.texts = list(texts)
+        # the store opens itself in the process that reads it (after the DataLoader's fork)
+        self.store = store
+        self.store_batched = store_batched
+        self.first_key = first_key  # store key of row 0: validation rows follow training's
         self.labels = torch.as_tensor(labels, dtype=torch.long)
         self.tokenizer = tokenizer
         self.tokenize_on_the_fly = tokenize_on_the_fly
@@ -162,7 +199,7 @@ class TransactionDataset(Dataset[Sample]):
     def __len__(self) -> int:
         return len(self.texts)
 
-    def __getitem__(self, key: int | tuple[int, int]) -> Sample:
+    def __getitem__(self, key: int | tuple[int, int], *, read_store: bool = True) -> Sample:
         # (epoch, index) from EpochSampler: the epoch travels with the index, so a worker
         # (persistent or not) augments for the right epoch without shared state
         epoch, index = key if isinstance(key, tuple) else (self.epoch, key)
@@ -179,12 +216,61 @@ class TransactionDataset(Dataset[Sample]):
             mask = torch.tensor(encoding.attention_mask, dtype=torch.long)
         if self.sample_latency_s:
             time.sleep(self.sample_latency_s)
-        return {
+        sample = {
             "input_ids": ids,
             "attention_mask": mask,
             "category": self.labels[index, 0],
             "merchant_type": self.labels[index, 1],
         }
+        if self.store is not None and read_store:
+            sample["store_vectors"] = self.store.get(self.first_key + index)
+            sample.update(_store_counts(self.store))
+        return sample
+
+    def __getitems__(self, keys: list[int | tuple[int, int]]) -> list[Sample]:
+        """A batch's samples. DataLoader calls this instead of ``__getitem__`` per index
+        when the dataset has it: with a batched store, the batch's vectors come from one
+        ``batch_get`` (one read transaction per shard) instead of one read per sample."""
+        if self.store is None or not self.store_batched:
+            return [self[key] for key in keys]
+        samples = [self.__getitem__(key, read_store=False) for key in keys]
+        indices = [key[1] if isinstance(key, tuple) else key for key in keys]
+        vectors = self.store.batch_get([self.first_key + index for index in indices])
+        counts = _store_counts(self.store)
+        for position, sample in enumerate(samples):
+            sample["store_vectors"] = vectors[position]
+            # the batch's reads on its first sample: collating sums them per batch
+            sample.update(counts if position == 0 else _NO_STORE_COUNTS)
+        return samples
+
+
+STORE_COUNT_KEYS = ("store_reads", "store_keys", "store_read_ms")
+_NO_STORE_COUNTS = {
+    "store_reads": torch.tensor(0),
+    "store_keys": torch.tensor(0),
+    "store_read_ms": torch.tensor(0.0, dtype=torch.float64),
+}
+
+
+def _store_counts(store: EmbeddingStore) -> dict[str, torch.Tensor]:
+    reads, keys, read_ms = store.take_counts()
+    return {
+        "store_reads": torch.tensor(reads),
+        "store_keys": torch.tensor(keys),
+        "store_read_ms": torch.tensor(read_ms, dtype=torch.float64),
+    }
+
+
+def take_store_counts(batch: Sample) -> dict[str, float | int]:
+    """Removes the per-sample read counts from a collated batch; their sums per batch."""
+    if "store_reads" not in batch:
+        return {}
+    counts = {key: batch.pop(key).sum().item() for key in STORE_COUNT_KEYS}
+    return {
+        "store_reads": int(counts["store_reads"]),
+        "store_keys": int(counts["store_keys"]),
+        "store_read_ms": float(counts["store_read_ms"]),
+    }
 
 
 class CachedDataset(Dataset[Sample]):
@@ -273,13 +359,26 @@ class ShardedTransactionDataset(IterableDataset[Sample]):
 
     Each epoch the shard order is permuted by (seed, phase, epoch) and the shards are
     dealt round-robin to the DataLoader's workers (:func:`assign_shards`).
+
+    With a batched store (``base.store_batched``) each worker reads its stream
+    ``batch_size`` samples at a time through ``base.__getitems__`` (one ``batch_get``):
+    the DataLoader's fetcher takes a worker's next ``batch_size`` samples as one batch, so
+    those groups are exactly its batches, and each batch's read counts stay on it.
     """
 
-    def __init__(self, base: TransactionDataset, num_shards: int, seed: int, phase: str):
+    def __init__(
+        self,
+        base: TransactionDataset,
+        num_shards: int,
+        seed: int,
+        phase: str,
+        batch_size: int = 1,
+    ):
         self.base = base
         self.shards = [a.tolist() for a in np.array_split(np.arange(len(base)), num_shards)]
         self.seed = seed
         self.phase = phase
+        self.batch_size = batch_size
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -290,13 +389,21 @@ class ShardedTransactionDataset(IterableDataset[Sample]):
         rng = np.random.default_rng(order_key(self.seed, self.phase, self.epoch))
         return rng.permutation(len(self.shards)).tolist()
 
-    def __iter__(self) -> Iterator[Sample]:
+    def _keys(self) -> Iterator[tuple[int, int]]:
         info = get_worker_info()
         worker_id, num_workers = (info.id, info.num_workers) if info else (0, 1)
         order = self.shard_order()
         for position in assign_shards(len(order), num_workers, worker_id):
             for index in self.shards[order[position]]:
-                yield self.base[(self.epoch, index)]
+                yield self.epoch, index
+
+    def __iter__(self) -> Iterator[Sample]:
+        keys = self._keys()
+        if self.base.store is None or not self.base.store_batched:
+            yield from (self.base[key] for key in keys)
+            return
+        while batch := list(itertools.islice(keys, self.batch_size)):
+            yield from self.base.__getitems__(batch)
 
 
 def _worker_init(_: int) -> None:
@@ -308,7 +415,9 @@ def _worker_init(_: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def make_train_dataset(corpus: Corpus, data: DataConfig, seed: int) -> TransactionDataset:
+def make_train_dataset(
+    corpus: Corpus, data: DataConfig, seed: int, store: EmbeddingStore | None = None
+) -> TransactionDataset:
     return TransactionDataset(
         corpus.train_texts,
         corpus.train_labels,
@@ -318,11 +427,16 @@ def make_train_dataset(corpus: Corpus, data: DataConfig, seed: int) -> Transacti
         augmenting=data.tokenize_on_the_fly,
         sample_latency_ms=data.sample_latency_ms,
         seed=seed,
+        store=store,
+        store_batched=data.embedding_lookup == "batched",
     )
 
 
 def make_val_dataset(
-    corpus: Corpus, data: DataConfig, id_map: torch.Tensor | None = None
+    corpus: Corpus,
+    data: DataConfig,
+    id_map: torch.Tensor | None = None,
+    store: EmbeddingStore | None = None,
 ) -> CachedDataset:
     """Validation, cached; ``id_map`` renumbers its ids as the training split's were (ids
     the map did not keep, i.e. text only validation has, become [UNK])."""
@@ -331,6 +445,8 @@ def make_val_dataset(
         corpus.val_labels,
         corpus.tokenizer,
         tokenize_on_the_fly=data.tokenize_on_the_fly,
+        store=store,
+        first_key=len(corpus.train_texts),
     )
     if id_map is not None:
         base.apply_id_map(id_map)
@@ -392,7 +508,9 @@ class EpochBatches:
     def _epoch_iter(self, epoch: int, start_batch: int) -> Iterator[Sample]:
         self.base.set_epoch(epoch)
         if self.sharded:
-            sharded = ShardedTransactionDataset(self.base, self.data.shards, self.seed, self.phase)
+            sharded = ShardedTransactionDataset(
+                self.base, self.data.shards, self.seed, self.phase, self.batch_size
+            )
             sharded.set_epoch(epoch)
             loader: DataLoader[Sample] = DataLoader(
                 sharded, batch_size=self.batch_size, **self._loader_kwargs(epoch)

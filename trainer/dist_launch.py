@@ -100,18 +100,26 @@ def _failure_text(failure: Any) -> str:
     return f"exit code {failure.exitcode}"
 
 
+# what torchrun's own teardown of the surviving ranks looks like in its failures
+LAUNCHER_STOP = "killed by signal SIGTERM"
+
+
 def aggregate(
     statuses: dict[int, dict[str, Any] | None], failures: dict[int, str]
 ) -> tuple[str, str | None]:
     """The job's (status, reason) from each rank's own status and torchrun's failures.
 
     A rank with no status file died without a word (SIGKILL, the OOM killer): it is the
-    likeliest cause, since the others fail only after it, on a broken connection. Else
+    likeliest cause, since the others fail only after it, on a broken connection (or die of
+    torchrun's SIGTERM to the survivors, which makes them silent too). Else
     the earliest failure is the cause; the others' errors are its echo.
     """
     silent = [rank for rank, status in statuses.items() if status is None]
     if silent:
-        rank = silent[0]
+        # torchrun stops the survivors with SIGTERM once a rank dies, and under load one may
+        # die of it before writing a status: that death is the echo, not the cause
+        order = [r for r in failures if r in silent] + [r for r in silent if r not in failures]
+        rank = next((r for r in order if failures.get(r) != LAUNCHER_STOP), order[0])
         how = failures.get(rank, "no status written (the process was killed?)")
         return "failed", f"rank {rank} died: {how}"
     failed = [(s["ended_at"], r, s) for r, s in statuses.items() if s and s["status"] == "failed"]

@@ -56,6 +56,7 @@ def evaluate(
                     batch["attention_mask"],
                     batch["category"],
                     batch["merchant_type"],
+                    batch.get("store_vectors"),
                 )
             loss_sum += float(out.loss)
             batches += 1

@@ -4,7 +4,8 @@
 at the cpu and the gpu size preset, analyses each run, compares its findings with
 ``EXPECTED``, re-runs each fired finding's ``config_patch`` (the finding must go; the fp32
 re-run must be faster), runs the ``gpu`` pytest marker and ``bench/bench_overhead.py`` at
-both sizes, and writes one Markdown summary whose path it prints last. Exit code 0 when
+both sizes, measures what recording memory snapshots costs (on CUDA,
+``bench/bench_snapshot_recording.py``: history off / python / all stacks), and writes one Markdown summary whose path it prints last. Exit code 0 when
 every required check passed, 1 otherwise, 2 for bad arguments.
 
 It needs no torch itself (the trainer runs in child processes, the analysis is
@@ -39,6 +40,7 @@ EXPECTED: dict[str, str | None] = {
     "leak": "memory-leak",
     "small-batch": "batch-too-small",
     "fp32": "tensor-cores-unused",
+    "per-sample-lookups": "per-sample-lookups",
 }
 
 # (device, size, scenario) -> why its expectation cannot be required there (reported only)
@@ -106,6 +108,7 @@ class Summary:
     fixes: list[tuple[RunResult, RunResult, str, Check]] = field(default_factory=list)
     checks: list[Check] = field(default_factory=list)
     overhead: dict[str, str] = field(default_factory=dict)
+    snapshot_cost: list[str] = field(default_factory=list)  # the bench's table lines
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -222,11 +225,17 @@ def run_scenarios(summary: Summary, args: argparse.Namespace) -> None:
                 print(f"[{_elapsed(summary)}] {check.what}: {_verdict(check)}")
 
 
+GPU_TEST_FILES = (
+    "tests/trainer/test_gpu.py",
+    # memory snapshots recorded by the trainer and the wrapper (healthy, leak, forced OOM)
+    "tests/trainer/test_gpu_memory_snapshots.py",
+    "tests/diagnostics/snapshot/test_gpu_snapshots.py",
+)
+
+
 def run_gpu_tests(summary: Summary) -> None:
     command = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"]
-    result = subprocess.run(
-        [*command, "tests/trainer/test_gpu.py"], cwd=ROOT, capture_output=True, text=True
-    )
+    result = subprocess.run([*command, *GPU_TEST_FILES], cwd=ROOT, capture_output=True, text=True)
     tail = (result.stdout.strip().splitlines() or ["no output"])[-1]
     summary.checks.append(Check("pytest -m gpu", result.returncode == 0, tail))
     print(f"[{_elapsed(summary)}] pytest -m gpu: {tail}")
@@ -256,6 +265,22 @@ def run_overhead(summary: Summary, args: argparse.Namespace) -> None:
             )
         )
         print(f"[{_elapsed(summary)}] overhead @ {size}: {ratio:.3f}")
+
+
+def run_snapshot_cost(summary: Summary, args: argparse.Namespace) -> None:
+    """Allocator history off / python / all stacks at the gpu size: reported, not required
+    (nothing to compare it with yet)."""
+    command = [sys.executable, "bench/bench_snapshot_recording.py", "--set", "model.size=gpu"]
+    command += [a for item in args.user_set for a in ("--set", item)]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    rows = [line for line in result.stdout.splitlines() if line.startswith("|")]
+    if result.returncode != 0 or not rows:
+        error = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        summary.checks.append(Check("memory snapshot recording cost", False, error))
+        return
+    summary.snapshot_cost = rows
+    summary.checks.append(Check("memory snapshot recording cost", None, "measured"))
+    print(f"[{_elapsed(summary)}] memory snapshot recording cost:", *rows, sep="\n")
 
 
 # --- the summary --------------------------------------------------------------------------
@@ -321,6 +346,9 @@ def render(summary: Summary) -> str:
         lines += ["", "## Instrument overhead (bench/bench_overhead.py)", ""]
         lines += ["| size | steady step on ÷ off (median of interleaved pairs) |", "|---|---:|"]
         lines += [f"| {size} | {ratio} |" for size, ratio in summary.overhead.items()]
+    if summary.snapshot_cost:
+        lines += ["", "## Memory snapshot recording (bench/bench_snapshot_recording.py)", ""]
+        lines += summary.snapshot_cost
     others = [c for c in summary.checks if not c.what.startswith(tuple(EXPECTED))]
     if others:
         lines += ["", "## Other checks", ""]
@@ -374,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
         run_gpu_tests(summary)
     if not args.no_bench:
         run_overhead(summary, args)
+        if args.device == "cuda":
+            run_snapshot_cost(summary, args)
     path = args.summary or args.runs_dir / "gpu-check.md"
     path.write_text(render(summary), encoding="utf-8")
     print(f"{'PASS' if summary.passed else 'FAIL'}: summary in")

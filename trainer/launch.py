@@ -51,6 +51,7 @@ __all__ = [
     "device_error",
     "job_arguments",
     "other_node_command",
+    "spawn_run",
     "start_run",
     "validate_overrides",
 ]
@@ -257,32 +258,49 @@ def start_run(
 
     log_dir = root / LAUNCH_LOG_DIR
     log_dir.mkdir(exist_ok=True)
-    log_path = log_dir / f"{run_id}.log"
     # the child must import this checkout's trainer whatever the caller's cwd
     pythonpath = [str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in pythonpath if p)}
+    return spawn_run(
+        command, run_dir, log_dir / f"{run_id}.log", cwd=PROJECT_ROOT, env=env, timeout_s=timeout_s
+    )
+
+
+def spawn_run(
+    command: list[str],
+    run_dir: Path,
+    log_path: Path,
+    *,
+    cwd: Path,
+    env: Mapping[str, str],
+    timeout_s: float,
+    what: str = "trainer",
+) -> LaunchedRun:
+    """Starts ``command`` in its own session, its output appended to ``log_path``, and
+    returns once it has created ``run_dir`` with run.json and status.json; LaunchError
+    (with the log's tail) when it exits or stays silent before that."""
     with log_path.open("ab") as log:
         process = subprocess.Popen(
             command,
-            cwd=PROJECT_ROOT,
+            cwd=cwd,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env=env,
+            env=dict(env),
         )
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if (run_dir / MANIFEST_FILE).is_file() and (run_dir / STATUS_FILE).is_file():
             _reap(process)  # only now: a thread already waiting would make poll() see None
             return LaunchedRun(
-                run_id=run_id, run_dir=run_dir, pid=process.pid, command=tuple(command)
+                run_id=run_dir.name, run_dir=run_dir, pid=process.pid, command=tuple(command)
             )
         code = process.poll()
         if code is not None:
             tail = _tail(log_path)
             raise LaunchError(
-                f"trainer exited with code {code} before creating {run_dir}: "
+                f"{what} exited with code {code} before creating {run_dir}: "
                 + (tail.splitlines()[-1] if tail else "no output"),
                 tail,
             )
@@ -290,7 +308,7 @@ def start_run(
     _reap(process)
     tail = _tail(log_path)
     raise LaunchError(
-        f"trainer (pid {process.pid}) did not create {run_dir} within {timeout_s:g} s "
+        f"{what} (pid {process.pid}) did not create {run_dir} within {timeout_s:g} s "
         f"(still starting? see {log_path})",
         tail,
     )

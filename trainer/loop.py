@@ -32,8 +32,10 @@ import psutil
 import torch
 
 from diagnostics.runs import CANCEL_FILE, TOKENIZER_FILE, TRACE_DIR, RunState
+from probe.alert import RunAlert
 from probe.deferred import DeviceScalars, PendingSteps
 from probe.memory_lines import make_memory_lines
+from probe.memory_snapshots import SnapshotWindow, make_snapshot_recorder
 from probe.profiler import make_profiler
 from probe.steps import Resolved, cuda_memory, make_step_clock, rss_bytes
 from probe.system import make_sampler
@@ -46,6 +48,8 @@ from trainer.data import (
     make_train_dataset,
     make_val_dataset,
     num_labels,
+    open_embedding_store,
+    take_store_counts,
     used_token_ids,
 )
 from trainer.distributed import current_context, worker_name
@@ -107,7 +111,8 @@ class Trainer:
         self.corpus: Corpus = load_corpus(
             config.data, config.seed, cache_dir, self.run_dir / TOKENIZER_FILE
         )
-        self.train_set = make_train_dataset(self.corpus, config.data, config.seed)
+        store = open_embedding_store(self.corpus, config.data, config.seed, self.run_dir)
+        self.train_set = make_train_dataset(self.corpus, config.data, config.seed, store)
         self.vocab = model_vocab(
             self.corpus.tokenizer,
             self.train_set.texts,
@@ -117,15 +122,18 @@ class Trainer:
         )
         if self.vocab.lookup is not None:
             self.train_set.apply_id_map(self.vocab.lookup)
-        self.val_set = make_val_dataset(self.corpus, config.data, self.vocab.lookup)
+        # a store object of its own: validation reads must not count as a training batch's
+        val_store = open_embedding_store(self.corpus, config.data, config.seed, self.run_dir)
+        self.val_set = make_val_dataset(self.corpus, config.data, self.vocab.lookup, val_store)
         n_categories, n_types = num_labels()
         self.model = MultiTaskModel(
             config.model,
-            vocab_size=self.vocab.size,
+            vocab_size=self.vocab_rows,
             max_length=config.data.max_length,
             num_categories=n_categories,
             num_merchant_types=n_types,
             pad_id=self.vocab.pad_id,
+            store_dim=config.data.embedding_dim if config.data.embedding_store else 0,
         ).to(self.device)
         # fused on CUDA: it takes the skip-this-step flag as a device tensor (found_inf), so a
         # non-finite step is skipped without the host ever reading the loss
@@ -167,6 +175,19 @@ class Trainer:
         self.dist = current_context()  # None unless started by torchrun
         if self.dist is not None:
             self.dist.attach(self)
+        instruments = config.instruments
+        self.snapshots = make_snapshot_recorder(
+            SnapshotWindow(
+                steps=instruments.memory_snapshot_steps,
+                start=instruments.memory_snapshot_start,
+                stacks=instruments.memory_snapshot_stacks,
+            ),
+            self.run_dir,
+            # rank 0 only under torchrun: the ranks share memory/ and its names carry no rank
+            enabled=self.instruments and (self.dist is None or self.dist.rank == 0),
+            cuda=self.cuda,
+            note=writer.add_note,
+        )
         self.sampler = make_sampler(
             writer.append_sample,
             writer.add_note_if_room,
@@ -250,6 +271,7 @@ class Trainer:
                     batch["attention_mask"],
                     batch["category"],
                     batch["merchant_type"],
+                    batch.get("store_vectors"),
                 )
                 loss, hidden = output.loss, output.hidden
         self.scaler.scale(loss).backward()
@@ -340,17 +362,22 @@ class Trainer:
     # --- evaluation ------------------------------------------------------------------------
 
     def evaluate(self, epoch: int) -> dict[str, Any]:
-        """The validation pass (trainer.evaluate), kept for the run's manifest."""
-        result = evaluate(
-            self.model,
-            self.val_set,
-            batch_size=self.config.train.batch_size,
-            to_device=self._to_device,
-            autocast_dtype=self.autocast_dtype,
-            device_type=self.device.type,
-            step=self.position.step,
-            epoch=epoch,
-        ).to_dict()
+        """The validation pass (trainer.evaluate), kept for the run's manifest. It runs
+        out of memory on what training left allocated plus its own activations: that error
+        is dumped and reported as a step's is, naming the evaluation."""
+        try:
+            result = evaluate(
+                self.model,
+                self.val_set,
+                batch_size=self.config.train.batch_size,
+                to_device=self._to_device,
+                autocast_dtype=self.autocast_dtype,
+                device_type=self.device.type,
+                step=self.position.step,
+                epoch=epoch,
+            ).to_dict()
+        except torch.cuda.OutOfMemoryError as exc:
+            raise self.snapshots.out_of_memory(self.position.step, exc, evaluating=True) from exc
         self.evaluations.append(result)
         log.info(
             "eval step %d: loss %.3f, category acc %.3f, merchant type acc %.3f",
@@ -402,12 +429,16 @@ class Trainer:
         state = self.profiler.state
         if state in ("warmup", "active"):
             marks.append(f"profiler_{state}")
+        marks.extend(self.snapshots.marks(self.position.step))
         if batch_in_epoch == 1:
             marks.append("epoch_start")
         return ",".join(dict.fromkeys(marks)) or None
 
-    def _record(self, phase: str, epoch: int, times: Any, out: StepResult) -> None:
-        """Queues the step's record: what the host knows now, the rest once it arrives."""
+    def _record(
+        self, phase: str, epoch: int, times: Any, out: StepResult, store: dict[str, Any]
+    ) -> None:
+        """Queues the step's record: what the host knows now, the rest once it arrives.
+        ``store``: the batch's embedding-store reads (none without a store)."""
         record = {
             "step": self.position.step,
             "epoch": epoch,
@@ -419,6 +450,7 @@ class Trainer:
             "profiled": self.profiler.recording,
             "marks": self._step_marks(self.position.batch_in_epoch),
             **cuda_memory(self.device),
+            **store,
         }
         self.pending.push(record, times if self.clock.deferred else Resolved(times), out.scalars)
 
@@ -486,6 +518,9 @@ class Trainer:
         self._probe_getitem()
         self.model.train()
         self.sampler.start()
+        alert = self._make_alert()
+        if alert is not None:
+            alert.start()
         try:
             outcome = self._run_phases()
         except BaseException:
@@ -495,10 +530,40 @@ class Trainer:
                 self.pending.flush()
             raise
         finally:
+            if alert is not None:
+                alert.close()
             self.profiler.stop()
+            self.snapshots.stop()
             self.sampler.stop()
         self._finish_notes(outcome)
         return outcome
+
+    def _make_alert(self) -> RunAlert | None:
+        """runtime.alert_after_s's timer; rank 0's alone under torchrun: one alert a run.
+
+        Counted from this process's start, not from ``self.started`` (the max_runtime_s
+        budget's clock): the torch import and the corpus before it take seconds too, and
+        a run stuck there is exactly one a person should hear about.
+        """
+        threshold = self.config.runtime.alert_after_s
+        if threshold is None or (self.dist is not None and self.dist.rank != 0):
+            return None
+        since_start_s = max(0.0, time.time() - self._process.create_time())
+        return RunAlert(
+            self.run_dir,
+            threshold,
+            step=lambda: self.position.step,
+            total_steps=lambda: self.total_steps,
+            environ=os.environ,
+            started=time.monotonic() - since_start_s,
+        )
+
+    @property
+    def vocab_rows(self) -> int:
+        """The model's embedding (and masked-LM decoder) rows: the vocabulary rounded up to
+        ``model.pad_vocab_to_multiple_of``."""
+        multiple = self.config.model.pad_vocab_to_multiple_of
+        return -(-self.vocab.size // multiple) * multiple
 
     def vocab_usage(self) -> dict[str, Any]:
         """The unused-embedding-rows rule's input: ids the data uses vs the model's rows.
@@ -517,6 +582,8 @@ class Trainer:
                 vocab=self.vocab,
             ),
             "vocab_size": self.vocab.size,
+            # rows past the vocabulary (model.pad_vocab_to_multiple_of): never fed, by design
+            "padding_rows": self.vocab_rows - self.vocab.size,
             "tokenizer_vocab_size": self.vocab.original_size,
             "pruned_from": self.vocab.original_size if self.vocab.pruned else None,
             "requested_vocab_size": self.config.data.vocab_size,
@@ -566,19 +633,28 @@ class Trainer:
                 self.clock.begin()
                 epoch, batch_in_epoch, batch = next(batches)
                 self.clock.mark("fetched")
+                store_counts = take_store_counts(batch)
                 if phase == "finetune" and epoch != current_epoch:
-                    self.evaluate(current_epoch)
+                    with self.clock.set_aside():
+                        self.evaluate(current_epoch)
                     self._pending_marks.append("after_evaluation")
                 current_epoch = epoch
-                out = self._train_step(phase, batch)
+                step = self.position.step + 1
+                self.snapshots.step_begins(step)
+                try:
+                    out = self._train_step(phase, batch)
+                except torch.cuda.OutOfMemoryError as exc:
+                    # the allocator's state is dumped before anything frees it
+                    raise self.snapshots.out_of_memory(step, exc) from exc
                 times = self.clock.finish()
                 self.position = Position(self.position.step + 1, phase, epoch, batch_in_epoch)
-                self._record(phase, epoch, times, out)
+                self._record(phase, epoch, times, out, store_counts)
                 exporting = self.profiler.state == "active"
                 self.profiler.step()
                 if exporting and self.profiler.state != "active":
                     # the window closed: the trace was written between this step and the next
                     self._pending_marks.append("after_trace_export")
+                self.snapshots.step_ended(step)
                 if self.position.step % cfg.train.checkpoint_every == 0:
                     self.save_checkpoint()
                     self._pending_marks.append("after_checkpoint")

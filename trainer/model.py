@@ -39,6 +39,7 @@ class MultiTaskModel(nn.Module):
         num_categories: int,
         num_merchant_types: int,
         pad_id: int,
+        store_dim: int = 0,
     ):
         super().__init__()
         self.bert_config = BertConfig(
@@ -54,6 +55,9 @@ class MultiTaskModel(nn.Module):
         self.category_head = nn.Linear(model.hidden_size, num_categories)
         self.merchant_type_head = nn.Linear(model.hidden_size, num_merchant_types)
         self.mlm_head = BertOnlyMLMHead(self.bert_config)
+        # created last and only with a store: every other weight draws the same initial
+        # values as without one, and a run without a store is unchanged bit for bit
+        self.store_projection = nn.Linear(store_dim, model.hidden_size) if store_dim else None
 
     def vocab_matrices(self) -> int:
         """Vocabulary-sized weight matrices: the input embedding, plus the masked-LM decoder
@@ -72,9 +76,13 @@ class MultiTaskModel(nn.Module):
         attention_mask: torch.Tensor,
         category: torch.Tensor,
         merchant_type: torch.Tensor,
+        store_vectors: torch.Tensor | None = None,
     ) -> TaskOutput:
         hidden = self.encode(input_ids, attention_mask)
         cls = hidden[:, 0]
+        if self.store_projection is not None and store_vectors is not None:
+            # the looked-up feature vector joins the statement's [CLS] summary for the heads
+            cls = cls + self.store_projection(store_vectors.to(cls.dtype))
         category_logits = self.category_head(cls)
         merchant_type_logits = self.merchant_type_head(cls)
         # equal weights: both tasks are single-label classification of the same statement

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from diagnostics.runs import HEARTBEAT_INTERVAL_S, RunFolder, RunState, RunWriter
+from trainer.reproducibility import REPRODUCIBLE_MATH
 
 CACHE_DIR_NAME = ".cache"  # under the runs directory: the tokenizer cache
 
@@ -157,6 +158,9 @@ def environment(device: str, threads: int) -> dict[str, Any]:
         "gpu_count": 0,
         "cuda_version": torch.version.cuda,
         "memory_total_bytes": int(psutil.virtual_memory().total),
+        # what bitwise resume rests on (trainer/reproducibility.py): in the folder, so a
+        # run that does not repeat itself shows whether the user overrode them
+        "math_library_env": {name: os.environ.get(name) for name in REPRODUCIBLE_MATH},
     }
     if device == "cuda":
         env["gpu_memory_bytes"] = int(torch.cuda.get_device_properties(0).total_memory)

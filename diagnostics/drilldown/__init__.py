@@ -29,8 +29,11 @@ from diagnostics.drilldown.overview import step_breakdown_table
 from diagnostics.drilldown.stored import StoredTrace, store_trace, window
 from diagnostics.drilldown.timeline import Timeline, step_timeline, step_window
 from diagnostics.facts.breakdown import step_breakdown
+from diagnostics.facts.device import identify_device
 from diagnostics.facts.linking import build_index
 from diagnostics.facts.memory import memory_curve
+from diagnostics.facts.peaks import device_peak
+from diagnostics.facts.roofline import operator_roofline
 from diagnostics.facts.steps import find_steps
 from diagnostics.trace.loader import LoadedInput, load
 from diagnostics.trace.schema import LoadedTrace
@@ -101,6 +104,11 @@ def build_drilldown(trace: LoadedTrace, label: str | None = None) -> DrillDown:
     start_us = trace_start_us(events)
     curve = allocator_curve(memory_curve(events), start_us)
     name = os.path.basename(trace.metadata.path)
+    kernel_names = index.gpu.filter(pl.col("cat") == "kernel")["name"].unique().to_list()
+    peak = device_peak(
+        identify_device(trace.metadata.device_properties, trace.metadata.extra, kernel_names)
+    )
+    roofline = operator_roofline(index, peak)
     return DrillDown(
         label=label or f"rank {trace.rank} · {name}",
         trace=trace,
@@ -109,9 +117,9 @@ def build_drilldown(trace: LoadedTrace, label: str | None = None) -> DrillDown:
         ),
         breakdown=breakdown,
         overview=step_breakdown_table(breakdown),
-        operators=operator_view(index, "operator"),
-        operators_by_shape=operator_view(index, "operator+shape"),
-        kernels=kernel_view(index),
+        operators=operator_view(index, "operator", peak, roofline),
+        operators_by_shape=operator_view(index, "operator+shape", peak, roofline),
+        kernels=kernel_view(index, peak, roofline),
         memory_curve=curve,
         memory_peaks=curve_peaks(curve),
         allocations=top_allocations(events, index, start_us),

@@ -14,6 +14,8 @@ import polars as pl
 
 from diagnostics.facts import kernel_classes
 from diagnostics.facts.linking import TraceIndex
+from diagnostics.facts.peaks import DevicePeak
+from diagnostics.facts.roofline import kernel_roofline, operator_roofline
 
 KERNEL_VIEW_SCHEMA: dict[str, pl.DataType] = {
     "kernel": pl.String,
@@ -27,6 +29,13 @@ KERNEL_VIEW_SCHEMA: dict[str, pl.DataType] = {
     "tensor_core": pl.Boolean,
     "operator": pl.String,  # the launching operator (most frequent); null when unlinked
     "operators": pl.UInt32,  # how many different operators launch it
+    # roofline of the modelled operator calls that launched it, their FLOPs and bytes split
+    # over their kernels by duration (facts.roofline.kernel_roofline); null: none modelled
+    "tflops_per_s": pl.Float64,
+    "tb_per_s": pl.Float64,
+    "flops_per_byte": pl.Float64,
+    "pct_of_peak_flops": pl.Float64,
+    "bound": pl.String,
 }
 
 
@@ -43,8 +52,11 @@ def with_tensor_core(frame: pl.DataFrame) -> pl.DataFrame:
     return frame.with_columns(kernel_classes.TENSOR_CORE.alias("tensor_core"))
 
 
-def kernel_view(index: TraceIndex) -> pl.DataFrame:
-    """KERNEL_VIEW_SCHEMA rows, by total time descending."""
+def kernel_view(
+    index: TraceIndex, peak: DevicePeak | None = None, roofline: pl.DataFrame | None = None
+) -> pl.DataFrame:
+    """KERNEL_VIEW_SCHEMA rows, by total time descending. ``roofline``:
+    operator_roofline(index, peak), when the caller has it already."""
     kernels = index.gpu.filter(pl.col("cat") == "kernel")
     if kernels.height == 0:
         return pl.DataFrame(schema=KERNEL_VIEW_SCHEMA)
@@ -68,8 +80,14 @@ def kernel_view(index: TraceIndex) -> pl.DataFrame:
             pl.col("op_name").first().alias("operator"), pl.col("op_name").len().alias("operators")
         )
     )
-    table = stats.join(launchers, on="name", how="left").with_columns(
-        pl.col("operators").fill_null(0)
+    calls = operator_roofline(index, peak) if roofline is None else roofline
+    rates = kernel_roofline(index, calls, peak).select(
+        "name", "tflops_per_s", "tb_per_s", "flops_per_byte", "pct_of_peak_flops", "bound"
+    )
+    table = (
+        stats.join(launchers, on="name", how="left")
+        .with_columns(pl.col("operators").fill_null(0))
+        .join(rates, on="name", how="left")
     )
     return (
         with_tensor_core(table)

@@ -14,6 +14,8 @@ import polars as pl
 
 from diagnostics.facts.linking import TraceIndex
 from diagnostics.facts.operators import operator_instances
+from diagnostics.facts.peaks import DevicePeak
+from diagnostics.facts.roofline import VIEW_ROOFLINE_SCHEMA, grouped_roofline, operator_roofline
 
 # torch-tb-profiler's TC_Allowlist (tensor_cores_parser.py) plus the fused attention ops
 # that dispatch to Tensor Core kernels in PyTorch 2.x.
@@ -64,11 +66,20 @@ OPERATOR_VIEW_SCHEMA: dict[str, pl.DataType] = {
     "device_self_ms": pl.Float64,
     "device_total_ms": pl.Float64,
     "tensor_core_eligible": pl.Boolean,
+    # roofline (facts.roofline, docs/ROOFLINE.md): null where no call of the row has a FLOP
+    # model or GPU time; pct_of_peak_flops and bound null on a device without a peak row
+    **VIEW_ROOFLINE_SCHEMA,
 }
 
 
-def operator_view(index: TraceIndex, by: Grouping = "operator") -> pl.DataFrame:
-    """OPERATOR_VIEW_SCHEMA rows, by device self time then host self time, descending."""
+def operator_view(
+    index: TraceIndex,
+    by: Grouping = "operator",
+    peak: DevicePeak | None = None,
+    roofline: pl.DataFrame | None = None,
+) -> pl.DataFrame:
+    """OPERATOR_VIEW_SCHEMA rows, by device self time then host self time, descending.
+    ``roofline``: operator_roofline(index, peak), when the caller has it already."""
     if by not in ("operator", "operator+shape"):
         raise ValueError(f"by must be 'operator' or 'operator+shape', not {by!r}")
     calls = operator_instances(index)
@@ -86,8 +97,11 @@ def operator_view(index: TraceIndex, by: Grouping = "operator") -> pl.DataFrame:
     )
     if by == "operator":
         grouped = grouped.with_columns(input_shapes=pl.lit(""))
+    rates = operator_roofline(index, peak) if roofline is None else roofline
+    rates = grouped_roofline(rates.join(shapes, on="op_id", how="left"), keys, peak)
     return (
-        grouped.rename({"name": "operator"})
+        grouped.join(rates, on=keys, how="left")
+        .rename({"name": "operator"})
         .with_columns(
             tensor_core_eligible=pl.col("operator").is_in(sorted(TENSOR_CORE_ELIGIBLE_OPS))
         )

@@ -19,12 +19,15 @@ from diagnostics.facts.launches import launch_table
 from diagnostics.facts.linking import TraceIndex, build_index
 from diagnostics.facts.memory import memory_curve, memory_peaks
 from diagnostics.facts.operators import half_dtype_ops, kernel_table, operator_table
+from diagnostics.facts.peaks import device_peak
 from diagnostics.facts.precision import precision_facts
 from diagnostics.facts.ranks import rank_collectives, rank_summary
+from diagnostics.facts.roofline import roofline_facts
 from diagnostics.facts.steps import find_steps
+from diagnostics.facts.sync_sites import sync_sites
 from diagnostics.facts.syncs import sync_per_step, sync_table
 from diagnostics.facts.trace_parts import TraceParts, trace_parts
-from diagnostics.model import TraceFacts
+from diagnostics.sources import TraceFacts
 
 # Some GPU work always predates the profiling window (launched before it started); warn only
 # when a large share cannot be traced back to its launch.
@@ -115,6 +118,7 @@ def _one_rank(events: pl.DataFrame, metadata: Any, rank: int) -> TraceFacts:
         copies=copy_table(index),
         syncs=sync_table(events, index),
         sync_per_step=sync_per_step(events, index, steps),
+        sync_sites=sync_sites(events, index, steps),
         launches=launch_table(index),
         memory=memory,
         memory_peak=memory_peaks(memory, props),
@@ -130,6 +134,7 @@ def _one_rank(events: pl.DataFrame, metadata: Any, rank: int) -> TraceFacts:
         warnings=tuple(dict.fromkeys(warnings)),
         device_identity=identity,
         kernel_coverage=kernel_coverage(kernels, index),
+        roofline=roofline_facts(index, device_peak(identity)) if parts.ran_on_gpu else None,
     )
 
 

@@ -36,13 +36,17 @@ class TraceIndex:
     # correlation, op_id (innermost enclosing cpu_op, null when none)
     runtime: pl.DataFrame
     # one row per operator (cpu_op except ProfilerStep): op_id, name, pid, tid, start_us,
-    # end_us, dur_us, input_shapes, depth (1 = outermost; 0 for zero-length ops), parent_id
+    # end_us, dur_us, input_shapes, input_types, concrete_inputs, sequence_number,
+    # depth (1 = outermost; 0 for zero-length ops), parent_id
     ops: pl.DataFrame
     # host ranges: every cpu_op and user_annotation duration event (steps included): name,
     # cat, start_us, end_us
     host: pl.DataFrame
     # memo of derived frames shared between facts (facts.roles), filled on first use
     memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+
+_OP_ARGS = ("input_types", "concrete_inputs", "sequence_number")
 
 
 def gpu_events(events: pl.DataFrame) -> pl.DataFrame:
@@ -108,6 +112,8 @@ def _tree_and_sweep(events: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
             sel.END_US,
             pl.col("dur").alias("dur_us"),
             "input_shapes",
+            # the rest of what record_shapes writes, for facts.flops
+            *(c for c in _OP_ARGS if c in events.columns),
         )
         .with_row_index("op_id")
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from diagnostics.model import TraceFacts
+from diagnostics.sources import TraceFacts
 
 
 def fp16_without_scaler(trace: TraceFacts | None) -> dict[str, Any] | None:

@@ -83,9 +83,6 @@ BACKWARD_RANGE = re.compile(r"^autograd::engine::evaluate_function: |Backward\d*
 EMBEDDING_KERNEL = pl.col("name").str.contains(
     r"(?i)fbgemm|split_embedding|batched_embedding|embedding"
 )
-FP16_NAMED = PRECISION == "fp16"
-# "f16"/"half" only: fp16 unless the trace shows bf16 (cuDNN names bf16 attention ..._f16_...)
-HALF_NAMED = PRECISION == "half"
 
 
 @dataclass(frozen=True)
@@ -158,6 +155,23 @@ def _host_ops(events: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def _classified_kernels(kernels: pl.DataFrame) -> pl.DataFrame:
+    """The kernels with their name's precision and classes (``_matmul``, ``_comm``,
+    ``_embedding``). The classes are regexes over the name: evaluated once per distinct
+    name and joined back, since a trace repeats a few dozen names over millions of rows."""
+    names = (
+        kernels.select("name")
+        .unique()
+        .with_columns(
+            PRECISION.alias("precision"),
+            MATMUL.fill_null(False).alias("_matmul"),
+            COMMUNICATION.fill_null(False).alias("_comm"),
+            EMBEDDING_KERNEL.fill_null(False).alias("_embedding"),
+        )
+    )
+    return kernels.join(names, on="name", how="left", nulls_equal=True)
+
+
 def precision_facts(events: pl.DataFrame, index: TraceIndex) -> PrecisionFacts:
     ops = _host_ops(events)
     backward = _backward_ranges(ops)
@@ -168,13 +182,17 @@ def precision_facts(events: pl.DataFrame, index: TraceIndex) -> PrecisionFacts:
     fp16_forward = ops.filter(half & dense & ~pl.col("in_backward")).height
     fp16_backward = ops.filter(half & (dense_backward | (dense & pl.col("in_backward")))).height
 
-    kernels = index.gpu.filter(pl.col("cat") == "kernel").with_columns(PRECISION.alias("precision"))
+    kernels = _classified_kernels(index.gpu.filter(pl.col("cat") == "kernel"))
     bf16_seen = bool((kernels["precision"] == "bf16").any()) or bool(
         ops["half_dtypes"].str.contains("c10::BFloat16", literal=True).any()
     )
-    fp16_kernel = FP16_NAMED | (HALF_NAMED & pl.lit(not bf16_seen))
+    fp16_named = pl.col("precision") == "fp16"
+    # "f16"/"half" only: fp16 unless the trace shows bf16 (cuDNN names bf16 attention
+    # ..._f16_...)
+    half_named = pl.col("precision") == "half"
+    fp16_kernel = fp16_named | (half_named & pl.lit(not bf16_seen))
     fp16_dense = kernels.filter(
-        fp16_kernel & MATMUL & ~COMMUNICATION & ~EMBEDDING_KERNEL
+        fp16_kernel & pl.col("_matmul") & ~pl.col("_comm") & ~pl.col("_embedding")
     ).with_columns(pl.col("rt_start_us").alias("_t0"), pl.col("rt_end_us").alias("_t1"))
     launched = fp16_dense.filter(pl.col("rt_start_us").is_not_null()).rename(
         {"rt_pid": "pid", "rt_tid": "tid"}, strict=False
@@ -188,8 +206,8 @@ def precision_facts(events: pl.DataFrame, index: TraceIndex) -> PrecisionFacts:
         .sort(["dur_us", "name"], descending=[True, False])
         .head(5)
     )
-    embedding = kernels.filter((FP16_NAMED | HALF_NAMED) & EMBEDDING_KERNEL)
-    comm = kernels.filter((FP16_NAMED | HALF_NAMED) & COMMUNICATION)
+    embedding = kernels.filter((fp16_named | half_named) & pl.col("_embedding"))
+    comm = kernels.filter((fp16_named | half_named) & pl.col("_comm"))
     scaler = pl.col("name").str.contains("|".join(SCALER_MARKERS))
     return PrecisionFacts(
         fp16_dense_forward_ops=fp16_forward,

@@ -16,7 +16,7 @@ import polars as pl
 from diagnostics.facts.comm_ranks import CollectiveMatch, match_collectives
 
 if TYPE_CHECKING:
-    from diagnostics.model import TraceFacts
+    from diagnostics.sources import TraceFacts
 
 RANKS_SCHEMA: dict[str, pl.DataType] = {
     "rank": pl.Int64,

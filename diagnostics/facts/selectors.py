@@ -26,6 +26,10 @@ SYNC_RUNTIME_NAMES: frozenset[str] = frozenset(
         "cuStreamSynchronize",
         "cuCtxSynchronize",
         "cuEventSynchronize",
+        # ROCm (HIP) names the same calls hip*: the MI300X traces record hipDeviceSynchronize
+        "hipStreamSynchronize",
+        "hipDeviceSynchronize",
+        "hipEventSynchronize",
     }
 )
 SYNC_OP_NAMES: frozenset[str] = frozenset({"aten::item", "aten::_local_scalar_dense"})

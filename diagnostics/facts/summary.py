@@ -14,7 +14,7 @@ from diagnostics.facts.breakdown import breakdown_pct
 from diagnostics.facts.idle import ACTIVITIES, idle_breakdown_pct
 
 if TYPE_CHECKING:
-    from diagnostics.model import TraceFacts
+    from diagnostics.sources import TraceFacts
 
 
 def step_time_ms(durations_us: pl.Series) -> dict[str, float | None]:

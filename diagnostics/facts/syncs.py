@@ -37,18 +37,21 @@ SYNC_PER_STEP_SCHEMA: dict[str, pl.DataType] = {
 
 
 def sync_calls(events: pl.DataFrame, index: TraceIndex) -> pl.DataFrame:
-    """name, start_us, end_us, dur_us of every synchronising call."""
+    """name, pid, tid, start_us, end_us, dur_us of every synchronising call (a pageable
+    copy's pid/tid are its launching call's)."""
     names = sel.RUNTIME & pl.col("name").is_in(sorted(sel.SYNC_RUNTIME_NAMES))
     if index.gpu.height:
         names = names | (sel.CPU_OP & pl.col("name").is_in(sorted(sel.SYNC_OP_NAMES)))
     calls = events.filter(names & pl.col("dur").is_not_null()).select(
-        "name", pl.col("ts").alias("start_us"), sel.END_US
+        "name", "pid", "tid", pl.col("ts").alias("start_us"), sel.END_US
     )
     copies = (
         index.gpu.filter((pl.col("name") == sel.PAGEABLE_DTOH_COPY) & pl.col("rt_id").is_not_null())
         .unique(subset="rt_id")
         .select(
             "name",
+            pl.col("rt_pid").alias("pid"),
+            pl.col("rt_tid").alias("tid"),
             pl.col("rt_start_us").alias("start_us"),
             pl.col("rt_end_us").alias("end_us"),
         )

@@ -1,7 +1,8 @@
 """``python -m diagnostics report PATH --format html|md|json -o FILE [--fail-on SEVERITY]``.
 
 Exit status: 0 written and nothing at or above ``--fail-on``; 1 written and a finding at or
-above ``--fail-on`` exists (a CI gate); 2 unusable input or options (one line on stderr).
+above ``--fail-on`` exists, or ``--baseline`` given and PATH a significant regression against
+it (diagnostics.gate, docs/GATE.md); 2 unusable input or options (one line on stderr).
 """
 
 from __future__ import annotations
@@ -69,6 +70,12 @@ def _parser() -> argparse.ArgumentParser:
         "--compare", metavar="PATH_B", help="compare PATH (before) with PATH_B (after)"
     )
     parser.add_argument(
+        "--baseline",
+        metavar="BASELINE",
+        help="also gate PATH against BASELINE (run, trace or saved baseline; docs/GATE.md): "
+        "exit 1 on a significant regression beyond 5 %%",
+    )
+    parser.add_argument(
         "--gpu",
         metavar="NAME",
         help="price entry for the cost section (default: guessed from the environment); one of: "
@@ -126,6 +133,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             report = build_report(result, pricing=pricing)
         content = render_report(report, args.format)
+        gated = None
+        if args.baseline:
+            from diagnostics.gate.cli import load_side
+            from diagnostics.gate.model import gate
+            from diagnostics.gate.sides import side_from_result
+
+            gated = gate(
+                load_side(args.baseline, limits, child), side_from_result(result, args.path)
+            )
     except InputError as exc:
         print_stderr(f"error: {exc}")
         return 2
@@ -158,6 +174,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"report ({args.format}) written to {where}: {len(report.findings)} finding(s) "
         f"({counts['high']} high, {counts['medium']} medium, {counts['low']} low)"
     )
+    if gated is not None:
+        from diagnostics.gate.markdown import headline
+
+        print_stderr(headline(gated))
     if args.fail_on and report.findings_at_or_above(args.fail_on):
         worst = report.findings_at_or_above(args.fail_on)[0]
         print_stderr(
@@ -165,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{args.fail_on}, first: [{worst.severity}] {worst.rule}"
         )
         return 1
-    return 0
+    return 1 if gated is not None and gated.failed else 0
 
 
 if __name__ == "__main__":

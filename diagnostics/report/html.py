@@ -194,11 +194,15 @@ def _finding_html(finding: ReportFinding, figures: _Figures, anchor: str) -> str
         parts.append(f"<h4>Fix</h4><pre><code>{esc(finding.fix_code)}</code></pre>")
     if finding.config_patch:
         patch = json.dumps(finding.config_patch, indent=2, default=str)
-        sets = " ".join(f"--set {arg}" for arg in finding.set_args)
+        heading = (
+            "DataLoader overrides (your script, no edit)"
+            if finding.for_script
+            else "Config patch (reference trainer)"
+        )
         parts.append(
-            "<h4>Config patch (reference trainer)</h4>"
+            f"<h4>{heading}</h4>"
             f"<pre><code>{esc(patch)}</code></pre>"
-            f'<p class="note">Re-run with it: <code>python -m trainer run … {esc(sets)}</code></p>'
+            f'<p class="note">Re-run with it: <code>{esc(finding.rerun_command or "")}</code></p>'
         )
     parts.append("</article>")
     return "".join(parts)

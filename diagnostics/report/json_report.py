@@ -5,7 +5,7 @@ unchanged, with ``report`` added. For a comparison it is
 ``{"schema": "pipeline-doctor/comparison/v1", "a": <analysis>, "b": <analysis>, "report": ...}``.
 ``report`` (schema ``pipeline-doctor/report/v1``) always holds: ``schema``, ``kind``,
 ``title``, ``generated_at``, ``metrics``, ``findings`` (severity order, each with
-``set_args``), ``cost`` (null when unknown), ``comparison`` (null for one analysis),
+``set_args`` and ``rerun_command``), ``cost`` (null when unknown), ``comparison`` (null for one analysis),
 ``summary_rows``, ``environment_rows``.
 """
 

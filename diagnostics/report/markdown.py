@@ -64,14 +64,17 @@ def _finding(index: int, finding: ReportFinding) -> str:
     if finding.fix_code:
         parts.append("**Fix**\n\n" + fence(finding.fix_code, "python"))
     if finding.config_patch:
+        heading = (
+            "**DataLoader overrides** (your script, no edit)"
+            if finding.for_script
+            else "**Config patch** (reference trainer)"
+        )
         parts.append(
-            "**Config patch** (reference trainer)\n\n"
+            heading
+            + "\n\n"
             + fence(json.dumps(finding.config_patch, indent=2, default=str), "json")
             + "\n\n"
-            + fence(
-                "python -m trainer run … " + " ".join(f"--set {a}" for a in finding.set_args),
-                "bash",
-            )
+            + fence(finding.rerun_command or "", "bash")
         )
     return "\n\n".join(parts)
 

@@ -25,8 +25,10 @@ from diagnostics.report.sections import (
     environment_rows,
     flat_config,
     gpu_name,
+    is_script_patch,
     leak_slope,
     ranks_table,
+    rerun_command,
     set_args,
     source_rows,
     spike_steps,
@@ -59,6 +61,14 @@ class ReportFinding:
     estimated_saving_pct: float | None
     figure: go.Figure | None = field(default=None, compare=False)
     status: str | None = None  # comparisons: "new" or "kept" (gone ones are listed apart)
+    # the command that re-runs with the patch: the trainer's --set, or for a script run
+    # pipeline-doctor profile --override (sections.rerun_command); None without a patch
+    rerun_command: str | None = None
+
+    @property
+    def for_script(self) -> bool:
+        """The patch is a script run's DataLoader overrides, not trainer settings."""
+        return is_script_patch(self.config_patch)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -69,6 +79,7 @@ class ReportFinding:
             "evidence": self.evidence,
             "fix": {"code": self.fix_code, "config_patch": self.config_patch},
             "set_args": list(self.set_args),
+            "rerun_command": self.rerun_command,
             "estimated_saving_pct": self.estimated_saving_pct,
             "status": self.status,
         }
@@ -145,6 +156,7 @@ def report_finding(
         estimated_saving_pct=finding.estimated_saving_pct,
         figure=figure,
         status=status,
+        rerun_command=rerun_command(patch, evidence),
     )
 
 

@@ -4,6 +4,7 @@ renderers escape it."""
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,47 @@ from diagnostics.report import fmt
 
 def set_args(patch: Mapping[str, Any] | None) -> tuple[str, ...]:
     return tuple(f"{key}={fmt.config_literal(value)}" for key, value in (patch or {}).items())
+
+
+# A script run's patch is in the keys `pipeline-doctor profile --override` takes
+SCRIPT_PATCH_PREFIX = "dataloader."
+
+
+def is_script_patch(patch: Mapping[str, Any] | None) -> bool:
+    return bool(patch) and all(str(k).startswith(SCRIPT_PATCH_PREFIX) for k in patch or {})
+
+
+def rerun_command(patch: Mapping[str, Any] | None, evidence: Mapping[str, Any]) -> str | None:
+    """The command that re-runs with the patch: the trainer's ``--set`` for a trainer run,
+    ``pipeline-doctor profile --override`` for a script run (the rule's own command, which
+    names the script and its arguments, when it gave one)."""
+    if not patch:
+        return None
+    if not is_script_patch(patch):
+        return "python -m trainer run … " + " ".join(f"--set {a}" for a in set_args(patch))
+    given = evidence.get("rerun_command")
+    if isinstance(given, str) and given:
+        return given
+    overrides = " ".join(f"--override {a}" for a in set_args(patch))
+    return f"pipeline-doctor profile {overrides} YOUR_SCRIPT.py …"
+
+
+def script_rows(manifest: Any) -> list[tuple[str, str]]:
+    """A script run's script, its hash and the command line that profiled it."""
+    if getattr(manifest, "kind", "trainer") != "script":
+        return []
+    script = manifest.extra.get("script") or {}
+    rows = []
+    if script.get("path"):
+        rows.append(("script", str(script["path"])))
+    if script.get("args"):
+        rows.append(("script arguments", shlex.join(str(a) for a in script["args"])))
+    if script.get("sha256"):
+        rows.append(("script sha256", str(script["sha256"])))
+    command = manifest.extra.get("command")
+    if isinstance(command, list) and command:
+        rows.append(("command", shlex.join(str(a) for a in command)))
+    return rows
 
 
 def flat_config(config: Mapping[str, Any] | None) -> list[tuple[str, str]]:
@@ -86,6 +128,7 @@ def source_rows(result: Any) -> list[tuple[str, str]]:
     run = getattr(result, "run", None)
     if run is not None:
         rows.append(("run id", str(run.manifest.run_id)))
+        rows.extend(script_rows(run.manifest))
         rows.append(("status", str(run.status.status)))
         if run.status.reason:
             rows.append(("status reason", str(run.status.reason)))
@@ -116,6 +159,7 @@ def summary_rows(metrics: KeyMetrics, summary: Mapping[str, Any]) -> list[tuple[
             f"peak memory ({metrics.peak_memory_kind or 'unknown'})",
             fmt.bytes_(metrics.peak_memory_bytes),
         ),
+        *mfu_rows(summary),
     ]
     breakdown = summary.get("breakdown_pct") or {}
     if breakdown:
@@ -141,6 +185,7 @@ def summary_rows(metrics: KeyMetrics, summary: Mapping[str, Any]) -> list[tuple[
     if isinstance(timeline, Mapping) and timeline.get("total_us"):
         rows.append(("GPU timeline, as TraceLens measures it", _timeline_text(timeline)))
     rows.extend(kernel_coverage_rows(summary))
+    rows.extend(roofline_rows(summary))
     return rows
 
 
@@ -268,3 +313,77 @@ def leak_slope(findings: Iterable[Any]) -> tuple[float | None, str]:
             if "rss" in series:
                 return float(slope), "rss_bytes"
     return None, "rss_bytes"
+
+
+def _utilisation_text(figure: Mapping[str, Any], steps_word: str) -> str:
+    steps = figure.get("steps") or []
+    rate = figure.get("median_tflops_per_s")
+    achieved = f"{rate:.1f} TFLOP/s" if isinstance(rate, int | float) else "rate unknown"
+    if figure.get("median_pct") is None:
+        reason = figure.get("unknown_reason") or "no dense peak for this device"
+        return f"unknown: {reason} ({achieved}, median of {len(steps)} {steps_word})"
+    text = (
+        f"{fmt.pct(figure['median_pct'])} of the {figure.get('device_peak')} dense "
+        f"{figure.get('precision')} peak, {fmt.number(figure.get('peak_tflops'))} TFLOP/s "
+        f"({achieved}, median of {len(steps)} {steps_word}"
+    )
+    per_token = figure.get("flops_per_token")
+    if isinstance(per_token, Mapping) and per_token:
+        text += "; FLOPs per token " + ", ".join(
+            f"{phase} {fmt.number(value)}" for phase, value in per_token.items()
+        )
+    covered = figure.get("gpu_time_covered_pct")
+    if covered is not None:
+        text += f"; the counted operators ran {fmt.pct(covered)} of the GPU busy time"
+    return text + ")"
+
+
+def mfu_rows(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The two FLOPs utilisations (summary ``mfu``, diagnostics/facts/mfu.py), each labelled
+    with what it is; empty when neither applies (a CPU run)."""
+    mfu = summary.get("mfu")
+    if not isinstance(mfu, Mapping):
+        return []
+    rows = []
+    for key, steps_word in (("model", "steady-state steps"), ("counted", "profiler steps")):
+        figure = mfu.get(key)
+        if isinstance(figure, Mapping):
+            rows.append((str(figure.get("label")), _utilisation_text(figure, steps_word)))
+    return rows
+
+
+def roofline_rows(summary: Mapping[str, Any], top: int = 3) -> list[tuple[str, str]]:
+    """The roofline (summary ``roofline``, docs/ROOFLINE.md): the device's dense peak, the
+    FLOPs counted from the recorded shapes, and the largest operator signatures' rates.
+    Empty without modelled operators."""
+    roofline = summary.get("roofline")
+    if not isinstance(roofline, Mapping):
+        return []
+    peak = roofline.get("device_peak")
+    rows = [
+        (
+            "device peak (dense)",
+            f"{peak['device']}: bf16 {fmt.number(peak.get('bf16_tflops'))} TFLOP/s, "
+            f"HBM {peak['hbm_tbps']} TB/s ({peak['source']})"
+            if isinstance(peak, Mapping)
+            else "unknown device: no % of peak, no bound",
+        )
+    ]
+    gpu_us = roofline.get("counted_gpu_us")
+    rows.append(
+        (
+            "FLOPs counted from the recorded shapes",
+            f"{fmt.number(roofline.get('counted_gflops'))} GFLOP"
+            + (f" in {fmt.ms(float(gpu_us) / 1000.0)} of their GPU time" if gpu_us else ""),
+        )
+    )
+    for row in (roofline.get("signatures") or [])[:top]:
+        rate = row.get("tflops_per_s")
+        pct = row.get("pct_of_peak_flops")
+        text = f"{rate:.1f} TFLOP/s" if rate is not None else "no GPU time"
+        if pct is not None:
+            text += f", {fmt.pct(pct)} of peak"
+        if row.get("bound"):
+            text += f", {row['bound']}-bound"
+        rows.append((f"roofline: {row.get('name')} {row.get('shape')}", text))
+    return rows

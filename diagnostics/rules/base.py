@@ -76,6 +76,9 @@ class Example:
     # what a must-fire example's finding must show: raises AssertionError when it does not
     # (the examples harness calls it on each finding); None: only that it fires
     expect: Callable[[Finding], None] | None = None
+    # a must-not-fire example the rule is skipped on (one of its needs unmet), not one it
+    # checks and finds nothing in: the harness holds each example to the one it declares
+    skipped: bool = False
 
 
 @dataclass(frozen=True)

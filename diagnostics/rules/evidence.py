@@ -14,8 +14,9 @@ import polars as pl
 
 from diagnostics.chart import Chart, ChartKind
 from diagnostics.dotted import dotted_get
-from diagnostics.model import AnalysisInputs, RunData, TraceFacts
+from diagnostics.model import AnalysisInputs
 from diagnostics.rules.stats import downsample
+from diagnostics.sources import RunData, TraceFacts
 
 # environment keys under which a run may record memory totals (bytes)
 HOST_MEMORY_KEYS = ("memory_total_bytes", "host_memory_bytes", "total_memory_bytes", "ram_bytes")

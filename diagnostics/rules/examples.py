@@ -14,7 +14,8 @@ from typing import Any
 import polars as pl
 
 from diagnostics.facts.comm_ranks import CollectiveMatch
-from diagnostics.model import AnalysisInputs, RunData, TraceFacts
+from diagnostics.facts.sync_sites import SYNC_SITES_SCHEMA
+from diagnostics.model import AnalysisInputs
 from diagnostics.runs import (
     MEMORY_LINE_SCHEMA,
     SAMPLE_SCHEMA,
@@ -23,6 +24,7 @@ from diagnostics.runs import (
     RunManifest,
     RunStatus,
 )
+from diagnostics.sources import RunData, TraceFacts
 
 F, N, S, B = pl.Float64, pl.Int64, pl.String, pl.Boolean
 
@@ -136,9 +138,11 @@ def trace(
     step_us: float = 10_000.0,
     compute_capability: tuple[int, int] | None = (8, 0),
     device_memory_bytes: int | None = 80 * 2**30,
+    sync_sites: Rows | None = None,
     **frames: Rows,
 ) -> TraceFacts:
-    """TraceFacts of ``steps`` steps of ``step_us`` each; other frames from ``frames``."""
+    """TraceFacts of ``steps`` steps of ``step_us`` each; other frames from ``frames``;
+    ``sync_sites`` rows (facts/sync_sites.py) when given, else None (no Python stacks)."""
     props: dict[str, Any] = {}
     if compute_capability is not None and device == "cuda":
         props["computeMajor"], props["computeMinor"] = compute_capability
@@ -158,6 +162,7 @@ def trace(
         steps_inferred=False,
         device_properties=(props,) if props else (),
         ranks=frame(frames["ranks"], TRACE_FRAME_SCHEMAS["ranks"]) if "ranks" in frames else None,
+        sync_sites=frame(sync_sites, SYNC_SITES_SCHEMA) if sync_sites is not None else None,
         **built,
     )
 
@@ -196,6 +201,13 @@ def cpu_run(steps: int, config: Mapping[str, Any] | None = None, **columns: Any)
     return inputs(run=run(series(steps, **columns), config=config, environment=CPU_ENV))
 
 
+def script_cpu_run(steps: int, probe: Mapping[str, Any], **columns: Any) -> AnalysisInputs:
+    """A CPU run of a user's script under ``pipeline-doctor profile``, with what the probe
+    summarised in run.json (``probe``) and these step columns."""
+    extra = {"kind": "script", "probe": dict(probe)}
+    return inputs(run=run(series(steps, **columns), environment=CPU_ENV, extra=extra))
+
+
 def run(
     steps: Rows | None = None,
     *,
@@ -203,6 +215,7 @@ def run(
     environment: Mapping[str, Any] | None = None,
     samples: Rows | None = None,
     memory_lines: Rows | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> RunData:
     """RunData without a folder on disk (the path is a placeholder nothing reads)."""
     return RunData(
@@ -213,6 +226,7 @@ def run(
             created_at=0.0,
             config=dict(config or {}),
             environment=dict(environment or {}),
+            extra=dict(extra or {}),
         ),
         status=RunStatus(status="completed"),
         steps=frame(steps, STEP_SCHEMA),

@@ -228,7 +228,10 @@ class ExposedCommunication(Rule):
             lambda: _with_comms(collective_ms=30.0, overlapped_ms=27.0),
         ),
         Example(
-            "a single-process trace without collectives", False, lambda: ex.inputs(trace=ex.trace())
+            "a single-process trace without collectives",
+            False,
+            lambda: ex.inputs(trace=ex.trace()),
+            skipped=True,
         ),
         Example(
             "2 ranks: 40 ms of each step in exposed collectives, but 90% of the collective "

@@ -7,7 +7,13 @@ What it finds
     sat in a sync (the analyser's gap attribution), as a share of step time, above a
     threshold. A host that blocks while the GPU is still busy with queued work loses
     nothing, so blocked time alone does not fire (it is reported); without gap attribution
-    the blocked share is used. The calls are listed by name with the time per step.
+    the blocked share is used. The calls are listed by name with the time per step, and,
+    when the trace was recorded with ``with_stack=True``, by where the user's code made
+    them: ``sync_sites``, the innermost user frame around each blocked stretch (library,
+    standard-library and torch frames skipped), top 5 by blocked time, with the path as
+    recorded, its line and function. The line is the one Kineto records for the frame: the
+    function's first line (the line of the call inside it is not in the trace). Without
+    Python stacks ``sync_sites`` is null and the finding says so; no line is guessed.
 
 Why it matters
     A sync empties the GPU's queue: the host waits for every launched kernel, and the GPU
@@ -59,6 +65,55 @@ for step, batch in enumerate(loader):
 """
 
 
+TOP_SITES = 5
+NO_STACKS_NOTE = (
+    "the trace has no Python stacks, so the lines that sync are unknown: "
+    "record with torch.profiler.profile(with_stack=True)"
+)
+
+
+def short_path(path: str) -> str:
+    """The last two components of a recorded path, for display (evidence keeps it whole)."""
+    return "/".join(path.replace("\\", "/").split("/")[-2:])
+
+
+def site_rows(sites: pl.DataFrame | None) -> list[dict[str, Any]] | None:
+    """The top sites by blocked time as evidence rows; None when the trace has no stacks."""
+    if sites is None:
+        return None
+    named = sites.filter(pl.col("file").is_not_null()).head(TOP_SITES)
+    return [
+        {
+            "site": f"{short_path(row['file'])}:{row['line']}",
+            "function": row["function"],
+            "file": row["file"],
+            "line": row["line"],
+            "frame": row["frame"],
+            "op": row["op"],
+            "calls_per_step": r(row["calls_per_step"], 1),
+            "blocked_ms_per_step": r(row["blocked_us_per_step"] / 1000.0, 3),
+        }
+        for row in named.iter_rows(named=True)
+    ]
+
+
+def site_phrase(site: dict[str, Any]) -> str:
+    """``aten::item in train_step (train.py:37)``: the op, the function and where it starts."""
+    return f"{site['op']} in {site['function']} ({site['site']})"
+
+
+def fix_code(site: dict[str, Any] | None) -> str:
+    if site is None:
+        return FIX_CODE
+    where = (
+        f"# the trace's stacks: {site_phrase(site)}, {site['calls_per_step']} call(s) and "
+        f"{site['blocked_ms_per_step']} ms blocked per step\n"
+        f"# ({site['file']} line {site['line']} is where {site['function']} starts as the "
+        "trace records it; look inside it for the read-back)\n"
+    )
+    return where + FIX_CODE
+
+
 class HostDeviceSync(Rule):
     id = "host-device-sync"
     title = "The host waits for the GPU inside the step"
@@ -103,6 +158,8 @@ class HostDeviceSync(Rule):
             if top is not None
             else []
         )
+        sites = site_rows(trace.sync_sites)
+        top_site = sites[0] if sites else None
         evidence: dict[str, Any] = {
             "source": "trace: synchronisation calls inside profiler steps",
             "sync_share_pct": r(share, 1),
@@ -112,6 +169,7 @@ class HostDeviceSync(Rule):
             "sync_calls_per_step": r(float(joined["sync_count"].fill_null(0).mean()), 1),
             "gpu_idle_during_sync_us": r(idle_sync_us, 0),
             "calls": calls,
+            "sync_sites": sites,
             "threshold_pct": thresholds.sync_share_min_pct,
             "steps": step_range(joined["step"]),
             "chart": chart(
@@ -123,28 +181,59 @@ class HostDeviceSync(Rule):
                 {"sync (µs)": joined["sync_us"].to_list(), "step (µs)": joined["dur_us"].to_list()},
             ),
         }
+        if sites is None:
+            evidence["sync_sites_note"] = NO_STACKS_NOTE
         worst = calls[0]["name"] if calls else "synchronisation calls"
+        if top_site is not None:
+            worst = site_phrase(top_site)
+            where = f", mostly {worst}"
+        else:
+            where = ""
+        stacks_hint = f" ({NO_STACKS_NOTE})" if sites is None else ""
         return [
             Finding(
                 rule=self.id,
                 severity=Severity.HIGH
                 if share >= 4 * thresholds.sync_share_min_pct
                 else self.severity,
-                title=f"Host-device syncs leave the GPU idle {pct(share)} of step time",
+                title=f"Host-device syncs leave the GPU idle {pct(share)} of step time{where}",
                 evidence=evidence,
                 recommendation=(
                     f"The host blocks {sync_us / joined.height / 1000:.2f} ms per step waiting for "
-                    f"the GPU, mostly in {worst}, and the GPU sits idle "
+                    f"the GPU, mostly {'' if top_site else 'in '}{worst}, and the GPU sits idle "
                     f"{idle_sync_us / joined.height / 1000:.2f} ms per step meanwhile. Move .item()/.cpu() reads out of the step or "
                     "do them every N steps; run once with torch.cuda.set_sync_debug_mode('warn') "
-                    "to find each one."
+                    f"to find each one{stacks_hint}."
                 ),
-                fix=Fix(code=FIX_CODE, config_patch=None),
+                fix=Fix(code=fix_code(top_site), config_patch=None),
                 estimated_saving_pct=r(saving, 1) if saving is not None else None,
             )
         ]
 
     examples: ClassVar = (
+        Example(
+            "trace with Python stacks: aten::item in train_step (train.py:37) blocks each step",
+            True,
+            lambda: _synced(
+                2000.0,
+                idle_us=5000.0,
+                idle_kind="host_wait",
+                host_activity="sync",
+                sync_sites=[
+                    {
+                        "frame": "train.py(37): train_step",
+                        "file": "train.py",
+                        "line": 37,
+                        "function": "train_step",
+                        "op": "aten::item",
+                        "calls": 5,
+                        "blocked_us": 10_000.0,
+                        "calls_per_step": 1.0,
+                        "blocked_us_per_step": 2000.0,
+                    }
+                ],
+            ),
+        ),
         Example(
             "trace: 2 ms of each 10 ms step in cudaStreamSynchronize",
             True,
@@ -174,11 +263,20 @@ class HostDeviceSync(Rule):
     )
 
 
-def _synced(sync_us: float, *, idle_us: float, idle_kind: str, host_activity: str) -> Any:
+def _synced(
+    sync_us: float,
+    *,
+    idle_us: float,
+    idle_kind: str,
+    host_activity: str,
+    sync_sites: list[dict[str, Any]] | None = None,
+) -> Any:
     """5 steps each blocking ``sync_us`` in 3 cudaStreamSynchronize calls, and one idle gap
-    on the GPU of ``idle_us`` of the given kind and host activity (examples)."""
+    on the GPU of ``idle_us`` of the given kind and host activity (examples); ``sync_sites``
+    from the trace's Python stacks, None for a trace without them."""
     return ex.inputs(
         trace=ex.trace(
+            sync_sites=sync_sites,
             sync_per_step={
                 "step": [1, 2, 3, 4, 5],
                 "sync_us": [sync_us] * 5,

@@ -306,5 +306,6 @@ class LowGpuUtilization(Rule):
             "run on CPU: skipped, no GPU to measure",
             False,
             lambda: ex.cpu_run(5, step_time_ms=10.0),
+            skipped=True,
         ),
     )

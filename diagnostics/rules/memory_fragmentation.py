@@ -147,6 +147,7 @@ class MemoryFragmentation(Rule):
             "fragmented, but expandable_segments is already on",
             False,
             lambda: snapshot_inputs(snap.fragmented_snapshot(expandable_segments=True)),
+            skipped=True,
         ),
     )
 

@@ -88,6 +88,7 @@ def _for_script(inputs: AnalysisInputs, finding: Finding) -> Finding:
             "dataloader": {
                 "site": loader.site,
                 "code": loader.code,
+                "built_by": loader.built_by,
                 **{name: getattr(loader, name) for name in loader.ARGUMENTS},
             },
         },

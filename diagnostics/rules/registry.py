@@ -13,9 +13,11 @@ from diagnostics.rules.memory_fragmentation import MemoryFragmentation
 from diagnostics.rules.memory_leak import MemoryLeak
 from diagnostics.rules.memory_leak_by_site import MemoryLeakBySite
 from diagnostics.rules.memory_near_capacity import MemoryNearCapacity
+from diagnostics.rules.misshapen_matmul import MisshapenMatmul
 from diagnostics.rules.missing_pin_memory import MissingPinMemory
 from diagnostics.rules.optimizer_state_dominates import OptimizerStateDominates
 from diagnostics.rules.out_of_memory_cause import OutOfMemoryCause
+from diagnostics.rules.per_sample_lookups import PerSampleLookups
 from diagnostics.rules.rank_stragglers import RankStragglers
 from diagnostics.rules.step_time_outliers import StepTimeOutliers
 from diagnostics.rules.tensor_cores_unused import TensorCoresUnused
@@ -40,9 +42,11 @@ RULES: tuple[Rule, ...] = (
     UnstableGradients(),
     MemoryLeak(),
     WorkerRestarts(),
+    PerSampleLookups(),
     HostDeviceSync(),
     LaunchBoundKernels(),
     TensorCoresUnused(),
+    MisshapenMatmul(),
     MemoryNearCapacity(),
     StepTimeOutliers(),
     BatchTooSmall(),

@@ -5,6 +5,11 @@ the line that built it and the arguments it runs with (``RunData.dataloaders``).
 about the data pipeline then names that line and those arguments, gives the call rewritten
 with the fix, and a ``config_patch`` in the keys ``--override`` takes (``dataloader.*``),
 so the script can be re-run with the fix without an edit.
+
+A loader HF's Trainer built (``built_by == "transformers"``) has no call in the user's code
+to rewrite: its site is the script's ``trainer.train()`` line, and the user's knobs are
+``TrainingArguments``' ``dataloader_*`` fields (``--dataloader_num_workers N`` for a
+script that parses them with ``HfArgumentParser``); the fix is written in those.
 """
 
 from __future__ import annotations
@@ -14,10 +19,54 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
-from diagnostics.model import RunData
 from diagnostics.runs import DataLoaderRecord
+from diagnostics.sources import RunData
 
 OVERRIDE_PREFIX = "dataloader."
+
+HF_TRAINER = "transformers"
+# DataLoader argument -> the TrainingArguments field the Trainer passes it from
+# (transformers' Trainer._get_dataloader); batch_size is not one: the Trainer's is
+# per_device_train_batch_size times the GPUs of a DataParallel run
+HF_TRAINING_ARGUMENTS = {
+    "num_workers": "dataloader_num_workers",
+    "pin_memory": "dataloader_pin_memory",
+    "persistent_workers": "dataloader_persistent_workers",
+    "prefetch_factor": "dataloader_prefetch_factor",
+}
+
+
+def built_by_hf_trainer(record: DataLoaderRecord) -> bool:
+    return record.built_by == HF_TRAINER
+
+
+def _hf_site(record: DataLoaderRecord) -> str:
+    """``run_clm.py:612 trains with the HF Trainer, which builds the DataLoader from its
+    TrainingArguments``."""
+    return (
+        f"{record.site or 'the script'} trains with the HF Trainer, which builds the "
+        "DataLoader from its TrainingArguments"
+    )
+
+
+def _hf_flag_value(value: Any) -> str:
+    # HfArgumentParser reads a bool field's flag as "--name True" / "--name False"
+    return str(value)
+
+
+def hf_fix_code(record: DataLoaderRecord, changes: Mapping[str, Any], why: str) -> str:
+    """The TrainingArguments change, and the same as HfArgumentParser flags."""
+    fields = [
+        (HF_TRAINING_ARGUMENTS[k], v) for k, v in changes.items() if k in HF_TRAINING_ARGUMENTS
+    ]
+    arguments = ", ".join(f"{name}={_format(value)}" for name, value in fields)
+    flags = " ".join(f"--{name} {_hf_flag_value(value)}" for name, value in fields)
+    return (
+        f"# {_hf_site(record)}: {why}:\n"
+        f"training_args = TrainingArguments(..., {arguments})\n\n"
+        "# or, for a script that reads them with HfArgumentParser, on its command line:\n"
+        f"#   {flags}\n"
+    )
 
 
 def is_script_run(run: RunData | None) -> bool:
@@ -91,7 +140,9 @@ def rewrite_call(code: str, changes: Mapping[str, Any]) -> str | None:
 
 def fix_code(record: DataLoaderRecord, changes: Mapping[str, Any], why: str) -> str:
     """Before/after for the line that built the loader, or (a call over several lines)
-    the arguments to add to it."""
+    the arguments to add to it; for a loader the HF Trainer built, its TrainingArguments."""
+    if built_by_hf_trainer(record):
+        return hf_fix_code(record, changes, why)
     where = record.site or "the script"
     after = rewrite_call(record.code, changes) if record.code else None
     if after is not None:
@@ -120,6 +171,14 @@ def rerun_command(run: RunData, changes: Mapping[str, Any]) -> str | None:
 
 
 def built_with(record: DataLoaderRecord, names: tuple[str, ...] | None = None) -> str:
-    """``train.py:37 builds DataLoader(batch_size=64, num_workers=0, pin_memory=False)``."""
+    """``train.py:37 builds DataLoader(batch_size=64, num_workers=0, pin_memory=False)``;
+    for the HF Trainer's loader, the TrainingArguments it came from."""
     shown = names or ("batch_size", "num_workers", "pin_memory")
+    if built_by_hf_trainer(record):
+        given = ", ".join(
+            f"{HF_TRAINING_ARGUMENTS[n]}={getattr(record, n)!r}"
+            for n in shown
+            if n in HF_TRAINING_ARGUMENTS
+        )
+        return f"{_hf_site(record)} ({given})"
     return f"{record.site or 'the script'} builds {record.call_text(shown)}"

@@ -81,6 +81,7 @@ KNOWN_CAUSES = {
     "phase_start": "first step of a phase",
     "profiler_warmup": "profiler warm-up",
     "profiler_active": "profiler recording",
+    "memory_history": "CUDA allocator history on (memory snapshots)",
     "after_trace_export": "after the trace export",
     "epoch_start": "first step of an epoch",
     "after_evaluation": "after an evaluation",

@@ -42,11 +42,12 @@ import polars as pl
 from diagnostics.facts.coverage import KernelCoverage, kernel_coverage
 from diagnostics.facts.device import DeviceIdentity, identify_device
 from diagnostics.facts.kernel_classes import CUDA_CORE_GEMM, FAMILY, PRECISION, TENSOR_CORE, UNIT
-from diagnostics.model import AnalysisInputs, TraceFacts
+from diagnostics.model import AnalysisInputs
 from diagnostics.percent import pct
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import Example, Finding, Fix, Need, Rule, Severity, need_cuda_trace
 from diagnostics.rules.evidence import chart, cuda_trace, r, step_range
+from diagnostics.sources import TraceFacts
 from diagnostics.thresholds import Thresholds
 
 # Kernel names of the matrix-multiply and convolution work Tensor Cores can take.

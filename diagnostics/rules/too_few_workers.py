@@ -305,11 +305,19 @@ class TooFewWorkers(Rule):
                 {"data wait (ms)": m["wait_ms"], "rest of step (ms)": m["other_ms"]},
             ),
         }
+        loader = script_loaders.training_loader(inputs.run)
+        # the HF Trainer's loader takes its arguments from TrainingArguments' dataloader_*
+        knob = (
+            script_loaders.HF_TRAINING_ARGUMENTS
+            if loader is not None and script_loaders.built_by_hf_trainer(loader)
+            else {"num_workers": "num_workers", "persistent_workers": "persistent_workers"}
+        )
         recommendation = (
             f"The step waits {wait:.1f} ms (median) for each batch while compute takes "
             f"{compute:.1f} ms; num_workers is {worker_text}. Loading one batch takes "
             f"about {load:.1f} ms, so {recommended} worker(s) would deliver a batch per "
-            f"step ({cap_text}). Set num_workers={recommended} with persistent_workers=True."
+            f"step ({cap_text}). Set {knob['num_workers']}={recommended} with "
+            f"{knob['persistent_workers']}=True."
             + (
                 f" The {workers} worker(s) already use the cores this machine can spare, "
                 "so also make loading cheaper (pre-tokenise, cache) or batches larger."
@@ -321,7 +329,6 @@ class TooFewWorkers(Rule):
             code=FIX_CODE.format(workers=recommended),
             config_patch={"data.num_workers": recommended},
         )
-        loader = script_loaders.training_loader(inputs.run)
         if script_loaders.is_script_run(inputs.run) and loader is not None:
             assert inputs.run is not None
             change = {"num_workers": recommended, "persistent_workers": True}
@@ -336,6 +343,7 @@ class TooFewWorkers(Rule):
                 "site": loader.site,
                 "code": loader.code,
                 "dataset_class": loader.dataset_class,
+                "built_by": loader.built_by,
                 **{name: getattr(loader, name) for name in loader.ARGUMENTS},
             }
             evidence["rerun_command"] = script_loaders.rerun_command(

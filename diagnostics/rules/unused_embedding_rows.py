@@ -18,7 +18,10 @@ How to fix
     smaller tokenizer vocabulary does not do it: WordPiece keeps its whole character
     alphabet and the intermediate merges whatever size it is asked for. In the reference
     trainer ``data.prune_vocab=true`` does the remap (the ids of the training split plus
-    [PAD], [UNK], [CLS], [SEP] and, with masked-LM pre-training, [MASK]).
+    [PAD], [UNK], [CLS], [SEP] and, with masked-LM pre-training, [MASK]). On a GPU, pad
+    the pruned size up to a multiple of 64 (misshapen-matmul: an output projection of, say,
+    111 rows is off the Tensor Core alignment): the patch adds
+    ``model.pad_vocab_to_multiple_of=64`` for a CUDA run whose pruned size is not one.
 """
 
 from __future__ import annotations
@@ -29,9 +32,11 @@ from diagnostics import percent
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import Example, Finding, Fix, Need, Rule, Severity
-from diagnostics.rules.evidence import chart, config_value, r
+from diagnostics.rules.evidence import chart, config_value, r, run_device
 from diagnostics.thresholds import Thresholds
 
+# pad the pruned rows to this on a GPU: misshapen-matmul's vocabulary multiple
+PAD_MULTIPLE = 64
 # fp32 parameter + gradient + AdamW's two moments: 4 copies of each parameter in training.
 TRAINING_COPIES = 4
 BYTES_PER_PARAM = 4
@@ -48,6 +53,8 @@ lookup = torch.full((tokenizer.get_vocab_size(),), int(torch.searchsorted(kept, 
 lookup[kept] = torch.arange(len(kept))  # old id -> new id; ids not kept -> [UNK]
 train_ids, val_ids = lookup[train_ids], lookup[val_ids]  # one index lookup, no Python loop
 model = BertModel(BertConfig(vocab_size=len(kept), pad_token_id=int(lookup[specials[0]])))
+# on a GPU, pad the rows to a multiple of 64 (Tensor Core alignment; ids never reach them)
+# vocab_size=(len(kept) + 63) // 64 * 64
 """
 
 
@@ -121,6 +128,18 @@ class UnusedEmbeddingRows(Rule):
                 highlight_x=["never used"],
             ),
         }
+        patch: dict[str, Any] = {"data.prune_vocab": True}
+        pad = ""
+        assert inputs.run is not None
+        if run_device(inputs.run) == "cuda" and used % PAD_MULTIPLE:
+            padded = -(-used // PAD_MULTIPLE) * PAD_MULTIPLE
+            patch["model.pad_vocab_to_multiple_of"] = PAD_MULTIPLE
+            evidence["rows_after_pruning_padded"] = padded
+            pad = (
+                f" On the GPU, then pad the {used} rows to {padded} (a multiple of "
+                f"{PAD_MULTIPLE}: the Tensor Core alignment misshapen-matmul checks); the "
+                "patch does both."
+            )
         saved = (
             f", {params:,} parameters and about {memory / 2**20:.1f} MiB of training memory"
             if params is not None and memory is not None
@@ -138,9 +157,9 @@ class UnusedEmbeddingRows(Rule):
                     "0..n-1 once (the rest to [UNK]) and size the embedding to them. A smaller "
                     "tokenizer vocabulary would not shed them: WordPiece keeps its whole "
                     "character alphabet. The reference trainer does this with "
-                    "data.prune_vocab=true."
+                    f"data.prune_vocab=true.{pad}"
                 ),
-                fix=Fix(code=FIX_CODE, config_patch={"data.prune_vocab": True}),
+                fix=Fix(code=FIX_CODE, config_patch=patch),
                 estimated_saving_pct=None,
             )
         ]
@@ -156,6 +175,18 @@ class UnusedEmbeddingRows(Rule):
                     environment={**ex.CPU_ENV, "vocab_usage": {"used_token_ids": 1200}},
                 )
             ),
+        ),
+        Example(
+            "CUDA run: 1200 of 3000 ids used: prune, then pad the 1200 rows to 1216",
+            True,
+            lambda: ex.inputs(
+                run=ex.run(
+                    ex.series(3, step_time_ms=10.0),
+                    config={"data.vocab_size": 3000, "model.hidden_size": 192},
+                    environment={**ex.CUDA_ENV, "vocab_usage": {"used_token_ids": 1200}},
+                )
+            ),
+            expect=lambda f: _expect_padded(f, 1216),  # 19 x 64
         ),
         Example(
             "run: 2900 of 3000 token ids used",
@@ -187,3 +218,11 @@ class UnusedEmbeddingRows(Rule):
             ),
         ),
     )
+
+
+def _expect_padded(finding: Finding, rows: int) -> None:
+    assert finding.fix.config_patch == {
+        "data.prune_vocab": True,
+        "model.pad_vocab_to_multiple_of": PAD_MULTIPLE,
+    }
+    assert finding.evidence["rows_after_pruning_padded"] == rows

@@ -165,6 +165,7 @@ class WorkerRestarts(Rule):
             "run: persistent workers, epoch starts wait like any other step",
             False,
             lambda: _three_epochs(epoch_start_wait_ms=2.0, persistent_workers=True),
+            skipped=True,
         ),
         Example(
             "run: sharded dataset (persistent_workers ignored), epoch starts wait 300 ms",

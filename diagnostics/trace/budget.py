@@ -16,6 +16,7 @@ from typing import Any
 
 from diagnostics.errors import InputError
 from diagnostics.limit_values import MAX_DECOMPRESSED_MB, MAX_EVENTS, limit_from_env
+from diagnostics.process_limits import address_space_limit
 
 # 2 GiB of JSON is about 8 million Kineto events: far more than any one profiler window
 # writes, yet small enough that a bomb stops long before it hurts the machine.
@@ -25,6 +26,17 @@ DEFAULT_MAX_DECOMPRESSED_BYTES = 2 * 1024**3
 # 23x the largest real trace in ../shared/traces, and it is reached by the issue's
 # 1.5 GiB bomb long before that bomb's 12 GB.
 DEFAULT_MAX_EVENTS = 5_000_000
+
+# The command line analyses the user's own files on the user's own machine: its defaults
+# follow that machine's memory instead of the served app's fixed budget (which a 1 GB,
+# 5.6 M-event trace exceeds). Half of the memory, at the peak's cost per event: the
+# synthetic 1 GB trace of bench/bench_analyzer.py peaks at 2.0 GB for 5.6 M events
+# (357 bytes each); 512 leaves room for traces richer in args.
+CLI_MEMORY_SHARE = 0.5
+PEAK_BYTES_PER_EVENT = 512
+# Kineto JSON is 190 bytes per event minified (that trace) and up to about twice that
+# pretty-printed: the byte limit follows the event limit at 400.
+JSON_BYTES_PER_EVENT = 400
 
 ENV_MAX_DECOMPRESSED_MB = MAX_DECOMPRESSED_MB.env
 ENV_MAX_EVENTS = MAX_EVENTS.env
@@ -60,6 +72,37 @@ class Limits:
         mib = limit_from_env(MAX_DECOMPRESSED_MB, DEFAULT_MAX_DECOMPRESSED_BYTES / 2**20, environ)
         events = limit_from_env(MAX_EVENTS, DEFAULT_MAX_EVENTS, environ)
         return cls(max_decompressed_bytes=max(1, int(mib * 2**20)), max_events=int(events))
+
+    @classmethod
+    def for_command_line(
+        cls, environ: Mapping[str, str] | None = None, memory_bytes: int | None = None
+    ) -> Limits:
+        """The CLI's defaults: sized to this machine's memory (never below the app's), each
+        overridden by its environment variable as in :meth:`from_env`."""
+        environ = os.environ if environ is None else environ
+        memory = host_memory_bytes() if memory_bytes is None else memory_bytes
+        events = max(DEFAULT_MAX_EVENTS, int(memory * CLI_MEMORY_SHARE / PEAK_BYTES_PER_EVENT))
+        json_bytes = max(DEFAULT_MAX_DECOMPRESSED_BYTES, events * JSON_BYTES_PER_EVENT)
+        mib = limit_from_env(MAX_DECOMPRESSED_MB, json_bytes / 2**20, environ)
+        events = limit_from_env(MAX_EVENTS, events, environ)
+        return cls(max_decompressed_bytes=max(1, int(mib * 2**20)), max_events=int(events))
+
+
+def host_memory_bytes() -> int:
+    """Physical memory, or less where this process may use less: an address-space limit
+    (ulimit -v) or a cgroup's memory.max (a container)."""
+    sizes = [os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")]
+    limit = address_space_limit()
+    if limit is not None:
+        sizes.append(limit)
+    try:
+        with open("/sys/fs/cgroup/memory.max", encoding="ascii") as handle:
+            text = handle.read().strip()
+        if text.isdigit():
+            sizes.append(int(text))
+    except OSError:
+        pass
+    return min(sizes)
 
 
 class SharedTotals:

@@ -40,6 +40,12 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     # operators (record_shapes=True): the input shapes (lists of ints, nested for tensor
     # lists); a Raw would pin the decode buffer, so they are decoded and re-encoded as text
     input_dims: list[Any] | None = msgspec.field(name="Input Dims", default=None)
+    # the values of scalar and list arguments as text ("1", "[2, 2]", "True"; "" for a
+    # tensor): convolution strides, attention's causal flag (facts.flops)
+    concrete_inputs: list[Any] | None = msgspec.field(name="Concrete Inputs", default=None)
+    # autograd links a backward node to its forward op by this pair (facts.flops)
+    sequence_number: Any = msgspec.field(name="Sequence number", default=None)
+    fwd_thread_id: Any = msgspec.field(name="Fwd thread id", default=None)
     # kernels: CUPTI's launch figures (absent from some CUDA versions' traces)
     blocks_per_sm: float | None = msgspec.field(name="blocks per SM", default=None)
     occupancy_pct: float | None = msgspec.field(name="est. achieved occupancy %", default=None)
@@ -101,13 +107,21 @@ RAW_SCHEMA: dict[str, pl.DataType] = {
     "group_size": pl.Int64,
     "process_group_name": pl.String,
     "process_group_ranks": pl.String,
+    "concrete_inputs": pl.String,
+    "sequence_number": pl.Int64,
+    "fwd_thread_id": pl.Int64,
+    # not read off the Structs: "Input type" as JSON text, made beside input_types
+    "input_type_texts": pl.String,
 }
 _EVENT_FIELDS = ("ph", "name", "cat", "ts", "dur", "pid", "tid", "id")
 RAW_EVENT_SCHEMA = {name: dtype for name, dtype in RAW_SCHEMA.items() if name != "id"}
 RAW_FLOW_SCHEMA = {"ph": pl.String} | {
     name: RAW_SCHEMA[name] for name in ("name", "cat", "ts", "pid", "tid", "id")
 }
-_ARG_FIELDS = tuple(name for name in RAW_SCHEMA if name not in _EVENT_FIELDS)
+_DERIVED_FIELDS = ("input_type_texts",)
+_ARG_FIELDS = tuple(
+    name for name in RAW_SCHEMA if name not in _EVENT_FIELDS and name not in _DERIVED_FIELDS
+)
 _GETTERS = {name: attrgetter(name) for name in (*_EVENT_FIELDS, *_ARG_FIELDS)}
 _GET_ARGS = attrgetter("args")
 _FLOW_FIELDS = ("name", "cat", "ts", "pid", "tid", "id")
@@ -142,6 +156,9 @@ _CPU_ARGS = (
     "input_types",
     "dtype",
     "input_dims",
+    "concrete_inputs",
+    "sequence_number",
+    "fwd_thread_id",
     *_COLLECTIVE_ARGS,
 )
 _MEMORY_ARGS = (
@@ -367,7 +384,7 @@ def _arg_columns(events: list[Event], cats: pl.Series, names: pl.Series) -> list
         )
     )
     kinds = pl.DataFrame([cats.alias("cat"), names.alias("name")]).select(kind).to_series()
-    columns = {name: _nulls(name, n) for name in _ARG_FIELDS}
+    columns = {name: _nulls(name, n) for name in (*_ARG_FIELDS, *_DERIVED_FIELDS)}
     for value, fields in _KIND_FIELDS:
         mask = kinds == value
         if not mask.any():
@@ -376,8 +393,14 @@ def _arg_columns(events: list[Event], cats: pl.Series, names: pl.Series) -> list
         args = list(map(_GET_ARGS, compress(events, mask.to_list())))
         for field in fields:
             values = list(map(_GETTERS[field], args))
-            if field == "input_dims":
+            if field in ("input_dims", "concrete_inputs"):
                 values = _raw_texts(values)
+            elif field == "input_types":
+                texts = _raw_texts([v if v.__class__ is list else None for v in values])
+                if not _all_none(texts):
+                    columns["input_type_texts"] = columns["input_type_texts"].scatter(
+                        rows, pl.Series("input_type_texts", texts, dtype=pl.String)
+                    )
             if not _all_none(values):
                 columns[field] = columns[field].scatter(rows, _to_series(field, values))
     return list(columns.values())

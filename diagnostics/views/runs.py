@@ -50,13 +50,14 @@ def filter_runs(
     statuses: Iterable[str] = (),
     scenarios: Iterable[str] = (),
 ) -> list[RunListing]:
-    """Runs whose status and scenario are among those chosen (nothing chosen = all)."""
+    """Runs whose status and scenario (``run_label``) are among those chosen (nothing chosen
+    = all)."""
     statuses, scenarios = set(statuses), set(scenarios)
     return [
         run
         for run in listings
         if (not statuses or run.status.status in statuses)
-        and (not scenarios or (run.scenario or "—") in scenarios)
+        and (not scenarios or run_label(run) in scenarios)
     ]
 
 
@@ -70,7 +71,7 @@ def runs_table(listings: Iterable[RunListing], now: float | None = None) -> pl.D
         rows.append(
             {
                 "run": run.run_id,
-                "scenario": run.scenario or "—",
+                "scenario": run_label(run),
                 "status": status.status,
                 "progress": (min(1.0, status.step / total) if total else None),
                 "steps": f"{status.step:,}" + (f" / {total:,}" if total else ""),
@@ -96,10 +97,18 @@ def runs_table(listings: Iterable[RunListing], now: float | None = None) -> pl.D
     return pl.DataFrame(rows, schema=schema)
 
 
+def run_label(run: RunListing) -> str:
+    """What ran: the trainer's scenario, ``script train.py`` for a script run, else —."""
+    if run.scenario:
+        return run.scenario
+    return f"script {run.script}" if run.script else "—"
+
+
 def run_choice_label(run: RunListing, now: float | None = None) -> str:
-    """How a run reads in a picker: id · scenario · status · age."""
+    """How a run reads in a picker: id · scenario (or script) · status · age."""
+    label = run_label(run)
     return (
-        f"{run.run_id} · {run.scenario or 'no scenario'} · {run.status.status} · "
+        f"{run.run_id} · {'no scenario' if label == '—' else label} · {run.status.status} · "
         f"{fmt_when(run.created_at, now)}"
     )
 

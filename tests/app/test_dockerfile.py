@@ -108,3 +108,24 @@ def test_production_serves_with_a_token(tmp_path):
         process.terminate()
         _, stderr = process.communicate(timeout=30)
     assert "authentication: shared token from PIPELINE_DOCTOR_TOKEN" in stderr
+
+
+def test_each_target_installs_its_dependencies_before_it_copies_the_code():
+    # a code-only change then rebuilds the COPY layers and no pip install (docs/CI.md)
+    for target in ("production", "development"):
+        steps = stages()[target]
+        code_at = next(
+            i for i, (name, args) in enumerate(steps) if name == "COPY" and "--from=code" in args
+        )
+        installs = [i for i, (name, args) in enumerate(steps) if name == "RUN" and "pip" in args]
+        assert installs and max(installs) < code_at, (target, steps)
+        later = [args for name, args in steps[code_at:] if name == "RUN"]
+        assert later == [], (target, later)  # nothing re-run per code change (no chown -R)
+
+
+def test_the_code_stage_holds_every_package_the_app_imports():
+    copied = {args.split()[0] for name, args in stages()["code"] if name == "COPY"}
+    packages = {p.name for p in REPO_ROOT.iterdir() if (p / "__init__.py").exists()}
+    packages -= {"tests", "bench"}  # the development target's own COPY lines
+    assert packages <= copied, packages - copied
+    assert {"app.py", "scripts/serve.py", ".streamlit"} <= copied

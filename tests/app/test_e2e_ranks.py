@@ -14,7 +14,6 @@ from playwright.sync_api import expect
 from diagnostics.analyze import analyze
 from diagnostics.views.ranks import RANK_TABLE_LABELS, straggler_ranks
 from tests.app.conftest import AppServer, screenshot, serving
-from tests.app.dist_runs import make_run
 from tests.app.test_e2e import goto, wait_idle
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -29,14 +28,11 @@ class RankServer:
 
 
 @pytest.fixture(scope="module")
-def rank_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RankServer]:
-    base = tmp_path_factory.mktemp("rank-server")
-    runs_dir = base / "runs"
-    runs_dir.mkdir()
-    healthy = make_run(runs_dir, "healthy", "healthy-2-ranks")
-    straggler = make_run(runs_dir, "straggler", "straggler-2-ranks")
-    with serving(runs_dir, base / "streamlit.log") as server:
-        yield RankServer(server, healthy, straggler)
+def rank_server(tmp_path_factory: pytest.TempPathFactory, two_rank_runs) -> Iterator[RankServer]:
+    """The app serving the session's two 2-rank runs (their folder holds nothing else)."""
+    log = tmp_path_factory.mktemp("rank-server") / "streamlit.log"
+    with serving(two_rank_runs.runs_dir, log) as server:
+        yield RankServer(server, two_rank_runs.healthy, two_rank_runs.straggler)
 
 
 def no_error_on(page) -> None:

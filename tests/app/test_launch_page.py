@@ -9,7 +9,9 @@ import polars as pl
 import pytest
 
 from diagnostics import views
-from diagnostics.runs import STEP_SCHEMA, RunStatus, list_runs
+from diagnostics.runs import STEP_SCHEMA, RunFolder, RunStatus, list_runs
+from probe.alert import ALERT_WEBHOOK_ENV
+from tests.alert_webhook import Webhook
 from tests.app.test_pages import open_page, texts
 
 
@@ -94,3 +96,45 @@ def test_a_distributed_scenario_starts_two_processes_and_refuses_one(empty_env):
     assert not at.exception
     assert any("straggler needs two or more processes" in e.value for e in at.error)
     assert list_runs(empty_env) == []
+
+
+def test_the_alert_field_refuses_a_negative_threshold_and_starts_nothing(empty_env):
+    at = open_page("pages/1_Launch.py")
+    alert = next(n for n in at.number_input if n.label.startswith("Alert when the run passes"))
+    assert alert.value == 0.0  # off unless asked for
+    alert.set_value(-5.0)
+    next(b for b in at.button if b.label == "Start run").click().run()
+    assert not at.exception
+    errors = [e.value for e in at.error]
+    assert any(e.startswith("runtime.alert_after_s: -5") for e in errors), errors
+    assert list_runs(empty_env) == []
+
+
+@pytest.mark.slow
+def test_an_alert_set_on_the_form_reaches_the_webhook(empty_env, monkeypatch):
+    # a real run launched from the form, with a threshold it passes at once, posting to a
+    # webhook on 127.0.0.1: the form's value is what the trainer alerts on
+    with Webhook("ok") as hook:
+        monkeypatch.setenv(ALERT_WEBHOOK_ENV, hook.url)
+        at = open_page("pages/1_Launch.py")
+        for label, value in (
+            ("Fine-tuning steps", 2),
+            ("Masked-LM steps first (0 = none)", 0),
+            ("Alert when the run passes (seconds, 0 = off)", 0.01),
+        ):
+            next(n for n in at.number_input if n.label == label).set_value(value)
+        next(b for b in at.button if b.label == "Start run").click().run()
+        assert not at.exception, at.exception
+        assert not at.error, [e.value for e in at.error]
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            runs = list_runs(empty_env)
+            if runs and runs[0].status.status in {"completed", "failed", "cancelled"}:
+                break
+            time.sleep(0.5)
+        assert runs and runs[0].status.status == "completed", runs
+    run = RunFolder(runs[0].path)
+    assert run.manifest().config["runtime"]["alert_after_s"] == 0.01
+    state = run.alert()
+    assert state.state == "sent" and state.http_status == 200
+    assert len(hook.bodies) == 1 and runs[0].run_id in hook.bodies[0]["json"]["text"]

@@ -8,6 +8,7 @@ import shutil
 import statistics
 from dataclasses import dataclass
 from operator import itemgetter
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -19,7 +20,7 @@ from diagnostics.result import AnalysisResult
 from diagnostics.runs import RunFolder
 from diagnostics.views import fmt_ms, rank_comparison_table, rank_steps_figure, rank_view
 from diagnostics.views.ranks import STRAGGLER_MARK, build_rank_view, straggler_ranks
-from tests.app.dist_runs import make_run
+from tests.conftest import make_run
 
 pytestmark = pytest.mark.slow
 
@@ -44,17 +45,15 @@ class Runs:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
-    runs_dir = tmp_path_factory.mktemp("rank-view-runs")
-
-    def made(scenario: str, run_id: str, nproc: int) -> Analysed:
-        path = make_run(runs_dir, scenario, run_id, nproc)
+def runs(tmp_path_factory: pytest.TempPathFactory, two_rank_runs) -> Runs:
+    def analysed(path: Path) -> Analysed:
         return Analysed(RunFolder(path), analyze(path))
 
+    single = make_run(tmp_path_factory.mktemp("rank-view-runs"), "healthy", "healthy-1-process", 1)
     return Runs(
-        healthy=made("healthy", "healthy-2-ranks", 2),
-        straggler=made("straggler", "straggler-2-ranks", 2),
-        single=made("healthy", "healthy-1-process", 1),
+        healthy=analysed(two_rank_runs.healthy),
+        straggler=analysed(two_rank_runs.straggler),
+        single=analysed(single),
     )
 
 

@@ -17,7 +17,6 @@ from diagnostics.views.upload_set import (
     mismatches,
     release,
 )
-from tests.app.dist_runs import make_run
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 V100 = SHARED / "traces" / "kineto_resnet50_num_workers_0.pt.trace.json.gz"
@@ -31,11 +30,11 @@ def h200(run: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def two_rank_traces(tmp_path_factory) -> list[Path]:
+def two_rank_traces(two_rank_runs) -> list[Path]:
     """Rank 0 and rank 1 of one real 2-process run of the trainer (torchrun, gloo on CPU):
     the shared traces hold no two ranks of one job."""
-    run = make_run(tmp_path_factory.mktemp("dist"), "healthy", "two-ranks")
-    return [next((run / "trace").glob(f"two-ranks.rank{rank}.*.json.gz")) for rank in (0, 1)]
+    run = two_rank_runs.healthy
+    return [next((run / "trace").glob(f"{run.name}.rank{rank}.*.json.gz")) for rank in (0, 1)]
 
 
 def rows(*paths: Path) -> list[dict]:

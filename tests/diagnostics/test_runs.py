@@ -103,6 +103,21 @@ def test_manifest_keeps_fields_added_while_running(tmp_path):
     assert manifest.scenario == "healthy"
 
 
+def test_fields_given_at_create_are_in_the_first_manifest_a_reader_sees(tmp_path):
+    # a script run's kind: the app lists a folder as soon as it exists, and a later update
+    # left a moment (seen on a loaded host) in which the run read as the trainer's
+    writer = RunWriter.create(
+        tmp_path,
+        {"scenario": None},
+        {},
+        run_id="script",
+        extra={"kind": "script", "command": ["pipeline-doctor", "profile", "train.py"]},
+    )
+    manifest = RunFolder(writer.path).manifest()
+    assert manifest.kind == "script"
+    assert manifest.extra["command"] == ["pipeline-doctor", "profile", "train.py"]
+
+
 # A malformed run file makes that one run "unreadable" (with the reason) and nothing else:
 # the typed reader is the one place that decides, so `list`, every page and the analyser agree.
 MALFORMED = [

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from tests.conftest import REPO_ROOT
+from tests.run_timing import raise_priority
 
 SCRIPTS = REPO_ROOT / "tests" / "scripts"
 SLOW_LOADER = SCRIPTS / "slow_loader.py"
@@ -25,8 +26,12 @@ def profile_command(runs_dir: Path, *args: str) -> list[str]:
     return [sys.executable, "-m", "probe", "profile", "--runs-dir", str(runs_dir), *args]
 
 
-def profile(runs_dir: Path, *args: str, timeout_s: float = 240.0) -> subprocess.CompletedProcess:
-    """The wrapper's CompletedProcess (text), run from a folder that is not the repo's."""
+def profile(
+    runs_dir: Path, *args: str, timeout_s: float = 240.0, measured: bool = False
+) -> subprocess.CompletedProcess:
+    """The wrapper's CompletedProcess (text), run from a folder that is not the repo's.
+    ``measured``: at a raised priority (tests.run_timing.raise_priority), for a test that
+    judges shares of its step times."""
     return subprocess.run(
         profile_command(runs_dir, *args),
         cwd=runs_dir.parent,
@@ -34,6 +39,7 @@ def profile(runs_dir: Path, *args: str, timeout_s: float = 240.0) -> subprocess.
         capture_output=True,
         text=True,
         timeout=timeout_s,
+        preexec_fn=raise_priority if measured else None,
     )
 
 

@@ -139,6 +139,113 @@ def test_a_stopped_wrapper_cancels_the_run_and_keeps_its_records(tmp_path, how, 
     assert run.samples().height > 0  # the sampler's records too
 
 
+def _ended(pid: int) -> bool:
+    """Whether process ``pid`` has exited (a zombie nobody reaped has: init may not reap)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("quiet", [False, True], ids=["printing", "quiet"])
+def test_a_killed_wrapper_stops_the_script_and_the_run_ends_failed_with_its_records(
+    tmp_path, quiet
+):
+    runs = tmp_path / "runs"
+    command = profile_command(
+        runs, str(SLOW_LOADER), "--steps", "500", "--sleep-ms", "0", "--linger-s", "0.05"
+    )
+    process = subprocess.Popen(
+        command + (["--quiet"] if quiet else []),
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        folder = _wait_for_steps(runs, 3, process)
+        process.kill()  # SIGKILL: the wrapper writes nothing more
+        process.communicate(timeout=60)
+        run = RunFolder(folder)
+        deadline = time.monotonic() + 60
+        while run.status().status == "running" and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    status = run.status()
+    assert status.status == "failed", status
+    # no wrapper was left to write that: the script's own process did, naming the wrapper
+    assert status.reason.startswith(
+        f"the pipeline-doctor wrapper (pid {process.pid}) died (killed?): the script "
+    ), status.reason
+    steps = run.steps()["step"].to_list()
+    assert len(steps) >= 3 and steps == list(range(1, len(steps) + 1))
+    assert status.step == steps[-1]
+    if quiet:
+        # nothing written to the dead pipe: the watch found the wrapper gone and stopped it
+        assert status.reason.endswith(f"was stopped after step {steps[-1]}"), status.reason
+    # the script trains on unwatched no more: its process has ended
+    script_pid = run.rank_statuses()[0]["pid"]
+    deadline = time.monotonic() + 30
+    while not _ended(script_pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _ended(script_pid)
+    assert (folder / "steps.parquet").exists()  # the end the wrapper would have written
+
+
+def test_a_script_that_forks_keeps_its_own_steps_once_and_notes_the_copys(tmp_path):
+    runs = tmp_path / "runs"
+    result = profile(runs, "--no-trace", str(SCRIPTS / "forking_loop.py"))
+    # the copy's sys.exit(5) is the copy's: the script's own process completed
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "the forked copy trained 12 steps" in result.stdout
+    assert "the copy exited with 5" in result.stdout
+    run = RunFolder(run_folder(result))
+    assert run.status().status == "completed"
+    # six steps, each once: the copy wrote neither its own steps nor its copy of the
+    # script's unwritten ones (before: steps 1..6 twice)
+    assert run.steps()["step"].to_list() == [1, 2, 3, 4, 5, 6]
+    assert run.rank_statuses()[0]["step"] == 6
+    forked = [n for n in run.manifest().notes if n.startswith("a process the script forked")]
+    assert len(forked) == 1 and forked[0].endswith(
+        "ran training steps: they are not recorded; the run's steps are the script's own process's"
+    ), run.manifest().notes
+    assert not list(run.path.glob("forked_steps.*"))  # the copy's marker, read and removed
+
+
+def test_a_script_that_spawns_its_own_training_processes_is_told_how_to_profile_them(
+    tmp_path,
+):
+    runs = tmp_path / "runs"
+    result = profile(runs, "--no-trace", str(SCRIPTS / "spawns_its_own.py"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "worker 0 trained 5 steps" in result.stdout
+    assert "worker 1 trained 5 steps" in result.stdout
+    run = RunFolder(run_folder(result))
+    assert run.status().status == "completed"
+    assert run.steps().height == 0  # their steps ran in processes the probe never saw
+    notes = run.manifest().notes
+    started = [n for n in notes if n.startswith("the script started 2 process(es)")]
+    assert len(started) == 1, notes
+    # the function the script spawned, not torch's wrapper around it, and the way out
+    assert "running train_worker:" in started[0]
+    assert "pipeline-doctor profile --nproc-per-node 2 SCRIPT" in started[0]
+    assert run.manifest().extra["probe"]["processes_started"] == {"train_worker": 2}
+
+
+def test_a_dataloaders_own_workers_are_not_processes_the_script_started(tmp_path):
+    runs = tmp_path / "runs"
+    result = profile(runs, "--no-trace", str(SLOW_LOADER), "--steps", "4", "--num-workers", "2")
+    assert result.returncode == 0, result.stderr[-2000:]
+    run = RunFolder(run_folder(result))
+    assert run.steps()["step"].to_list() == [1, 2, 3, 4]
+    assert run.manifest().extra["probe"]["processes_started"] == {}
+    assert run.manifest().extra["probe"]["dataloaders_built"] == 1
+
+
 def test_two_processes_under_torchrun_write_one_folder_with_both_ranks(tmp_path):
     result = profile(tmp_path / "runs", "--nproc-per-node", "2", str(SCRIPTS / "ddp_tiny.py"))
     assert result.returncode == 0, result.stderr[-3000:]

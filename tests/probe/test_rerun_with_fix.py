@@ -6,8 +6,13 @@ a 3072-wide MLP: about 40 ms of loading and a compute of the same order a step, 
 training thread (num_workers=0). Measured here: p50 134-153 ms a step, 28-32 % waiting,
 patch num_workers=1; re-run 68-80 ms, 1.6-1.9 % waiting (the worker's IPC), no finding.
 A worker sleeps beside the training thread, so the re-run's steps take about the compute
-time; the margin asserted (20 % faster) is wide on purpose: the host is a loaded 2-core
-machine. The compute is large against the IPC a batch costs so that the remaining wait
+time. How much faster is the host's to say, and a loaded host can even reverse it: at a
+load of 17 on the 2 cores the compute alone took 160 ms a step, and at a load of 10 the
+re-run's steps took 244 ms against 140 (the worker one more process on two busy cores).
+So this test proves the mechanism: the finding gone, the patch applied to the loader, and
+the wait leaving the training thread (the sleep moves to the worker: at most half of it
+left, 1/15 measured). The speed-up is measured where timings belong, in a benchmark of
+paired, alternated rounds: ``bench/bench_fix.py --script`` (docs/BENCHMARKS.md). The compute is large against the IPC a batch costs so that the remaining wait
 stays well under the rule's 5 % threshold.
 """
 
@@ -23,7 +28,7 @@ ARGS = ("--steps", "24", "--batch-size", "8", "--sleep-ms", "5", "--hidden", "30
 
 
 @pytest.mark.slow
-def test_the_findings_patch_as_override_removes_the_finding_and_speeds_up_the_steps(tmp_path):
+def test_the_findings_patch_as_override_removes_the_finding_and_the_wait(tmp_path):
     runs = tmp_path / "runs"
     before = profile(runs, "--no-trace", str(SLOW_LOADER), *ARGS)
     assert before.returncode == 0, before.stderr[-3000:]
@@ -49,6 +54,6 @@ def test_the_findings_patch_as_override_removes_the_finding_and_speeds_up_the_st
 
     second = analyze(rerun.path)
     assert "too-few-workers" not in {f.rule for f in second.findings}
-    slow = first.summary["step_time_ms"]["p50"]
-    fast = second.summary["step_time_ms"]["p50"]
-    assert fast < 0.8 * slow, (slow, fast)
+    waited = RunFolder(run_folder(before)).steps()["data_wait_ms"].median()
+    still_waits = rerun.steps()["data_wait_ms"].median()
+    assert still_waits < 0.5 * waited, (waited, still_waits)

@@ -37,6 +37,7 @@ def main():
     parser.add_argument("--fail", action="store_true")
     parser.add_argument("--linger-s", type=float, default=0.0)
     parser.add_argument("--hidden", type=int, default=16)
+    parser.add_argument("--quiet", action="store_true", help="no line per step")
     args = parser.parse_args()
     torch.manual_seed(0)
     model = torch.nn.Sequential(
@@ -58,7 +59,8 @@ def main():
         # the gradient norm as a test's oracle: summed by hand, not torch's norm helper
         grad_norm = sum(float((p.grad**2).sum()) for p in model.parameters()) ** 0.5
         optimizer.step()
-        print(f"step {step} loss {loss.item():.6g} grad_norm {grad_norm:.6g}", flush=True)
+        if not args.quiet:
+            print(f"step {step} loss {loss.item():.6g} grad_norm {grad_norm:.6g}", flush=True)
         if args.fail and step == 3:
             raise ValueError("boom at step 3")
         time.sleep(args.linger_s)

@@ -79,6 +79,7 @@ def test_scenarios_are_presets_of_ordinary_fields():
         "leak",
         "small-batch",
         "fp32",
+        "per-sample-lookups",
     }
     for name, preset in SCENARIO_PRESETS.items():
         assert set(preset) <= set(field_keys()), name

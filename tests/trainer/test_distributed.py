@@ -99,6 +99,20 @@ def test_aggregate_blames_the_earliest_failure_not_its_echo():
     assert aggregate(statuses, {}) == ("failed", "rank 1: RuntimeError: out of memory")
 
 
+def test_aggregate_blames_the_killed_rank_not_the_one_torchrun_stopped_after_it():
+    """Seen in a full run under load: rank 1 was SIGKILLed, torchrun SIGTERMed rank 0, and
+    neither wrote a status; the cause is rank 1 whichever failure torchrun timestamps first."""
+    statuses = {0: None, 1: None}
+    for failures in (
+        {1: "killed by signal SIGKILL", 0: "killed by signal SIGTERM"},
+        {0: "killed by signal SIGTERM", 1: "killed by signal SIGKILL"},
+    ):
+        assert aggregate(statuses, failures) == ("failed", "rank 1 died: killed by signal SIGKILL")
+    # a job stopped as a whole (every rank SIGTERMed) still names the first
+    both = {0: "killed by signal SIGTERM", 1: "killed by signal SIGTERM"}
+    assert aggregate(statuses, both) == ("failed", "rank 0 died: killed by signal SIGTERM")
+
+
 def test_aggregate_blames_a_rank_that_died_without_a_status():
     statuses = {0: _status("failed", "Connection closed by peer", ended_at=5.0), 1: None}
     failures = {1: "killed by signal SIGKILL", 0: "exit code 1"}
@@ -132,7 +146,12 @@ def test_bad_job_shapes_are_one_line_and_leave_nothing(tmp_path, extra, field):
 
 
 def _two_rank_run(
-    runs_dir: Path, scenario: str, steps: int = 6, patch: dict | None = None
+    runs_dir: Path,
+    scenario: str,
+    steps: int = 6,
+    patch: dict | None = None,
+    *,
+    measured: bool = False,
 ) -> RunFolder:
     args = [a if a != "healthy" else scenario for a in DIST_ARGS]
     patched = ["--patch-json", json.dumps(patch)] if patch else []
@@ -140,14 +159,16 @@ def _two_rank_run(
         ["run", *args, "--steps", str(steps), "--runs-dir", str(runs_dir)]
         + ["--nproc-per-node", "2", *patched],
         timeout_s=400,
+        measured=measured,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return RunFolder(result.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
-def healthy_two_ranks(tmp_path_factory) -> RunFolder:
-    return _two_rank_run(tmp_path_factory.mktemp("dist_healthy"), "healthy")
+def healthy_two_ranks(two_rank_runs) -> RunFolder:
+    """The session's healthy 2-rank run: the same arguments as _two_rank_run's, 6 steps."""
+    return RunFolder(two_rank_runs.healthy)
 
 
 def _allreduces_per_profiled_step(run: RunFolder, rank: int) -> float:
@@ -197,8 +218,9 @@ def test_two_processes_on_cpu(healthy_two_ranks):
 
 
 @pytest.fixture(scope="module")
-def straggler_two_ranks(tmp_path_factory) -> RunFolder:
-    return _two_rank_run(tmp_path_factory.mktemp("dist_straggler"), "straggler")
+def straggler_two_ranks(two_rank_runs) -> RunFolder:
+    """The session's straggler 2-rank run: the same arguments as _two_rank_run's, 6 steps."""
+    return RunFolder(two_rank_runs.straggler)
 
 
 def _paired_step_gaps_ms(run: RunFolder) -> dict[str, float]:
@@ -250,12 +272,23 @@ def test_exposed_communication_all_reduces_every_gradient_after_backward(
     assert steps["0"].to_list() == pytest.approx(steps["1"].to_list())
 
 
-def _exposed(result) -> tuple[float, float] | None:
-    """(exposed share of step time %, the part of it that is transfer, not waiting %)."""
-    found = next((f for f in result.findings if f.rule == "exposed-communication"), None)
-    if found is None:
-        return None
-    return found.evidence["exposed_pct"], found.evidence["exposed_transfer_pct"]
+def _allreduces_issued_after_backward(run: RunFolder, rank: int) -> list[tuple[int, int]]:
+    """Per profiled step, (all-reduces started after the step's last backward op ended,
+    all-reduces started before that): the order of calls on the trace, not their times."""
+    from diagnostics.trace.loader import load
+
+    events = next(t for t in load(run.path).traces if t.rank == rank).events
+    steps = events.filter(pl.col("name").str.starts_with("ProfilerStep#"))
+    counts = []
+    for start, dur in steps.select("ts", "dur").iter_rows():
+        inside = events.filter((pl.col("ts") >= start) & (pl.col("ts") < start + dur))
+        backward = inside.filter(pl.col("name").str.starts_with("autograd::engine::evaluate_"))
+        if backward.is_empty():
+            continue
+        backward_end = (backward["ts"] + backward["dur"]).max()
+        calls = inside.filter(pl.col("name") == "c10d::allreduce_")["ts"]
+        counts.append((int((calls >= backward_end).sum()), int((calls < backward_end).sum())))
+    return counts
 
 
 def test_exposed_communication_fires_and_its_patch_brings_back_overlap(exposed_two_ranks, tmp_path):
@@ -266,14 +299,28 @@ def test_exposed_communication_fires_and_its_patch_brings_back_overlap(exposed_t
     assert found.fix.config_patch == {"distributed.sync": "overlap"}
     fixed = _two_rank_run(tmp_path, "exposed-communication", patch=found.fix.config_patch)
     assert fixed.manifest().config["distributed"]["sync"] == "overlap"
-    exposed_before, transfer_before = _exposed(before)
-    after = _exposed(analyze(fixed.path))
-    # On this shared 2-core CPU the DDP run can still show exposed time, nearly all of it
-    # one rank waiting for the other (gloo has no GPU to overlap with): the rule may stay,
-    # but the exposed transfer the patch removes must fall at least by half.
-    if after is not None:
-        exposed_after, transfer_after = after
-        assert transfer_after < 0.5 * transfer_before, (after, (exposed_before, transfer_before))
+    # Overlap is an order of calls, which a busy host cannot change: unpatched, each of the
+    # tens of gradients is all-reduced after backward has ended (the one call before it is
+    # the ranks' stop-flag agreement); patched, DDP issues every bucket while backward runs.
+    unpatched = _allreduces_issued_after_backward(exposed_two_ranks, 0)
+    patched = _allreduces_issued_after_backward(fixed, 0)
+    assert unpatched and all(after >= 20 and during <= 1 for after, during in unpatched), unpatched
+    assert patched and all(after == 0 and during >= 2 for after, during in patched), patched
+    # What the analyser reads of it is that structure too, not a share of time: on this 2-core
+    # CPU the gloo threads and four ranks' compute share two cores, so how much of the step
+    # stays exposed after the fix is the host's load to say (CI measured the patched run at
+    # 42.3 % exposed against the unpatched 33.4 %, an idle host 11.9 % against 41.6 %).
+    # Unpatched, no collective is in flight while the loop computes, and there is one per
+    # gradient; patched, DDP's few buckets (its 1 MB first bucket, then 25 MB ones).
+    comms_before = before.facts.comms
+    comms_after = analyze(fixed.path).facts.comms
+    assert comms_before.overlap_pct == 0.0, comms_before.overlap_pct
+    per_step_before = comms_before.collectives_count / comms_before.per_step.height
+    per_step_after = comms_after.collectives_count / comms_after.per_step.height
+    assert per_step_before >= 20 and per_step_after <= per_step_before / 5, (
+        per_step_before,
+        per_step_after,
+    )
 
 
 def _stragglers(result) -> list:
@@ -296,7 +343,7 @@ def test_straggler_fires_naming_the_rank_and_its_cause_and_the_fix_removes_it(
     late_ms = _paired_step_gaps_ms(straggler_two_ranks)["late"]
     assert 0.6 * late_ms <= evidence["excess_ms_per_step"] <= 1.4 * late_ms, (evidence, late_ms)
     assert found.fix.config_patch == {"distributed.straggler_delay_ms": 0.0}
-    fixed = _two_rank_run(tmp_path, "straggler", patch=found.fix.config_patch)
+    fixed = _two_rank_run(tmp_path, "straggler", patch=found.fix.config_patch, measured=True)
     assert fixed.manifest().config["distributed"]["straggler_delay_ms"] == 0.0
     # Two ranks sharing two cores (and rank 0 checkpointing every 2 steps here) can still
     # keep one waiting for the other a little; the data straggler itself must be gone.

@@ -45,6 +45,7 @@ def test_every_scenario_has_the_finding_it_must_show():
         "leak": "memory-leak",
         "small-batch": "batch-too-small",
         "fp32": "tensor-cores-unused",
+        "per-sample-lookups": "per-sample-lookups",
     }
 
 

@@ -83,6 +83,22 @@ def _losses(run: RunFolder) -> dict[int, float]:
     return dict(zip(steps["step"].to_list(), steps["loss"].to_list(), strict=True))
 
 
+def _numerics(run: RunFolder) -> dict:
+    """What bitwise equality rests on, for the failure message: a mismatch then says
+    whether the two processes ran with the same threads and math-library settings."""
+    env = run.manifest().environment
+    return {k: env.get(k) for k in ("torch_threads", "cpu_count", "math_library_env")}
+
+
+def _assert_same_losses(run: RunFolder, reference: RunFolder) -> None:
+    got, want = _losses(run), _losses(reference)
+    differing = [step for step in want if got.get(step) != want[step]]
+    assert got == want, (
+        f"losses differ first at step {differing[0] if differing else '?'}: "
+        f"{run.path.name} {_numerics(run)} against {reference.path.name} {_numerics(reference)}"
+    )
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The uninterrupted reference, a run killed with SIGKILL and one sent SIGTERM."""
@@ -141,10 +157,9 @@ def test_resume_after_kill_matches_the_uninterrupted_losses_exactly(runs):
     assert result.stdout.strip().splitlines()[-1] == str(run_dir)
     run = RunFolder(run_dir)
     assert run.status().status == "completed"
-    resumed, reference = _losses(run), _losses(runs["reference"])
-    assert list(resumed) == list(range(1, TOTAL + 1))
+    assert list(_losses(run)) == list(range(1, TOTAL + 1))
     # bitwise: the steps redone after the last checkpoint and all later ones
-    assert resumed == reference
+    _assert_same_losses(run, runs["reference"])
     assert "resumed from step_" in run.log_tail()
 
 
@@ -166,7 +181,7 @@ def test_resume_after_sigterm_completes_with_the_same_losses(runs):
     assert result.returncode == 0, result.stderr[-3000:]
     run = RunFolder(run_dir)
     assert run.status().status == "completed"
-    assert _losses(run) == _losses(runs["reference"])
+    _assert_same_losses(run, runs["reference"])
 
 
 def test_a_preempted_run_with_a_torn_newest_checkpoint_resumes_from_the_one_before(runs):
@@ -206,7 +221,7 @@ def test_a_preempted_run_with_a_torn_newest_checkpoint_resumes_from_the_one_befo
     notes = json.loads((run_dir / "run.json").read_text())["notes"]
     assert any("step_99999990.pt: missing total_loss" in note for note in notes), notes
     assert any(f"step_99999991.pt: model parameter {name} is" in note for note in notes), notes
-    assert _losses(run) == _losses(runs["reference"])
+    _assert_same_losses(run, runs["reference"])
 
 
 class _Payload:

@@ -210,3 +210,40 @@ def test_prune_vocab_is_a_config_key_off_by_default():
     assert build_config("healthy", {"data.prune_vocab": "true"}).data.prune_vocab is True
     with pytest.raises(ConfigError, match=r"^data.prune_vocab: 'maybe' is not a boolean"):
         build_config("healthy", {"data.prune_vocab": "maybe"})
+
+
+def test_pruned_then_padded_vocabulary_pads_both_matrices_and_is_not_unused_rows(tmp_path):
+    # misshapen-matmul's fix after unused-embedding-rows': prune, then pad to a multiple of 64
+    config = build_config(
+        "healthy", {**SMALL, "model.pad_vocab_to_multiple_of": 64}, steps=3, device="cpu"
+    )
+    writer = RunWriter.create(tmp_path, config.to_dict(), {"device": "cpu"}, run_id="padded")
+    trainer = Trainer(
+        config, SafeWriter(writer), device="cpu", cache_dir=tmp_path / "cache", stop=StopRequests()
+    )
+    size = trainer.vocab.size
+    rows = -(-size // 64) * 64  # the pruned vocabulary rounded up: ~110 -> 128
+    assert rows % 64 == 0 and size < rows < size + 64
+    embedding = trainer.model.backbone.embeddings.word_embeddings
+    assert embedding.num_embeddings == rows
+    assert trainer.model.mlm_head.predictions.decoder.out_features == rows
+    usage = trainer.vocab_usage()
+    assert (usage["vocab_size"], usage["padding_rows"]) == (size, rows - size)
+    assert trainer.run().status == "completed"  # 2 masked-LM steps over the padded decoder
+    # the rows the padding added are by design never fed: not counted as unused
+    from diagnostics.rules import examples as ex
+    from diagnostics.rules.unused_embedding_rows import UnusedEmbeddingRows
+    from diagnostics.thresholds import Thresholds
+
+    # at a 5 % threshold: the pruned vocabulary leaves only [UNK] unused (under 1 %), while
+    # its padding rows, were they counted, would be over 5 % of the rows
+    strict = Thresholds(embedding_unused_min_pct=5.0)
+    assert 100 * (rows - usage["used_token_ids"]) / rows > 5.0
+    run = ex.run(ex.series(3, step_time_ms=10.0), environment={"vocab_usage": usage})
+    assert UnusedEmbeddingRows().check(ex.inputs(run=run), strict) == []
+
+
+def test_pad_vocab_to_multiple_of_defaults_to_no_padding_and_is_bounded():
+    assert build_config("healthy").model.pad_vocab_to_multiple_of == 1
+    with pytest.raises(ConfigError, match=r"^model.pad_vocab_to_multiple_of: "):
+        build_config("healthy", {"model.pad_vocab_to_multiple_of": "0"})

@@ -165,3 +165,30 @@ def test_top_allocations_are_the_largest_with_their_operator(h200_drill, h200_ra
     assert table.height == 50
     assert table["size_mib"].to_list() == pytest.approx([b / 2**20 for b in sizes[:50]])
     assert table["operator"].null_count() == 0  # the trainer allocates inside operators
+
+
+def test_operators_by_shape_carry_the_roofline_of_their_calls(h200_drill):
+    # m768l6b256 (run.json): batch 256 x 128 tokens = 32768 rows, hidden 768, FFN 3072, bf16
+    # on an H200 (989.5 dense bf16 TFLOP/s). The FFN up-projection's addmm: 2·M·N·K + M·N.
+    table = h200_drill.operators_by_shape
+    up = table.filter(
+        (pl.col("operator") == "aten::addmm")
+        & (pl.col("input_shapes") == "[[3072],[32768,768],[768,3072],[],[]]")
+    ).row(0, named=True)
+    per_call = 2 * 32768 * 3072 * 768 + 32768 * 3072
+    assert up["gflops"] == pytest.approx(up["calls"] * per_call / 1e9)
+    assert up["bound"] == "compute"
+    assert up["pct_of_peak_flops"] == pytest.approx(100 * up["tflops_per_s"] / 989.5)
+    # operators without a FLOP model have no roofline figures, never zeros
+    view = table.filter(pl.col("operator") == "aten::view")
+    assert view.height and view["tflops_per_s"].null_count() == view.height
+
+
+def test_kernels_carry_the_rate_of_the_operators_that_launched_them(h200_drill):
+    kernels = h200_drill.kernels
+    # cuBLAS's nvjet_sm90_* GEMMs here: the Tensor Core kernels the family table knows
+    gemm = kernels.filter(pl.col("tensor_core") & pl.col("tflops_per_s").is_not_null())
+    assert gemm.height
+    top = gemm.row(0, named=True)
+    # H200 dense bf16 peak 989.5: a real GEMM kernel runs well below it, and above 10 %
+    assert 10 < top["pct_of_peak_flops"] < 100

@@ -106,3 +106,28 @@ def test_launch_stats_follow_hta_definitions():
     big = table["big"]
     assert (big["short_count"], big["launch_outlier_count"], big["kernel_us_mean"]) == (0, 1, 500)
     assert "unlinked" not in table
+
+
+def test_rocm_synchronize_calls_block_like_cudas_on_the_mi300x_trace():
+    """ROCm names the runtime's sync calls hip*: the MI300X ResNet trace's
+    hipDeviceSynchronize calls are counted, as many and as long as a json.load of the file
+    says (each call once: none nests in another)."""
+    import gzip
+    import json
+
+    from diagnostics.trace.loader import load_trace_file
+    from tests.diagnostics.trace.helpers import SHARED_TRACES
+
+    path = SHARED_TRACES / "tracelens_mi300x_resnet_ddp_actckpt_rank0_of_8.json.gz"
+    with gzip.open(path) as handle:
+        raw = [
+            e
+            for e in json.load(handle)["traceEvents"]
+            if e.get("name") == "hipDeviceSynchronize" and e.get("ph") == "X" and "dur" in e
+        ]
+    assert raw, "the trace records hipDeviceSynchronize"
+    events = load_trace_file(path).events
+    table = sync_table(events, build_index(events))
+    (row,) = table.filter(table["name"] == "hipDeviceSynchronize").iter_rows(named=True)
+    assert row["count"] == len(raw)
+    assert row["total_us"] == pytest.approx(sum(float(e["dur"]) for e in raw), abs=1.0)

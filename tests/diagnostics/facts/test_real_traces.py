@@ -14,7 +14,7 @@ import pytest
 from diagnostics.facts import breakdown_pct, compute_facts
 from diagnostics.facts.breakdown import PARTS
 from diagnostics.facts.selectors import DATALOADER
-from diagnostics.model import TraceFacts
+from diagnostics.sources import TraceFacts
 from tests.diagnostics.facts.trace_fixture import SHARED_TRACES, load_events, real_traces
 from tests.diagnostics.trace.helpers import provenance_trace_names
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import polars as pl
 
-from diagnostics.model import RunData, TraceFacts
 from diagnostics.rules.base import Finding, Fix, Severity, Skipped
 from diagnostics.runs import RunFolder, RunWriter
+from diagnostics.sources import RunData, TraceFacts
 
 HOSTILE = "<script>alert(1)</script>"
 BREAKOUT = '</script><script>alert("x")</script><!--'

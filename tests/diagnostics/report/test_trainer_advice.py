@@ -30,7 +30,7 @@ def _reports(result) -> dict[str, str]:
 def test_an_uploaded_trace_gets_code_for_its_own_script():
     # ResNet-50 with num_workers=0: too-few-workers and missing-pin-memory fire
     result = analyze(TRACES / "kineto_resnet50_num_workers_0.pt.trace.json.gz")
-    assert not result.is_trainer_run
+    assert not result.is_run_folder
     workers = next(f for f in result.findings if f.rule == "too-few-workers")
     assert "DataLoader(" in workers.fix.code and "num_workers=1" in workers.fix.code
     assert all(f.fix.config_patch is None for f in result.findings)
@@ -54,7 +54,7 @@ def test_a_trainer_run_keeps_its_config_patch(tmp_path):
         },
     )
     result = analyze(run.folder.path)
-    assert result.is_trainer_run
+    assert result.is_run_folder
     workers = next(f for f in result.findings if f.rule == "too-few-workers")
     assert workers.fix.config_patch and workers.fix.config_patch["data.num_workers"] > 0
     reports = _reports(result)

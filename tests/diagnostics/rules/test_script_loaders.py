@@ -157,3 +157,68 @@ def test_a_trainer_key_patch_is_dropped_on_a_script_run_and_kept_on_a_trainer_ru
     assert _without_trainer_patch(finding).fix.config_patch is None
     override = replace(finding, fix=Fix("code", {"dataloader.pin_memory": True}))
     assert _without_trainer_patch(override).fix.config_patch == {"dataloader.pin_memory": True}
+
+
+# HF's Trainer builds its loader in transformers' Trainer._get_dataloader from its
+# TrainingArguments; the probe records it at the script's trainer.train() line, as in
+# transformers' examples/pytorch/language-modeling/run_clm.py (line 654 of the vendored copy)
+HF_CALL = "train_result = trainer.train(resume_from_checkpoint=checkpoint)"
+
+
+def _hf_loader(**fields):
+    hf = {
+        "file": "/home/me/run_clm.py", "line": 654, "site": "run_clm.py:654", "code": HF_CALL,
+        "dataset_class": "Dataset", "batch_size": None, "pin_memory": True,
+        "built_by": "transformers",
+    }  # fmt: skip
+    return _loader(**{**hf, **fields})
+
+
+def test_a_record_without_built_by_reads_as_the_scripts_own_call():
+    assert _loader().built_by is None  # dataloaders.jsonl written before the field
+    assert _hf_loader().built_by == "transformers"
+
+
+def test_too_few_workers_on_an_hf_trainer_run_fixes_training_arguments_not_transformers():
+    inputs = _script(ex.cpu_run(20, step_time_ms=50.0, data_wait_ms=40.0), _hf_loader())
+    (finding,) = TooFewWorkers().check(inputs, Thresholds())
+    assert finding.recommendation.startswith(
+        "run_clm.py:654 trains with the HF Trainer, which builds the DataLoader from its "
+        "TrainingArguments (dataloader_num_workers=0, dataloader_pin_memory=True). "
+    )
+    workers = finding.evidence["recommended_num_workers"]
+    assert finding.recommendation.endswith(
+        f"Set dataloader_num_workers={workers} with dataloader_persistent_workers=True."
+    )
+    assert finding.fix.code == (
+        "# run_clm.py:654 trains with the HF Trainer, which builds the DataLoader from its "
+        f"TrainingArguments: {workers} worker processes load batches meanwhile:\n"
+        f"training_args = TrainingArguments(..., dataloader_num_workers={workers}, "
+        "dataloader_persistent_workers=True)\n\n"
+        "# or, for a script that reads them with HfArgumentParser, on its command line:\n"
+        f"#   --dataloader_num_workers {workers} --dataloader_persistent_workers True\n"
+    )
+    assert "DataLoader(" not in finding.fix.code  # no call of transformers' to rewrite
+    # the wrapper's override reaches the Trainer's loader too: the patch and re-run stay
+    assert finding.fix.config_patch == {"dataloader.num_workers": workers}
+    assert finding.evidence["rerun_command"] == (
+        f"pipeline-doctor profile --override dataloader.num_workers={workers} train.py --lr 1e-3"
+    )
+    assert finding.evidence["dataloader"]["built_by"] == "transformers"
+
+
+def test_missing_pin_memory_on_an_hf_trainer_run_sets_dataloader_pin_memory():
+    cuda = ex.inputs(
+        run=ex.run(ex.series(5, h2d_ms=4.0, step_time_ms=20.0), environment=ex.CUDA_ENV)
+    )
+    loader = _hf_loader(pin_memory=False)
+    (finding,) = MissingPinMemory().check(_script(cuda, loader), Thresholds())
+    assert finding.recommendation.startswith(
+        "run_clm.py:654 trains with the HF Trainer, which builds the DataLoader from its "
+        "TrainingArguments (dataloader_num_workers=0, dataloader_pin_memory=False). "
+    )
+    assert "training_args = TrainingArguments(..., dataloader_pin_memory=True)\n" in (
+        finding.fix.code
+    )
+    assert "#   --dataloader_pin_memory True\n" in finding.fix.code
+    assert finding.fix.config_patch == {"dataloader.pin_memory": True}

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import gzip
 import json
+import subprocess
+import sys
 
 import pytest
 
 from diagnostics.__main__ import main
 from diagnostics.analyze import analyze, analyze_files
 from diagnostics.errors import InputError
-from diagnostics.trace.budget import DEFAULT_MAX_EVENTS, Limits
+from diagnostics.trace.budget import DEFAULT_MAX_EVENTS, Limits, host_memory_bytes
 from diagnostics.trace.loader import load
 from tests.diagnostics.trace.helpers import SHARED_TRACES, kernel, trace_doc
 
@@ -85,6 +87,37 @@ def test_limits_from_the_environment_and_their_defaults():
     assert limits == Limits(max_decompressed_bytes=10 * MIB, max_events=5000)
     with pytest.raises(ValueError, match="must be positive"):
         Limits.from_env({"PIPELINE_DOCTOR_MAX_EVENTS": "0"})
+
+
+GIB = 1 << 30
+
+
+def test_the_command_line_sizes_its_limits_to_the_machine_so_a_1_gb_trace_goes_through():
+    """Issue 19's case: a 1 GB, 5.6 M-event trace on a 24 GiB machine. Half of the memory
+    at 512 bytes an event is 25.2 M events (24 * 2**30 / 2 / 512), and 400 bytes of JSON
+    each is 9.4 GiB; the app's own budget stays at 5 M events."""
+    limits = Limits.for_command_line({}, memory_bytes=24 * GIB)
+    assert limits.max_events == 24 * GIB // 2 // 512 == 25_165_824
+    assert limits.max_decompressed_bytes == 25_165_824 * 400
+    assert limits.max_events > 5_600_000 and limits.max_decompressed_bytes > GIB
+    assert Limits.from_env({}).max_events == 5_000_000
+
+
+def test_a_small_machine_keeps_the_apps_limits_and_the_environment_still_wins():
+    assert Limits.for_command_line({}, memory_bytes=2 * GIB) == Limits()
+    env = {"PIPELINE_DOCTOR_MAX_EVENTS": "1000", "PIPELINE_DOCTOR_MAX_DECOMPRESSED_MB": "3"}
+    assert Limits.for_command_line(env, memory_bytes=64 * GIB) == Limits(3 * MIB, 1000)
+
+
+def test_the_machines_size_is_what_this_process_may_use():
+    """Under ``ulimit -v`` (here 3 GiB, in a child) the address-space limit is the size."""
+    code = (
+        "import resource; resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30)); "
+        "from diagnostics.trace.budget import host_memory_bytes; print(host_memory_bytes())"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert int(done.stdout) == 3 << 30
+    assert host_memory_bytes() >= 1 << 30  # this machine, unlimited: its physical memory
 
 
 @pytest.mark.parametrize("where", ["args", "top", "document"])

@@ -1,0 +1,66 @@
+"""A tiny causal LM made locally for HF Trainer tests: no download, random weights.
+
+The tokenizer is a ``tokenizers`` WordLevel model over this module's own 40 words, saved
+as a ``PreTrainedTokenizerFast``; the model a 2-layer GPT-2 config 32 wide. Both are
+written with ``save_pretrained`` into a folder the test owns, and the training text into a
+``train.txt`` beside them.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+WORDS = [f"w{i}" for i in range(40)]
+SPECIAL = ["<unk>", "<eos>"]
+
+
+def offline_env(home: Path) -> dict[str, str]:
+    """Everything HF would download or cache, kept offline and under ``home``."""
+    return {
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HOME": str(home / "hf-home"),
+        "HF_DATASETS_CACHE": str(home / "hf-datasets"),
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+
+
+def write_tiny_model(folder: Path, *, positions: int = 64) -> Path:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import GPT2Config, PreTrainedTokenizerFast
+
+    vocab = {token: index for index, token in enumerate(SPECIAL + WORDS)}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        unk_token="<unk>",
+        eos_token="<eos>",
+        bos_token="<eos>",
+        pad_token="<eos>",
+        model_max_length=positions,
+    )
+    tokenizer.save_pretrained(folder)
+    config = GPT2Config(
+        vocab_size=len(vocab),
+        n_positions=positions,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        bos_token_id=1,
+        eos_token_id=1,
+    )
+    config.save_pretrained(folder)
+    return folder
+
+
+def write_corpus(path: Path, lines: int, words_a_line: int = 12) -> Path:
+    rng = random.Random(0)
+    text = "".join(
+        " ".join(rng.choice(WORDS) for _ in range(words_a_line)) + "\n" for _ in range(lines)
+    )
+    path.write_text(text)
+    return path
