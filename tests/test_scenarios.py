@@ -169,8 +169,10 @@ def scenario_results(tmp_path_factory) -> dict[str, AnalysisResult]:
     jobs["workers-not-persistent"] = ["--scenario", "healthy", *BASE_ARGS, *NO_PROFILER]
     jobs["workers-not-persistent"] += set_args({"data.persistent_workers": False})
     # healthy is the run that must draw no finding: its one worker is sized for the cores
-    # it has, and beside six other training jobs and two busy loops at the same priority
-    # it fell behind (a 5.5 % data-wait share), which too-few-workers rightly reported
+    # it has. Its batches reach it by shared-memory file name (data.sharing_strategy): by
+    # file descriptor, each of a batch's four tensors was a round trip to a thread of the
+    # worker, and beside six other jobs and two busy loops each waited ~16 ms for a core
+    # (5-10 % data-wait shares, which too-few-workers reported; now under 1 %)
     folders = run_together(runs_dir, jobs, measured=frozenset({"healthy"}))
     return {name: _analysed(path) for name, path in folders.items()}
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.multiprocessing
 from tokenizers import Tokenizer
 from torch.utils.data import (
     BatchSampler,
@@ -492,6 +493,10 @@ class EpochBatches:
         self._sampler = EpochSampler(len(dataset), seed, phase, rank, world_size)
         self._persistent_loader: DataLoader[Sample] | None = None
         self.loaders_built = 0
+        if data.num_workers > 0:
+            # process-wide; forked workers inherit it, and the workers are the side that
+            # shares each batch's tensors
+            torch.multiprocessing.set_sharing_strategy(data.sharing_strategy)
 
     def _loader_kwargs(self, epoch: int) -> dict[str, Any]:
         kwargs: dict[str, Any] = {

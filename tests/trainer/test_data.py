@@ -234,3 +234,36 @@ def test_used_token_ids_counts_distinct_ids_fed_to_the_model(corpus):
     fly = make_train_dataset(corpus, DataConfig(rows=300, tokenize_on_the_fly=True), seed=0)
     assert fly._ids is None
     assert used_token_ids(corpus, fly, masking=False) == len(expected)
+
+
+STRATEGIES = ("file_descriptor", "file_system")
+
+
+class _ReportsSharingStrategy(TransactionDataset):
+    """Each sample carries the sharing strategy of the process that made it (the worker)."""
+
+    def __getitem__(self, key, **kwargs):
+        sample = super().__getitem__(key, **kwargs)
+        strategy = torch.multiprocessing.get_sharing_strategy()
+        sample["strategy"] = torch.tensor(STRATEGIES.index(strategy))
+        return sample
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_workers_share_batches_by_the_configured_strategy(corpus, strategy):
+    # by file name is the default: each tensor handed over by file descriptor is a round
+    # trip to a thread of the worker, which on a busy host waits for a core
+    assert DataConfig().sharing_strategy == "file_system"
+    before = torch.multiprocessing.get_sharing_strategy()
+    other = next(s for s in STRATEGIES if s != strategy)
+    torch.multiprocessing.set_sharing_strategy(other)
+    try:
+        ds = _ReportsSharingStrategy(corpus.train_texts, corpus.train_labels, corpus.tokenizer)
+        data = DataConfig(rows=300, num_workers=1, sharing_strategy=strategy)
+        it = EpochBatches(ds, data, batch_size=8, seed=0, phase="finetune", pin_memory=False)
+        batches = [b for (_, _, b), _ in zip(it.iterate(0, 0), range(3), strict=False)]
+        assert torch.multiprocessing.get_sharing_strategy() == strategy
+        made_with = {STRATEGIES[int(i)] for b in batches for i in b["strategy"]}
+        assert made_with == {strategy}
+    finally:
+        torch.multiprocessing.set_sharing_strategy(before)
