@@ -9,7 +9,8 @@ shape: one transaction per sample is 256 reads and 256 keys a batch; batched, 1 
 Measured here (load ~6 on 2 cores): per sample, p50 1.3-1.6 ms a step, 1.0-1.1 ms of it
 waiting, 0.34-0.43 ms inside LMDB (35-40 % of the wait, against the rule's 25 %);
 batched, 0.71-0.74 ms a step, 0.39-0.40 ms waiting. The test asserts the direction with a
-wide margin (the wait under three quarters of the per-sample one), not the size. The two
+wide margin (the loader's CPU time per batch under three quarters of the per-sample one:
+0.43-0.52 measured, idle and beside 2 to 6 busy loops), not the size. The two
 runs train side by side and their speed is compared over the seconds both trained in
 (tests/run_timing.py): a step of a millisecond or two, timed in runs one after the other,
 meets whatever load the host has at that moment. Every run is at a raised priority
@@ -114,12 +115,25 @@ def test_the_batched_rerun_loses_the_finding(per_sample_and_batched):
     assert "per-sample-lookups" not in {f.rule for f in analyze(after.path).findings}
 
 
+def _loader_cpu_ms_per_batch(folder: RunFolder) -> float:
+    """The training thread's CPU time inside ``next()`` per batch, from the run's loader
+    totals (dataloaders.jsonl)."""
+    (loader,) = [d for d in folder.dataloaders() if d.batches]
+    assert loader.wait_cpu_ms is not None and loader.batches == SPEED_STEPS
+    return loader.wait_cpu_ms / loader.batches
+
+
 @pytest.mark.slow
 def test_the_batched_version_steps_faster_beside_the_per_sample_one(side_by_side):
     before, after = (folder.steps() for folder in side_by_side)
     assert before.height == after.height == SPEED_STEPS
     assert set(before["store_reads"]) == {BATCH} and set(after["store_reads"]) == {1}
-    assert after["data_wait_ms"].median() < 0.75 * before["data_wait_ms"].median()
+    # the loader's work per batch is the training thread's CPU time in next(): the wall
+    # wait also holds the time either run spent preempted, and the two meet the host's
+    # other work unevenly (CI once read 0.585 against 0.778 ms, where idle runs read 0.33-0.55
+    # against 0.75-0.82)
+    per_sample, batched = (_loader_cpu_ms_per_batch(folder) for folder in side_by_side)
+    assert batched < 0.75 * per_sample, (batched, per_sample)
     window = shared_window(before, after)
     assert steps_per_s_within(after, window) > steps_per_s_within(before, window)
 
