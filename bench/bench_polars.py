@@ -39,7 +39,7 @@ import polars as pl
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from trainer.corpus import make_corpus  # noqa: E402
+from trainer.corpus import amount_band, make_corpus, model_text  # noqa: E402
 
 CHUNK_ROWS = 1_000_000
 GUIDE = {"read": (12.3, 3.7), "group-by": (1.2, 0.3)}  # seconds, pandas -> Polars
@@ -89,27 +89,9 @@ def pandas_group(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def polars_clean(frame: pl.DataFrame) -> pl.Series:
-    # trainer.corpus.preprocess's text, from the statement line
-    clean = (
-        pl.col("statement")
-        .str.to_lowercase()
-        .str.replace_all(r"[*#]", " ")
-        .str.replace_all(r"\d+", " num ")
-        .str.replace_all(r"\s+", " ")
-        .str.strip_chars()
-    )
-    band = (
-        pl.when(pl.col("amount") < 10)
-        .then(pl.lit("small"))
-        .when(pl.col("amount") < 100)
-        .then(pl.lit("medium"))
-        .when(pl.col("amount") < 1000)
-        .then(pl.lit("large"))
-        .otherwise(pl.lit("huge"))
-    )
-    text = pl.concat_str(
-        [clean, pl.lit(" amount "), band, pl.lit(" "), pl.col("date").dt.strftime("%a")]
-    ).str.to_lowercase()
+    # trainer.corpus.preprocess's own text expressions, from the statement line
+    band = amount_band(pl.col("amount"))
+    text = model_text(pl.col("statement"), band, pl.col("date"))
     return frame.select(text.alias("text"))["text"]
 
 

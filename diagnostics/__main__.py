@@ -21,6 +21,8 @@ from typing import Any
 
 from diagnostics.cli_limits import LimitOptionError as _LimitOptionError
 from diagnostics.cli_limits import (
+    OneLineParser,
+    UsageError,
     add_isolation_options,
     add_limit_options,
     analyse,
@@ -48,19 +50,8 @@ USAGE = (
 )
 
 
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises instead of printing usage and exiting."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise _UsageError(message)
-
-
 def _analyze_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = OneLineParser(
         prog="python -m diagnostics analyze",
         description="Analyse a trace (.json/.json.gz), a folder of per-rank traces or a run "
         "folder; print the result as JSON (schema pipeline-doctor/analysis/v1) or text.",
@@ -207,7 +198,7 @@ def analyze_main(argv: Sequence[str]) -> int:
         child = isolation_from(args)
         if args.output not in (None, STDOUT):
             check_output_path(args.output)  # refused before a minute of analysis, not after
-    except (_UsageError, _LimitOptionError, OutputRefused) as exc:
+    except (UsageError, _LimitOptionError, OutputRefused) as exc:
         print_stderr(f"error: {exc}")
         return 2
     if "polars" not in sys.modules and (os.cpu_count() or 1) <= 2:

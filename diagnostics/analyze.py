@@ -7,7 +7,6 @@ Bad input raises :class:`~diagnostics.errors.InputError`; nothing else is expect
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, replace
@@ -29,7 +28,7 @@ from diagnostics.facts.device import identify_device
 from diagnostics.facts.mfu import mfu_facts
 from diagnostics.facts.ranks import rank_collectives
 from diagnostics.facts.summary import overlap_summary
-from diagnostics.metrics import KeyMetrics, compute_key_metrics, steady_steps
+from diagnostics.metrics import KeyMetrics, compute_key_metrics, finite_or_none, steady_steps
 from diagnostics.model import AnalysisInputs
 from diagnostics.rank_pool import POOL_MIN_FILES, digest_files, ranks_are_distinct
 from diagnostics.result import (
@@ -359,13 +358,6 @@ def trace_run_steps(
 # -- summary ---------------------------------------------------------------------------
 
 
-def _finite(value: Any) -> float | None:
-    if value is None:
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
 def _device_name(value: Any) -> str | None:
     if not isinstance(value, str) or not value:
         return None
@@ -378,11 +370,11 @@ def _comm_summary(facts: TraceFacts | None) -> dict[str, Any]:
         return {}
     return {
         "comm_source": comms.source,
-        "comm_collective_us": _finite(comms.collective_us),
-        "comm_overlap_pct": _finite(comms.overlap_pct),
-        "comm_exposed_us": _finite(comms.exposed_us),
-        "comm_exposed_us_per_step": _finite(comms.exposed_us_per_step),
-        "comm_exposed_pct": _finite(comms.exposed_pct),
+        "comm_collective_us": finite_or_none(comms.collective_us),
+        "comm_overlap_pct": finite_or_none(comms.overlap_pct),
+        "comm_exposed_us": finite_or_none(comms.exposed_us),
+        "comm_exposed_us_per_step": finite_or_none(comms.exposed_us_per_step),
+        "comm_exposed_pct": finite_or_none(comms.exposed_pct),
         "comm_families": comms.families.to_dicts(),
     }
 
@@ -438,7 +430,10 @@ def summarise(
         if facts.parts is not None and facts.parts.ran_on_gpu and not facts.parts.gpu_events:
             known -= set(GPU_BREAKDOWN_KEYS)  # GPU time not recorded (counters only)
         summary["breakdown_pct"] = (
-            {key: _finite(parts.get(key)) if key in known else None for key in BREAKDOWN_KEYS}
+            {
+                key: finite_or_none(parts.get(key)) if key in known else None
+                for key in BREAKDOWN_KEYS
+            }
             if parts
             else None
         )
@@ -446,15 +441,15 @@ def summarise(
             summary["trace_parts"] = facts.parts.to_dict()
         if facts.gpu_timeline is not None:
             summary["gpu_timeline"] = {
-                key: _finite(value) if isinstance(value, float) else value
+                key: finite_or_none(value) if isinstance(value, float) else value
                 for key, value in facts.gpu_timeline.to_dict().items()
             }
         if facts.gpu.height:
-            summary["gpu_busy_us"] = _finite(facts.gpu["busy_us"].sum())
+            summary["gpu_busy_us"] = finite_or_none(facts.gpu["busy_us"].sum())
             summary.update(overlap_summary(facts.gpu))
             idle = idle_breakdown_pct(facts.idle_gaps) if facts.host_side else None
             summary["gpu_idle_breakdown_pct"] = (
-                {key: _finite(idle.get(key)) for key in IDLE_KEYS} if idle else None
+                {key: finite_or_none(idle.get(key)) for key in IDLE_KEYS} if idle else None
             )
     summary.update(_comm_summary(facts))
     if facts is not None and facts.kernel_coverage is not None:

@@ -1,4 +1,5 @@
-"""The CLI options that bound an analysis, shared by ``analyze`` and ``report``.
+"""The CLI options that bound an analysis, shared by ``analyze``, ``report`` and ``gate``,
+and their argument parser, whose errors are one line (``UsageError``), not usage + message.
 
 ``--max-decompressed-mb`` and ``--max-events`` default to the environment
 (PIPELINE_DOCTOR_MAX_DECOMPRESSED_MB / PIPELINE_DOCTOR_MAX_EVENTS, as the app reads
@@ -18,6 +19,17 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from diagnostics.isolated import ChildLimits
     from diagnostics.result import AnalysisResult
+
+
+class UsageError(Exception):
+    """A command line argparse refused: its message, for one line on stderr and exit 2."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that raises UsageError instead of printing usage and exiting."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(message)
 
 
 class LimitOptionError(Exception):

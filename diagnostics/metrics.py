@@ -112,8 +112,9 @@ class KeyMetrics:
         return asdict(self)
 
 
-def _finite(value: Any) -> float | None:
-    if value is None:
+def finite_or_none(value: Any) -> float | None:
+    """A finite number as a float; None for None, a bool, a non-number, NaN or infinity."""
+    if value is None or isinstance(value, bool):
         return None
     try:
         number = float(value)
@@ -143,18 +144,18 @@ def median_share_pct(part: pl.Series, total: pl.Series) -> float | None:
     shares = frame.filter(
         pl.col("part").is_not_null() & pl.col("total").is_not_null() & (pl.col("total") > 0)
     ).select(pl.col("part") / pl.col("total") * 100.0)
-    return _finite(shares.to_series().median()) if shares.height else None
+    return finite_or_none(shares.to_series().median()) if shares.height else None
 
 
 def _step_stats(step_ms: pl.Series) -> dict[str, float | None]:
     values = step_ms.cast(pl.Float64).drop_nulls().drop_nans()
     if values.len() == 0:
         return {}
-    median = _finite(values.median())
+    median = finite_or_none(values.median())
     return {
         "median_step_time_ms": median,
-        "mean_step_time_ms": _finite(values.mean()),
-        "p95_step_time_ms": _finite(values.quantile(0.95, "linear")),
+        "mean_step_time_ms": finite_or_none(values.mean()),
+        "p95_step_time_ms": finite_or_none(values.quantile(0.95, "linear")),
         "steps_per_s": 1000.0 / median if median else None,
     }
 
@@ -198,7 +199,7 @@ def _nvml_utilization(run: RunData) -> float | None:
         if first is not None and last is not None:
             during = rows.filter(pl.col("wall_time").is_between(first, last))
             rows = during if during.height else rows
-    return _finite(rows["gpu_util_pct"].mean()) if rows.height else None
+    return finite_or_none(rows["gpu_util_pct"].mean()) if rows.height else None
 
 
 def trace_gpu_busy_pct(trace: TraceFacts) -> float | None:

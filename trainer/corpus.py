@@ -122,6 +122,34 @@ def make_corpus(rows: int, seed: int) -> pl.DataFrame:
     return preprocess(raw)
 
 
+def amount_band(amount: pl.Expr) -> pl.Expr:
+    """The amount as a word (small, medium, large, huge): what the model text says of it."""
+    return (
+        pl.when(amount < 10)
+        .then(pl.lit("small"))
+        .when(amount < 100)
+        .then(pl.lit("medium"))
+        .when(amount < 1000)
+        .then(pl.lit("large"))
+        .otherwise(pl.lit("huge"))
+    )
+
+
+def model_text(statement: pl.Expr, band: pl.Expr, date: pl.Expr) -> pl.Expr:
+    """The model's text from a statement line: lower case, digits as "num", no '*' or '#',
+    then the amount band and the weekday."""
+    clean = (
+        statement.str.to_lowercase()
+        .str.replace_all(r"[*#]", " ")
+        .str.replace_all(r"\d+", " num ")
+        .str.replace_all(r"\s+", " ")
+        .str.strip_chars()
+    )
+    return pl.concat_str(
+        [clean, pl.lit(" amount "), band, pl.lit(" "), date.dt.strftime("%a")]
+    ).str.to_lowercase()
+
+
 def preprocess(raw: pl.DataFrame) -> pl.DataFrame:
     """Noisy statement line -> model text, with polars expressions (no Python row loops)."""
     merchant = (
@@ -146,27 +174,10 @@ def preprocess(raw: pl.DataFrame) -> pl.DataFrame:
         .otherwise(line)
     )
     date = pl.date(2024, 1, 1) + pl.duration(days=pl.col("day"))
-    amount_band = (
-        pl.when(pl.col("amount") < 10)
-        .then(pl.lit("small"))
-        .when(pl.col("amount") < 100)
-        .then(pl.lit("medium"))
-        .when(pl.col("amount") < 1000)
-        .then(pl.lit("large"))
-        .otherwise(pl.lit("huge"))
+    frame = raw.with_columns(
+        statement=line.str.strip_chars(), date=date, band=amount_band(pl.col("amount"))
     )
-    frame = raw.with_columns(statement=line.str.strip_chars(), date=date, band=amount_band)
-    clean = (
-        pl.col("statement")
-        .str.to_lowercase()
-        .str.replace_all(r"[*#]", " ")
-        .str.replace_all(r"\d+", " num ")
-        .str.replace_all(r"\s+", " ")
-        .str.strip_chars()
-    )
-    text = pl.concat_str(
-        [clean, pl.lit(" amount "), pl.col("band"), pl.lit(" "), pl.col("date").dt.strftime("%a")]
-    ).str.to_lowercase()
+    text = model_text(pl.col("statement"), pl.col("band"), pl.col("date"))
     return frame.select(
         "statement",
         text.alias("text"),

@@ -19,6 +19,8 @@ from pathlib import Path
 
 from diagnostics.cli_limits import (
     LimitOptionError,
+    OneLineParser,
+    UsageError,
     add_isolation_options,
     add_limit_options,
     analyse,
@@ -35,15 +37,6 @@ from diagnostics.text_output import (
     write_atomic,
     write_error_line,
 )
-
-
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise _UsageError(message)
 
 
 def _percent(text: str) -> float:
@@ -68,7 +61,7 @@ def _alpha(text: str) -> float:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = OneLineParser(
         prog="pipeline-doctor gate",
         description="Compare a candidate with a baseline (run folders, traces or a stored "
         "baseline): step time and throughput with a Mann-Whitney U test and a bootstrap "
@@ -121,12 +114,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = _parser().parse_args(args_list)
         if len(args.paths) > 2 or (len(args.paths) == 1 and not args.save_baseline):
-            raise _UsageError("give BASELINE CANDIDATE, or one PATH with --save-baseline FILE")
+            raise UsageError("give BASELINE CANDIDATE, or one PATH with --save-baseline FILE")
         limits = limits_from(args)
         child = isolation_from(args)
         for output in _outputs(args):
             check_output_path(output)  # refused before the analyses, not after them
-    except (_UsageError, LimitOptionError, OutputRefused) as exc:
+    except (UsageError, LimitOptionError, OutputRefused) as exc:
         print_stderr(f"error: {exc}")
         return 2
 

@@ -19,7 +19,7 @@ import polars as pl
 
 from diagnostics.compare import result_label
 from diagnostics.errors import InputError
-from diagnostics.metrics import key_metrics, steady_steps
+from diagnostics.metrics import finite_or_none, key_metrics, steady_steps
 
 BASELINE_SCHEMA = "pipeline-doctor/gate-baseline/v1"
 # a baseline is a few kB; a file over this is a trace or something else, not one of ours
@@ -76,20 +76,10 @@ class GateSide:
         }
 
 
-def _finite_or_none(value: Any) -> float | None:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
-
-
 def _metric(result: Any, name: str) -> float | None:
     """A key metric of the analysis (``mfu_pct``, ``counted_flops_utilization_pct``); None,
     shown as unknown, where the analysis could not give it."""
-    return _finite_or_none(getattr(key_metrics(result), name, None))
+    return finite_or_none(getattr(key_metrics(result), name, None))
 
 
 def side_from_result(result: Any, path: str) -> GateSide:
@@ -192,12 +182,12 @@ def load_baseline(path: str | Path) -> GateSide:
         kind="baseline",
         step_times_ms=tuple(float(t) for t in times),
         step_source=_field(doc, name, "step_source", str),
-        job_batch=_finite_or_none(_field(doc, name, "job_batch", (int, float))),
+        job_batch=finite_or_none(_field(doc, name, "job_batch", (int, float))),
         peak_memory_bytes=peak,
         peak_memory_kind=_field(doc, name, "peak_memory_kind", str),
-        mfu_pct=_finite_or_none(_field(doc, name, "mfu_pct", (int, float))),
+        mfu_pct=finite_or_none(_field(doc, name, "mfu_pct", (int, float))),
         findings=tuple(findings),
-        counted_flops_utilization_pct=_finite_or_none(
+        counted_flops_utilization_pct=finite_or_none(
             _field(doc, name, "counted_flops_utilization_pct", (int, float))
         ),
         mfu_basis=_field(doc, name, "mfu_basis", str),

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from diagnostics.cli_limits import (
     LimitOptionError,
+    OneLineParser,
+    UsageError,
     add_isolation_options,
     add_limit_options,
     analyse,
@@ -37,17 +39,8 @@ from diagnostics.text_output import (
 SEVERITIES = tuple(SEVERITY_ORDER)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, not usage + message
-        raise _UsageError(message)
-
-
-class _UsageError(Exception):
-    pass
-
-
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = OneLineParser(
         prog="python -m diagnostics report",
         description="Write a report (HTML, Markdown or JSON) for a trace, a folder of rank "
         "traces or a run folder; --compare adds a second one as 'after'.",
@@ -109,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         child = isolation_from(args)
         if args.output not in (None, STDOUT):
             check_output_path(args.output)  # refused before the analysis, not after it
-    except (_UsageError, LimitOptionError, ValueError) as exc:  # OutputRefused is a ValueError
+    except (UsageError, LimitOptionError, ValueError) as exc:  # OutputRefused is a ValueError
         print_stderr(f"error: {exc}")
         return 2
 
