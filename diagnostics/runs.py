@@ -124,6 +124,10 @@ def _schemas() -> dict[str, dict[str, pl.DataType]]:
         "wall_time": pl.Float64,  # Unix seconds at the end of the step
         "step_time_ms": pl.Float64,  # end-to-end: data wait + copy + compute + optimiser
         "data_wait_ms": pl.Float64,  # blocked in next(dataloader_iter)
+        # of data_wait_ms, the time before the batch had finished loading (its collate
+        # ended after the step asked for it); the rest was handing a loaded batch over.
+        # The trainer's records only: null where the batch carries no load stamp
+        "loading_wait_ms": pl.Float64,
         "h2d_ms": pl.Float64,  # host-to-device copy of the batch
         "compute_ms": pl.Float64,  # forward + backward
         "optimizer_ms": pl.Float64,  # clip + optimiser step + zero_grad

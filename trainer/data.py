@@ -27,6 +27,7 @@ from torch.utils.data import (
     Dataset,
     IterableDataset,
     Sampler,
+    default_collate,
     get_worker_info,
 )
 
@@ -260,6 +261,30 @@ def _store_counts(store: EmbeddingStore) -> dict[str, torch.Tensor]:
         "store_keys": torch.tensor(keys),
         "store_read_ms": torch.tensor(read_ms, dtype=torch.float64),
     }
+
+
+# a collated batch's time.monotonic() at the end of its collate (a plain float: as a tensor it
+# would be one more shared-memory segment to hand over per batch)
+LOADED_AT_KEY = "loaded_at"
+
+
+def collate_stamped(samples: list[Sample]) -> dict[str, Any]:
+    """The default collate, stamped with when the batch finished loading: in a worker, a
+    batch stamped before the training step asked for it was waited on only while it was
+    handed over, which more workers cannot shorten."""
+    batch = default_collate(samples)
+    batch[LOADED_AT_KEY] = time.monotonic()
+    return batch
+
+
+def take_loading_wait_ms(batch: dict[str, Any], asked_at: float, fetched_at: float) -> float | None:
+    """Removes the batch's load stamp; of the wait from ``asked_at`` to ``fetched_at``
+    (time.monotonic()), the milliseconds before the batch had finished loading. None for
+    a batch without a stamp."""
+    loaded_at = batch.pop(LOADED_AT_KEY, None)
+    if loaded_at is None:
+        return None
+    return max(0.0, min(loaded_at, fetched_at) - asked_at) * 1e3
 
 
 def take_store_counts(batch: Sample) -> dict[str, float | int]:
@@ -503,6 +528,7 @@ class EpochBatches:
             "num_workers": self.data.num_workers,
             "pin_memory": self.pin_memory,
             "generator": _loader_generator(self.seed, self.phase, epoch),
+            "collate_fn": collate_stamped,
         }
         if self.data.num_workers > 0:
             kwargs["prefetch_factor"] = self.data.prefetch_factor

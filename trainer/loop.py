@@ -49,6 +49,7 @@ from trainer.data import (
     make_val_dataset,
     num_labels,
     open_embedding_store,
+    take_loading_wait_ms,
     take_store_counts,
     used_token_ids,
 )
@@ -435,10 +436,11 @@ class Trainer:
         return ",".join(dict.fromkeys(marks)) or None
 
     def _record(
-        self, phase: str, epoch: int, times: Any, out: StepResult, store: dict[str, Any]
+        self, phase: str, epoch: int, times: Any, out: StepResult, batch_values: dict[str, Any]
     ) -> None:
         """Queues the step's record: what the host knows now, the rest once it arrives.
-        ``store``: the batch's embedding-store reads (none without a store)."""
+        ``batch_values``: what the batch brought, its embedding-store reads (none without a
+        store) and how long of the data wait it was still loading."""
         record = {
             "step": self.position.step,
             "epoch": epoch,
@@ -450,7 +452,7 @@ class Trainer:
             "profiled": self.profiler.recording,
             "marks": self._step_marks(self.position.batch_in_epoch),
             **cuda_memory(self.device),
-            **store,
+            **batch_values,
         }
         self.pending.push(record, times if self.clock.deferred else Resolved(times), out.scalars)
 
@@ -631,8 +633,10 @@ class Trainer:
                 if stop is not None:
                     return self._stop(stop)
                 self.clock.begin()
+                asked_at = time.monotonic()
                 epoch, batch_in_epoch, batch = next(batches)
                 self.clock.mark("fetched")
+                loading_wait_ms = take_loading_wait_ms(batch, asked_at, time.monotonic())
                 store_counts = take_store_counts(batch)
                 if phase == "finetune" and epoch != current_epoch:
                     with self.clock.set_aside():
@@ -648,7 +652,8 @@ class Trainer:
                     raise self.snapshots.out_of_memory(step, exc) from exc
                 times = self.clock.finish()
                 self.position = Position(self.position.step + 1, phase, epoch, batch_in_epoch)
-                self._record(phase, epoch, times, out, store_counts)
+                batch_values = {**store_counts, "loading_wait_ms": loading_wait_ms}
+                self._record(phase, epoch, times, out, batch_values)
                 exporting = self.profiler.state == "active"
                 self.profiler.step()
                 if exporting and self.profiler.state != "active":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 import numpy as np
@@ -19,6 +20,7 @@ from trainer.data import (
     assign_shards,
     load_corpus,
     make_train_dataset,
+    take_loading_wait_ms,
     used_token_ids,
 )
 
@@ -267,3 +269,40 @@ def test_workers_share_batches_by_the_configured_strategy(corpus, strategy):
         assert made_with == {strategy}
     finally:
         torch.multiprocessing.set_sharing_strategy(before)
+
+
+def _timed_next(batches) -> tuple[float, float | None]:
+    """(the data wait, its loading part) of one batch, in ms, as the training loop takes them."""
+    asked_at = time.monotonic()
+    _, _, batch = next(batches)
+    fetched_at = time.monotonic()
+    return (fetched_at - asked_at) * 1e3, take_loading_wait_ms(batch, asked_at, fetched_at)
+
+
+def test_the_loading_part_of_the_wait_is_the_wait_without_workers(corpus):
+    # 8 samples a batch, each sleeping 3 ms in __getitem__, inside next(): ~24 ms of loading
+    data = DataConfig(rows=300, num_workers=0, sample_latency_ms=3.0)
+    ds = make_train_dataset(corpus, data, seed=0)
+    batches = EpochBatches(
+        ds, data, batch_size=8, seed=0, phase="finetune", pin_memory=False
+    ).iterate()
+    for _ in range(3):
+        wait, loading = _timed_next(batches)
+        assert loading is not None and loading >= 24.0 and loading <= wait
+        assert loading > 0.9 * wait
+
+
+def test_a_batch_loaded_before_it_is_asked_for_has_no_loading_wait(corpus):
+    # one worker, two batches in flight (prefetch_factor 2): after a pause the next two are
+    # loaded (24 ms each), so whatever the training process then waits is the hand-over
+    data = DataConfig(rows=300, num_workers=1, persistent_workers=False, sample_latency_ms=3.0)
+    ds = make_train_dataset(corpus, data, seed=0)
+    batches = EpochBatches(
+        ds, data, batch_size=8, seed=0, phase="finetune", pin_memory=False
+    ).iterate()
+    _, first = _timed_next(batches)  # the worker starts and loads inside this wait
+    assert first is not None and first >= 24.0
+    time.sleep(1.0)
+    for _ in range(2):
+        wait, loading = _timed_next(batches)
+        assert loading == 0.0 and wait > 0.0

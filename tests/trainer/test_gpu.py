@@ -202,7 +202,7 @@ def test_a_training_step_never_synchronises_in_the_trainers_code(tmp_path):
     the Python line that made it; none may come from trainer/. (transformers' SDPA mask
     check, ``padding_mask.all()`` in masking_utils, syncs in the model's forward: that is
     the workload, the same with instruments on and off.)"""
-    from trainer.data import EpochBatches
+    from trainer.data import EpochBatches, take_loading_wait_ms
     from trainer.loop import Position
 
     trainer, config, writer = _trainer(tmp_path)
@@ -218,12 +218,14 @@ def test_a_training_step_never_synchronises_in_the_trainers_code(tmp_path):
 
     def step(phase: str = "finetune") -> None:
         trainer.clock.begin()
+        asked_at = time.monotonic()
         epoch, batch_in_epoch, batch = next(batches)
         trainer.clock.mark("fetched")
+        loading_wait_ms = take_loading_wait_ms(batch, asked_at, time.monotonic())
         out = trainer._train_step(phase, batch)
         times = trainer.clock.finish()
         trainer.position = Position(trainer.position.step + 1, phase, epoch, batch_in_epoch)
-        trainer._record(phase, epoch, times, out)
+        trainer._record(phase, epoch, times, out, {"loading_wait_ms": loading_wait_ms})
 
     step("pretrain")  # masking included: mask_tokens must not sync either
     for _ in range(2):  # cuBLAS handles, optimizer state, pinned host blocks
@@ -252,13 +254,14 @@ def test_a_training_step_never_synchronises_in_the_trainers_code(tmp_path):
 
 def test_a_nonfinite_step_is_skipped_on_the_device(tmp_path):
     trainer, config, writer = _trainer(tmp_path)
-    from trainer.data import EpochBatches
+    from trainer.data import LOADED_AT_KEY, EpochBatches
 
     batch = next(
         EpochBatches(
             trainer.train_set, config.data, batch_size=8, seed=0, phase="finetune", pin_memory=True
         ).iterate(0, 0)
     )[2]
+    del batch[LOADED_AT_KEY]  # the loop takes the load stamp before the step
     trainer.model.train()
     trainer._train_step("finetune", batch)  # one real step: optimizer state exists
     with torch.no_grad():  # every activation after the embeddings' LayerNorm is NaN

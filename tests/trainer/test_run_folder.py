@@ -56,6 +56,9 @@ def test_a_record_for_every_step_with_every_cpu_field(run):
     # the phases add up to the step: wait + copy + compute + optimiser (ms, float rounding)
     parts = steps["data_wait_ms"] + steps["h2d_ms"] + steps["compute_ms"] + steps["optimizer_ms"]
     assert ((parts - steps["step_time_ms"]).abs() < 1e-6).all()
+    # the loading part of the wait is within it (two clocks read microseconds apart)
+    assert ((steps["loading_wait_ms"] - steps["data_wait_ms"]) < 0.1).all()
+    assert (steps["loading_wait_ms"] >= 0).all()
     # samples/s is the batch over the step time
     expected = 16 / (steps["step_time_ms"] / 1000)
     assert ((steps["samples_per_s"] - expected).abs() < 1e-6 * expected).all()
