@@ -287,3 +287,16 @@ def main_module_put_back():
     yield
     if main is not None:
         sys.modules["__main__"] = main
+
+
+@pytest.fixture
+def one_thread():
+    """torch's intra-op threads set to one for the test, restored after: a trainer built in
+    the test process then computes as the tests' runs do (runtime.threads=1), without
+    fighting the other test workers for the two cores."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -7,10 +7,12 @@ the queue's order and flush rules, which are the same on both devices.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -115,13 +117,9 @@ def _spin(seconds: float) -> None:
         pass
 
 
-@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux CPU affinity")
-def test_host_clock_counts_the_time_another_process_had_the_cpu():
-    """Two busy processes on one core: about half of the step the training thread is
-    runnable but waiting for the CPU, and the clock says so (``cpu_wait_ms``)."""
-    # decided by the host, not by the function under test: a run_queue_wait_ns that failed
-    # to read the file skipped this test before
-    _schedstat_waited_ns()
+@contextlib.contextmanager
+def _one_core_beside_a_busy_rival() -> Iterator[None]:
+    """This process and a busy-looping one pinned to the same core, the rival running."""
     before = os.sched_getaffinity(0)
     core = min(before)
     os.sched_setaffinity(0, {core})
@@ -131,6 +129,21 @@ def test_host_clock_counts_the_time_another_process_had_the_cpu():
     try:
         os.sched_setaffinity(rival.pid, {core})
         _spin(0.05)  # let the rival get going
+        yield
+    finally:
+        rival.kill()
+        rival.wait()
+        os.sched_setaffinity(0, before)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux CPU affinity")
+def test_host_clock_counts_the_time_another_process_had_the_cpu():
+    """Two busy processes on one core: about half of the step the training thread is
+    runnable but waiting for the CPU, and the clock says so (``cpu_wait_ms``)."""
+    # decided by the host, not by the function under test: a run_queue_wait_ns that failed
+    # to read the file skipped this test before
+    _schedstat_waited_ns()
+    with _one_core_beside_a_busy_rival():
         clock = HostStepClock()
         clock.begin()
         for mark in ("fetched", "start", "copied"):
@@ -138,10 +151,6 @@ def test_host_clock_counts_the_time_another_process_had_the_cpu():
         _spin(0.4)  # wall time: the rival takes about half of it
         clock.mark("computed")
         times = clock.finish()
-    finally:
-        rival.kill()
-        rival.wait()
-        os.sched_setaffinity(0, before)
     # wide margins: the scheduler shares the core about evenly, the machine is noisy
     assert times["cpu_wait_ms"] >= 0.25 * times["step_time_ms"], times
     assert times["cpu_wait_ms"] <= times["step_time_ms"] + 1.0, times
@@ -154,15 +163,7 @@ def test_an_evaluations_wait_for_a_cpu_is_set_aside_with_its_time():
     ~150 ms after a contended evaluation recorded up to 300 ms of waiting for a CPU (the
     gate's twins, steps 7), more than it lasted."""
     _schedstat_waited_ns()
-    before = os.sched_getaffinity(0)
-    core = min(before)
-    os.sched_setaffinity(0, {core})
-    rival = subprocess.Popen(
-        [sys.executable, "-c", "import time\nend = time.time() + 20\nwhile time.time() < end: pass"]
-    )
-    try:
-        os.sched_setaffinity(rival.pid, {core})
-        _spin(0.05)
+    with _one_core_beside_a_busy_rival():
         clock = HostStepClock()
         clock.begin()
         clock.mark("fetched")
@@ -172,10 +173,6 @@ def test_an_evaluations_wait_for_a_cpu_is_set_aside_with_its_time():
             clock.mark(mark)
         time.sleep(0.05)  # the step itself sleeps: it waits for no CPU
         times = clock.finish()
-    finally:
-        rival.kill()
-        rival.wait()
-        os.sched_setaffinity(0, before)
     assert times["step_time_ms"] < 200.0, times  # the evaluation is not the step's
     assert 0.0 <= times["cpu_wait_ms"] <= times["step_time_ms"], times
 

@@ -14,6 +14,8 @@ from trainer.loop import Trainer
 from trainer.run_io import SafeWriter
 from trainer.runtime import StopRequests, choose_threads
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 SMALL = {
     "data.rows": 300,
     "data.num_workers": 0,
@@ -21,14 +23,6 @@ SMALL = {
     "train.pretrain_steps": 1,
     "instruments.enabled": False,
 }
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _trainer(tmp_path, scenario, steps, **overrides):

@@ -23,6 +23,8 @@ from trainer.loop import Trainer
 from trainer.run_io import SafeWriter
 from trainer.runtime import StopRequests
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 SMALL = {
     "data.rows": 300,
     "data.num_workers": 0,
@@ -32,14 +34,6 @@ SMALL = {
     "instruments.memory_snapshot_steps": 3,
     "instruments.memory_snapshot_start": 2,
 }
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _trainer(tmp_path, steps):

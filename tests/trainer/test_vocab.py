@@ -22,18 +22,12 @@ from trainer.run_io import SafeWriter
 from trainer.runtime import StopRequests
 from trainer.vocab import full_vocab, pruned_vocab, used_id_mask
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     return load_corpus(DataConfig(rows=300), seed=0, cache_dir=tmp_path_factory.mktemp("cache"))
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _train_ids(corpus) -> set[int]:
