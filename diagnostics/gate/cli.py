@@ -15,7 +15,6 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from diagnostics.cli_limits import (
     LimitOptionError,
@@ -33,9 +32,8 @@ from diagnostics.text_output import (
     STDOUT,
     OutputRefused,
     check_output_path,
+    emit_or_exit_code,
     print_stderr,
-    write_atomic,
-    write_error_line,
 )
 
 
@@ -155,17 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
     for path, text in texts.items():
-        try:
-            if path == STDOUT:
-                sys.stdout.write(text)
-            else:
-                write_atomic(Path(path), text)
-        except OutputRefused as exc:
-            print_stderr(f"error: {exc}")
-            return 2
-        except OSError as exc:
-            print_stderr(write_error_line(path, exc))
-            return 2
+        if code := emit_or_exit_code(text, path):
+            return code
     if result is None:
         print_stderr(f"baseline written to {args.save_baseline}")
         return 0
