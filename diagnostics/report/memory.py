@@ -57,7 +57,15 @@ def snapshot_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
         ("at dump: awaiting free", mib(dump["awaiting_free_bytes"])),
         ("at dump: phase", dump["phase"]),
     ]
-    if peak is None:
+    if peak is None and doc["entries"]:
+        rows.append(
+            (
+                "peak",
+                f"unknown: the {doc['entries']:,} trace entries and the segments disagree "
+                "(see the warnings)",
+            )
+        )
+    elif peak is None:
         rows.append(("peak", "unknown: no trace entries (_record_memory_history was off)"))
     else:
         rows.append(

@@ -90,7 +90,9 @@ class MemoryFragmentation(Rule):
                 {
                     "memory (MiB)": [
                         round((snapshot.dump.active_bytes or 0) / 2**20, 1),
-                        round((frag.cached_free_bytes or 0) / 2**20, 1),
+                        None
+                        if frag.cached_free_bytes is None
+                        else round(frag.cached_free_bytes / 2**20, 1),
                         round((frag.inactive_split_bytes or 0) / 2**20, 1),
                         round((frag.largest_free_block_bytes or 0) / 2**20, 1),
                     ]

@@ -14,7 +14,7 @@ from typing import Any
 
 import polars as pl
 
-from diagnostics.snapshot.replay import Replay, replay
+from diagnostics.snapshot.replay import Replay, replay, requested_bytes
 from diagnostics.snapshot.schema import MemorySnapshot
 from diagnostics.snapshot.sites import (
     BEFORE_WINDOW,
@@ -56,6 +56,8 @@ class DumpState:
     inactive_bytes: int
     segments: int
     blocks: int
+    # what the live blocks' callers asked for (the trace's unit): the timeline's level at dump
+    requested_bytes: int = 0
 
     @property
     def active_bytes(self) -> int:
@@ -73,7 +75,8 @@ class Peak:
 
 @dataclass(frozen=True)
 class Fragmentation:
-    cached_free_bytes: int  # reserved - active at dump time
+    # reserved - active at dump time; None when a segment lists blocks larger than itself
+    cached_free_bytes: int | None
     inactive_split_blocks: int  # free blocks inside segments that also hold live blocks
     inactive_split_bytes: int
     largest_free_block_bytes: int
@@ -85,7 +88,7 @@ class Fragmentation:
     def request_would_fit_cached(self) -> bool | None:
         """Whether the failed request was smaller than the cached free memory in all but
         larger than any free block: memory was there, in pieces."""
-        if self.failed_request_bytes is None:
+        if self.failed_request_bytes is None or self.cached_free_bytes is None:
             return None
         return self.largest_free_block_bytes < self.failed_request_bytes <= self.cached_free_bytes
 
@@ -153,6 +156,7 @@ class SnapshotFacts:
                 "awaiting_free_bytes": self.dump.awaiting_free_bytes,
                 "active_bytes": self.dump.active_bytes,
                 "inactive_bytes": self.dump.inactive_bytes,
+                "requested_bytes": self.dump.requested_bytes,
                 "segments": self.dump.segments,
                 "blocks": self.dump.blocks,
                 "phase": self.dump_phase,
@@ -201,6 +205,7 @@ def _dump_state(blocks: pl.DataFrame, segments: pl.DataFrame) -> DumpState:
     def total(state: str) -> int:
         return int(blocks.filter(pl.col("state") == state)["size"].sum() or 0)
 
+    live = blocks.filter(pl.col("state") != "inactive")
     return DumpState(
         reserved_bytes=int(segments["total_size"].sum() or 0),
         allocated_bytes=total("active_allocated"),
@@ -208,7 +213,17 @@ def _dump_state(blocks: pl.DataFrame, segments: pl.DataFrame) -> DumpState:
         inactive_bytes=total("inactive"),
         segments=segments.height,
         blocks=blocks.height,
+        requested_bytes=int(live.select(requested_bytes())["requested_size"].sum() or 0)
+        if live.height
+        else 0,
     )
+
+
+def _segments_overfull(blocks: pl.DataFrame, segments: pl.DataFrame) -> int:
+    """Segments that list blocks larger than the segment itself."""
+    sums = blocks.group_by("segment").agg(pl.col("size").sum().alias("blocks_size"))
+    joined = segments.join(sums, on="segment", how="inner")
+    return joined.filter(pl.col("blocks_size") > pl.col("total_size")).height
 
 
 def _header_warnings(blocks: pl.DataFrame, segments: pl.DataFrame) -> list[str]:
@@ -223,7 +238,10 @@ def _header_warnings(blocks: pl.DataFrame, segments: pl.DataFrame) -> list[str]:
     out = []
     over = joined.filter(pl.col("blocks_size") > pl.col("total_size"))
     if over.height:
-        out.append(f"{over.height} segment(s) list blocks larger than the segment itself")
+        out.append(
+            f"{over.height} segment(s) list blocks larger than the segment itself, so the "
+            "cached free memory is unknown"
+        )
     header = joined.filter(
         pl.col("allocated_size").is_not_null() & (pl.col("allocated_size") != pl.col("alloc"))
     )
@@ -382,7 +400,12 @@ def _segment_map(blocks: pl.DataFrame, segments: pl.DataFrame, site_for: _SiteCa
 
 
 def _fragmentation(
-    blocks: pl.DataFrame, dump: DumpState, peak: Peak | None, request: int | None, settings
+    blocks: pl.DataFrame,
+    segments: pl.DataFrame,
+    dump: DumpState,
+    peak: Peak | None,
+    request: int | None,
+    settings,
 ) -> Fragmentation:
     split = blocks.group_by("segment").agg(
         (pl.col("state") != "inactive").any().alias("has_live"), pl.len().alias("n")
@@ -393,12 +416,15 @@ def _fragmentation(
     expandable = None
     if isinstance(settings, dict) and "expandable_segments" in settings:
         expandable = bool(settings["expandable_segments"])
+    overfull = _segments_overfull(blocks, segments)
     return Fragmentation(
-        cached_free_bytes=dump.reserved_bytes - dump.active_bytes,
+        cached_free_bytes=None if overfull else dump.reserved_bytes - dump.active_bytes,
         inactive_split_blocks=split_inactive.height,
         inactive_split_bytes=int(split_inactive["size"].sum() or 0),
         largest_free_block_bytes=int(inactive["size"].max() or 0) if inactive.height else 0,
-        peak_cached_free_bytes=peak.reserved_bytes - peak.allocated_bytes if peak else None,
+        peak_cached_free_bytes=peak.reserved_bytes - peak.allocated_bytes
+        if peak and not overfull
+        else None,
         failed_request_bytes=request,
         expandable_segments=expandable,
     )
@@ -411,7 +437,7 @@ def analyse_snapshot(snapshot: MemorySnapshot) -> SnapshotFacts:
     blocks = snapshot.blocks.filter(pl.col("device") == device)
     dump = _dump_state(blocks, segments)
     warnings += _header_warnings(blocks, segments)
-    run = replay(snapshot, device, dump.active_bytes, dump.reserved_bytes)
+    run = replay(snapshot, device, dump.requested_bytes, dump.reserved_bytes)
     site_for = _SiteCache(snapshot)
     alloc = _categorise(snapshot, run.allocations, site_for)
     timeline = run.timeline
@@ -437,7 +463,18 @@ def analyse_snapshot(snapshot: MemorySnapshot) -> SnapshotFacts:
             pl.DataFrame(schema=SITE_SCHEMA),
             group_categories(alloc.clear()),
         )
-    at_dump = alloc.filter(pl.col("free_seq").is_null())
+    # what was held at dump time is the dump's own live blocks, at their block sizes (the
+    # sums of the segments); a trace alloc never freed yet not live at dump is the trace
+    # disagreeing with the segments
+    at_dump = alloc.filter(pl.col("live_at_dump")).with_columns(pl.col("block_size").alias("size"))
+    unmatched = alloc.filter(pl.col("free_seq").is_null() & ~pl.col("live_at_dump"))
+    if unmatched.height:
+        warnings.append(
+            f"{unmatched.height:,} allocation(s) of the trace "
+            f"({int(unmatched['size'].sum() or 0) / 2**20:,.1f} MiB) are never freed in it "
+            "yet are not live at dump time: the trace and the segments disagree, so they "
+            "are left out of what was held at dump time"
+        )
     oom = _oom(snapshot, device, timeline, alloc)
     entries = snapshot.entries.filter(pl.col("device") == device)
     last_alloc = entries.filter(pl.col("action") == "alloc").tail(1)["stack"].to_list()
@@ -461,7 +498,12 @@ def analyse_snapshot(snapshot: MemorySnapshot) -> SnapshotFacts:
         sites_at_dump=group_sites(at_dump),
         categories_at_dump=group_categories(at_dump),
         fragmentation=_fragmentation(
-            blocks, dump, peak, oom.requested_bytes if oom else None, snapshot.allocator_settings
+            blocks,
+            segments,
+            dump,
+            peak,
+            oom.requested_bytes if oom else None,
+            snapshot.allocator_settings,
         ),
         oom=oom,
         segment_map=_segment_map(blocks, segments, site_for),

@@ -7,6 +7,12 @@ segment (a ``segment_alloc``), frees merge neighbouring free blocks, ``empty_cac
 returns wholly free segments. It writes what ``_dump_snapshot`` writes: ``segments`` with
 their blocks and ``device_traces`` with every action, and for the new generation
 ``allocator_settings``, ``external_annotations`` and ``time_us``.
+
+It writes them as torch does, which real snapshots (six from other projects, torch 2.1 to
+2.7, read for this) show: an ``alloc`` or ``free_*`` entry carries the size the caller
+asked for, not the block's (a block's ``requested_size``); every distinct frame is one
+dict shared by every stack that holds it, and a free's ``free_requested`` and
+``free_completed`` share one frames list, so pickling them is mostly memo gets.
 """
 
 from __future__ import annotations
@@ -86,6 +92,7 @@ class _Segment:
 
 class SnapshotBuilder:
     def __init__(self, *, new_schema: bool = True, expandable_segments: bool = False):
+        self._frames: dict[tuple[Any, ...], dict[str, Any]] = {}
         self.new_schema = new_schema
         self.expandable = expandable_segments
         self.segments: list[_Segment] = []
@@ -96,6 +103,14 @@ class SnapshotBuilder:
         self._live: dict[int, _Block] = {}
 
     # -- actions --------------------------------------------------------------------
+    def _shared(self, frames: RawFrames) -> RawFrames:
+        """``frames`` as a new list of the one shared dict per distinct frame."""
+        out = []
+        for f in frames:
+            key = (f.get("filename"), f.get("line"), f.get("name"))
+            out.append(self._frames.setdefault(key, f))
+        return out
+
     def _entry(self, action: str, addr: int | None, size: int, frames: RawFrames, **extra):
         entry: dict[str, Any] = {"action": action, "size": size, "stream": 0, "frames": frames}
         if addr is not None:
@@ -118,6 +133,7 @@ class SnapshotBuilder:
 
     def alloc(self, size: int, frames: RawFrames) -> int:
         """Allocates ``size`` bytes; returns the block's address (its handle)."""
+        frames = self._shared(frames)
         rounded = max(_ROUND, -(-size // _ROUND) * _ROUND)
         best = None
         for seg in self.segments:
@@ -139,19 +155,20 @@ class SnapshotBuilder:
             block.size = rounded
         block.state, block.requested, block.frames = "active_allocated", size, frames
         self._live[block.address] = block
-        self._entry("alloc", block.address, rounded, frames)
+        self._entry("alloc", block.address, size, frames)
         return block.address
 
     def free(self, address: int, *, frames: RawFrames | None = None, pending=False) -> None:
         """Frees the block at ``address``; ``pending``: only free_requested (another
         stream still uses it), the block stays active_pending_free."""
         block = self._live[address]
-        self._entry("free_requested", address, block.size, frames or [])
+        frames = self._shared(frames or [])
+        self._entry("free_requested", address, block.requested, frames)
         if pending:
             block.state = "active_pending_free"
             return
         del self._live[address]
-        self._entry("free_completed", address, block.size, frames or [])
+        self._entry("free_completed", address, block.requested, frames)
         block.state, block.frames, block.requested = "inactive", [], 0
         for seg in self.segments:
             if block in seg.blocks:
@@ -294,4 +311,60 @@ def spread_oom_snapshot() -> dict[str, Any]:
         b.alloc(2 * MIB, user_frames(100 + i, "prepare"))
         b.alloc(2 * MIB, user_frames(100 + i, "prepare"))
     b.oom(12 * MIB, device_free=MIB)
+    return b.snapshot()
+
+
+def _allocator_frames() -> RawFrames:
+    """The C++ frames stacks="all" puts under every allocation, innermost first."""
+    return [
+        frame("??", 0, "torch::unwind::unwind()"),
+        frame("??", 0, "torch::CapturedTraceback::gather(bool, bool, bool)"),
+        frame("memory_snapshot.cpp", 0, "torch::cuda::(anonymous namespace)::gather_with_cpp()"),
+        frame(
+            "CUDACachingAllocator.cpp",
+            0,
+            "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(signed "
+            "char, unsigned long, CUstream_st*)",
+        ),
+        frame("", 0, "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::allocate"),
+        frame("??", 0, "at::detail::empty_generic"),
+        frame("??", 0, "at::detail::empty_cuda"),
+        frame("RegisterCUDA.cpp", 0, "at::(anonymous namespace)::create_out"),
+    ]
+
+
+def deep_stack_snapshot(*, steps: int = 50, layers: int = 100, depth: int = 31) -> dict[str, Any]:
+    """A long training job recorded with stacks="all", built as torch builds it: each
+    allocation's stack is ``depth`` frames (the allocator's C++ frames, the dispatcher's,
+    the layer's Python line, the module machinery, the loop), drawn from a few hundred
+    distinct frame dicts that every stack shares. ``steps`` x ``layers`` x 6 entries
+    (50 x 100: 30,000); pickled, about three quarters of its opcodes are memo gets."""
+    b = SnapshotBuilder()
+    cpp = _allocator_frames()
+    dispatch = [frame("??", 0, f"at::_ops::op_{i}::call") for i in range(depth - len(cpp) - 6)]
+
+    def stack(layer: int, line: int, name: str) -> RawFrames:
+        python = [
+            frame(f"{TORCH}/nn/functional.py", 2100 + line % 3, "linear"),
+            frame("/job/model.py", 100 + layer, name),
+            frame(f"{TORCH}/nn/modules/module.py", 1750, "_call_impl"),
+            frame(f"{TORCH}/nn/modules/module.py", 1739, "_wrapped_call_impl"),
+            frame("/job/train.py", 40, "train_step"),
+            frame("/job/train.py", 80, "<module>"),
+        ]
+        return cpp + dispatch + python
+
+    weights = [b.alloc(MIB, stack(layer, 0, "__init__")) for layer in range(layers)]
+    grads: list[int] = []
+    for _ in range(steps):
+        saved = []
+        for layer in range(layers):
+            tmp = b.alloc(64 * 1024 + 4, stack(layer, 1, "mlp"))
+            saved.append(b.alloc(256 * 1024 + 8, stack(layer, 2, "forward")))
+            b.free(tmp, frames=stack(layer, 1, "mlp"))
+        for layer, act in zip(reversed(range(layers)), reversed(saved), strict=True):
+            if len(grads) < layers:
+                grads.append(b.alloc(MIB, stack(layer, 3, "backward")))
+            b.free(act, frames=stack(layer, 2, "forward"))
+    del weights
     return b.snapshot()

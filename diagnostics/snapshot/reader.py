@@ -8,18 +8,30 @@ builds without resolving any global, so :class:`_NoGlobals` refuses every ``find
 and every persistent id: a snapshot reads at any protocol (2-5 tested) and nothing runs.
 
 The file is read whole under a byte cap (decompressed for ``.pickle.gz``), and the object
-graph is walked under an item budget tied to those bytes: memo references let a small
-pickle name one big list a million times, which a naive walk would visit a million times.
-Everything else (wrong top-level type, a field of the wrong type, a truncated file) is one
-:class:`~diagnostics.errors.InputError` line naming the file and the field.
+graph is walked under an item budget of one item per byte. Unpickling itself allocates at
+most one object per opcode, but memo references (``BINGET``) let a small pickle name one
+big list a million times, which a naive walk would visit a million times. torch writes
+snapshots exactly that way for a good reason: every frame dict is shared among the stacks
+that hold it, and an entry's frames list is shared by its free_requested and
+free_completed (75-87 % of a real snapshot's opcodes are memo gets). So the walk charges
+each distinct frames list once, by identity; every element of a distinct list costs at
+least one opcode byte, so a real snapshot never exceeds the budget, while a list that is
+walked once per reference (a segment, a trace, a free-form field such as
+``external_annotations``) is charged at each reference and a bomb runs out in
+milliseconds. Everything else (wrong top-level type, a field of the wrong type, a
+truncated file) is one :class:`~diagnostics.errors.InputError` line naming the file and
+the field.
 """
 
 from __future__ import annotations
 
 import gzip
 import io
+import math
 import os
 import pickle
+import pickletools
+import time
 import zlib
 from dataclasses import replace
 from pathlib import Path
@@ -43,10 +55,13 @@ from diagnostics.trace.budget import DEFAULT_MAX_DECOMPRESSED_BYTES, BudgetExcee
 
 SNAPSHOT_SUFFIXES = (".pickle", ".pickle.gz", ".pkl", ".pkl.gz")
 _CHUNK = 1 << 20
-# A real snapshot spends well over 8 bytes of pickle on every block, entry and frame; a
-# structure with more items than bytes / 8 is built from shared references (a bomb).
-_BYTES_PER_ITEM = 8
+# Items the walk may visit: one per pickle byte (see the module docstring), plus a floor
+# for tiny files.
 _MIN_ITEMS = 100_000
+# How far a free-form field (allocator_settings, external_annotations) is kept, for display.
+_FREE_FORM_DEPTH = 4
+_FREE_FORM_ITEMS = 200
+_FREE_FORM_TEXT = 500
 _MAX_INT = 2**63 - 1
 _ACTION_SET = frozenset(ACTIONS)
 
@@ -107,11 +122,46 @@ def _unpickle(data: bytes, display: str) -> Any:
                 f"refused: the pickle {text}, and a memory snapshot holds only plain data "
                 "(dicts, lists, strings, numbers); nothing was run",
             ) from None
+        if "truncated" in text:
+            raise InputError(display, _TRUNCATED) from None
         raise InputError(display, f"is not a readable pickle ({text})") from None
     except EOFError:
-        raise InputError(display, "is truncated (the pickle ends early)") from None
+        raise InputError(display, _TRUNCATED) from None
+    except MemoryError:
+        # bytes and bytearray are allocated at their declared length before they are read:
+        # a length beyond the file is a truncated or corrupt file, not a lack of memory
+        beyond = _length_beyond_end(data)
+        if beyond is None:
+            raise
+        raise InputError(display, beyond) from None
     except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError) as exc:
+        if "truncated" in str(exc):
+            raise InputError(display, _TRUNCATED) from None
         raise InputError(display, f"is not a readable pickle ({exc})") from None
+
+
+_TRUNCATED = "is truncated (the pickle ends early)"
+
+
+def _length_beyond_end(data: bytes, budget_s: float = 2.0) -> str | None:
+    """The line for an object whose declared length runs past the end of ``data``, found
+    by walking the opcodes (pickletools reads a length without allocating it); None when
+    there is none, or when the walk would take longer than ``budget_s``."""
+    deadline = time.monotonic() + budget_s
+    try:
+        for i, (opcode, _arg, _position) in enumerate(pickletools.genops(data)):
+            if i % 4096 == 0 and time.monotonic() > deadline:
+                return None
+            if opcode.name == "STOP":
+                return None
+    except ValueError as exc:  # "expected N bytes in a bytes8, but only M remain"
+        if "remain" in str(exc):
+            return (
+                f"is truncated: an object in it declares more bytes than the "
+                f"{len(data):,}-byte file holds ({exc})"
+            )
+        return None
+    return None
 
 
 class _Walker:
@@ -129,12 +179,14 @@ class _Walker:
     def fail(self, where: str, problem: str) -> InputError:
         return InputError(self.display, f"{where}: {problem}")
 
-    def spend(self, n: int = 1) -> None:
+    def spend(self, n: int = 1, where: str | None = None) -> None:
         self.items_left -= n
         if self.items_left < 0:
+            prefix = f"{where}: " if where else ""
             raise InputError(
                 self.display,
-                "holds more items than its size allows (shared references, a pickle bomb?)",
+                f"{prefix}holds more items than its size allows (shared references, a "
+                "pickle bomb?)",
             )
 
     def integer(self, value: Any, where: str, *, optional: bool = False) -> int | None:
@@ -231,8 +283,9 @@ class _Walker:
                 if size is None or size < 0:
                     raise self.fail(f"{bwhere}.size", "must be a size in bytes")
                 state = block.get("state")
-                state = STATE_ALIASES.get(state, state)
-                if state not in BLOCK_STATES:
+                if type(state) is str:
+                    state = STATE_ALIASES.get(state, state)
+                if type(state) is not str or state not in BLOCK_STATES:
                     raise self.fail(
                         f"{bwhere}.state",
                         f"unknown state {str(state)[:40]!r} (expected one of "
@@ -281,9 +334,10 @@ class _Walker:
                 if type(entry) is not dict:
                     self.mapping(entry, f"{where}[{i}]")
             actions = [e.get("action") for e in trace]
-            unknown = set(actions) - _ACTION_SET
-            if unknown:
-                i = next(i for i, a in enumerate(actions) if a in unknown)
+            if not all(type(a) is str and a in _ACTION_SET for a in actions):
+                i = next(
+                    i for i, a in enumerate(actions) if type(a) is not str or a not in _ACTION_SET
+                )
                 raise self.fail(f"{where}[{i}].action", f"unknown action {str(actions[i])[:40]!r}")
             columns = {
                 "device": pl.Series("device", [device] * len(trace), dtype=pl.Int64),
@@ -313,20 +367,36 @@ class _Walker:
             return pl.DataFrame(schema=ENTRY_SCHEMA)
         return pl.concat(frames).cast(ENTRY_SCHEMA)
 
+    def free_form(self, value: Any, where: str, depth: int = 0) -> Any:
+        """A free-form field (allocator_settings, an annotation) kept as plain data, cut to
+        a size worth showing; it is shown, never run. Each visit is charged: a field that
+        names one list many times runs out of budget here, not memory."""
+        self.spend(1, where)
+        if depth > _FREE_FORM_DEPTH:
+            return None
+        # errors name the field and its own keys, not a path a bomb makes endless
+        if type(value) is dict:
+            return {
+                _key_text(k): self.free_form(
+                    v, f"{where}.{_key_text(k)}" if depth == 0 else where, depth + 1
+                )
+                for k, v in list(value.items())[:_FREE_FORM_ITEMS]
+            }
+        if isinstance(value, list | tuple):
+            return [self.free_form(v, where, depth + 1) for v in value[:_FREE_FORM_ITEMS]]
+        if isinstance(value, str):
+            return value[:_FREE_FORM_TEXT]
+        if isinstance(value, bool) or value is None:
+            return value
+        if isinstance(value, int):
+            return self.integer(value, where)
+        if isinstance(value, float):
+            return value if math.isfinite(value) else None
+        return str(value)[:_FREE_FORM_ITEMS]
 
-def _builtins_only(value: Any, depth: int = 0) -> Any:
-    """allocator_settings / annotations kept as plain data (they are shown, never run)."""
-    if depth > 4:
-        return None
-    if isinstance(value, dict):
-        return {str(k): _builtins_only(v, depth + 1) for k, v in list(value.items())[:200]}
-    if isinstance(value, list | tuple):
-        return [_builtins_only(v, depth + 1) for v in value[:200]]
-    if isinstance(value, str):
-        return value[:500]
-    if isinstance(value, bool | int | float) or value is None:
-        return value
-    return str(value)[:200]
+
+def _key_text(key: Any) -> str:
+    return key[:_FREE_FORM_ITEMS] if isinstance(key, str) else type(key).__name__
 
 
 def parse_snapshot(raw: Any, display: str, *, bytes_read: int = 0) -> MemorySnapshot:
@@ -342,15 +412,26 @@ def parse_snapshot(raw: Any, display: str, *, bytes_read: int = 0) -> MemorySnap
         )
     if "segments" not in raw:
         raise InputError(display, "is not a CUDA memory snapshot (no 'segments' key)")
-    walker = _Walker(display, max(_MIN_ITEMS, bytes_read // _BYTES_PER_ITEM))
+    walker = _Walker(display, _MIN_ITEMS + bytes_read)
     segs, blocks = walker.segments(raw["segments"])
     entries = walker.entries(raw.get("device_traces") or [])
     settings = raw.get("allocator_settings")
     if settings is not None and not isinstance(settings, dict):
         raise InputError(display, "allocator_settings: expected a dict")
+    if settings is not None:
+        expandable = settings.get("expandable_segments", False)
+        if type(expandable) is not bool and expandable not in (0, 1):
+            raise InputError(display, "allocator_settings.expandable_segments: expected a bool")
     annotations = raw.get("external_annotations") or []
     if not isinstance(annotations, list | tuple):
         raise InputError(display, "external_annotations: expected a list")
+    kept_settings = (
+        walker.free_form(settings, "allocator_settings") if settings is not None else None
+    )
+    kept_annotations = tuple(
+        walker.free_form(a, f"external_annotations[{i}]")
+        for i, a in enumerate(annotations[:10_000])
+    )
     warnings = []
     if entries.height == 0:
         warnings.append(
@@ -364,8 +445,8 @@ def parse_snapshot(raw: Any, display: str, *, bytes_read: int = 0) -> MemorySnap
         entries=entries,
         stacks=tuple(walker.stacks),
         generation="new" if "allocator_settings" in raw else "old",
-        allocator_settings=_builtins_only(settings) if settings is not None else None,
-        annotations=tuple(_builtins_only(a) for a in annotations[:10_000]),
+        allocator_settings=kept_settings,
+        annotations=kept_annotations,
         entries_with_compile_context=walker.compile_context,
         entries_with_user_metadata=walker.user_metadata,
         bytes_read=bytes_read,

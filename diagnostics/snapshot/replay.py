@@ -8,6 +8,12 @@ true levels. ``allocated`` counts a block from ``alloc`` to ``free_completed`` (
 awaiting another stream's use still holds its memory), as memory_viz's trace does;
 ``reserved`` moves with ``segment_alloc``/``segment_map`` (+) and
 ``segment_free``/``segment_unmap`` (-).
+
+The allocator records an ``alloc`` or ``free_*`` entry with the size the caller asked for,
+not the block's (a real 2,000,000,000-byte request is a 2,000,683,008-byte block, a 4-byte
+one a 512-byte block): so ``allocated`` is replayed in requested bytes, anchored at the
+live blocks' ``requested_size``. A segment's entries carry the segment's own size, so
+``reserved`` is in the segments' bytes.
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ ALLOCATION_SCHEMA = {
     "alloc_stretch": pl.Int64,
     "free_stretch": pl.Int64,
     "phase_by_position": pl.Boolean,  # phase read from its neighbours, not its frames
+    "live_at_dump": pl.Boolean,  # one of the blocks live at dump time
+    "block_size": pl.Int64,  # the block's size at dump time; null when not live then
 }
 
 _ALLOC_DELTA = {"alloc": 1, "free_completed": -1}
@@ -52,13 +60,17 @@ class Replay:
     start_reserved_bytes: int
 
 
-def replay(snapshot: MemorySnapshot, device: int, dump_active: int, dump_reserved: int) -> Replay:
+def replay(
+    snapshot: MemorySnapshot, device: int, dump_requested: int, dump_reserved: int
+) -> Replay:
+    """``dump_requested``: the live blocks' requested bytes, the level the trace's sizes
+    reach at dump time."""
     entries = snapshot.entries.filter(pl.col("device") == device).sort("seq")
     actions = entries["action"].to_list()
     sizes = entries["size"].to_list()
     d_alloc = [_ALLOC_DELTA.get(a, 0) * s for a, s in zip(actions, sizes, strict=True)]
     d_res = [_RESERVE_DELTA.get(a, 0) * s for a, s in zip(actions, sizes, strict=True)]
-    start_alloc = dump_active - sum(d_alloc)
+    start_alloc = dump_requested - sum(d_alloc)
     start_res = dump_reserved - sum(d_res)
     timeline = entries.select("seq", "time_us", "action").with_columns(
         (pl.Series(d_alloc, dtype=pl.Int64).cum_sum() + start_alloc).alias("allocated_bytes"),
@@ -121,6 +133,8 @@ def _allocations(snapshot: MemorySnapshot, entries: pl.DataFrame, device: int) -
         out["alloc_stretch"].append(stretch_id)
         out["free_stretch"].append(None)
         out["phase_by_position"].append(guessed)
+        out["live_at_dump"].append(False)
+        out["block_size"].append(None)
         return len(out["addr"]) - 1
 
     for i, (seq, action, addr, size, stack) in enumerate(rows.iter_rows()):
@@ -137,13 +151,27 @@ def _allocations(snapshot: MemorySnapshot, entries: pl.DataFrame, device: int) -
     # blocks live at dump that no alloc of the window made: allocated before it
     live = snapshot.blocks.filter(
         (pl.col("device") == device) & (pl.col("state") != "inactive")
-    ).select("address", "size", "stack")
-    for addr, size, stack in live.iter_rows():
-        if addr is not None and addr in open_by_addr:
-            row = open_by_addr[addr]
+    ).select("address", "size", requested_bytes(), "stack")
+    for addr, size, requested, stack in live.iter_rows():
+        row = open_by_addr.pop(addr, None) if addr is not None else None
+        if row is not None:
             if out["stack"][row] is None:
                 out["stack"][row] = stack
-            continue
-        phase = phase_of(snapshot.stacks[stack]) if stack is not None else "unknown"
-        add(addr, size, None, stack, phase, None, False)
+        else:
+            phase = phase_of(snapshot.stacks[stack]) if stack is not None else "unknown"
+            row = add(addr, requested, None, stack, phase, None, False)
+        out["live_at_dump"][row] = True
+        out["block_size"][row] = size
     return pl.DataFrame(out, schema=ALLOCATION_SCHEMA)
+
+
+def requested_bytes() -> pl.Expr:
+    """A block's requested size, its own size where the snapshot left it out (0 or null on
+    a live block: older snapshots)."""
+    requested = pl.col("requested_size")
+    return (
+        pl.when(requested.is_null() | (requested <= 0))
+        .then(pl.col("size"))
+        .otherwise(requested)
+        .alias("requested_size")
+    )

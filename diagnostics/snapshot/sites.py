@@ -2,8 +2,11 @@
 
 Site: the first frame of the stack, innermost first, that is in user code: not a torch
 internal (a path under ``torch/``), not an unsymbolised ``??`` frame, not C++ (frames of
-``stacks="all"`` that do not end in ``.py``), not frozen importlib. A stack with no such
-frame keeps its innermost named frame, marked ``user_code=False``.
+``stacks="all"`` that do not end in ``.py``), not frozen importlib. A stack of C++ frames
+only (autograd's engine thread runs no Python) is named by its operator: the backward node
+(``DivBackward0 (autograd backward)``), else the ATen op (``aten::bmm``), not by the
+capture and allocator frames nearest the allocation. Any other stack with no user frame
+keeps its innermost named frame. Neither is user code (``user_code=False``).
 
 Category (:data:`CATEGORIES`) is inferred, never read: the allocator records no intent.
 The method, in the order it is applied (CATEGORY_METHOD says it in the result):
@@ -24,6 +27,7 @@ The method, in the order it is applied (CATEGORY_METHOD says it in the result):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from diagnostics.snapshot.schema import Frame, Stack
@@ -89,9 +93,30 @@ BEFORE_WINDOW = Site(
 )
 
 
+# In a stack of C++ frames only (an allocation on autograd's engine thread, which runs no
+# Python), the frames nearest the allocation are the capture and the allocator itself; the
+# operator is what names the site: the backward node, else the ATen op.
+_BACKWARD_NODE = re.compile(r"torch::autograd::generated::(\w+)::apply")
+_ATEN_OP = re.compile(r"at::_ops::(\w+)::call\(")
+
+
+def _operator_site(stack: Stack) -> Site | None:
+    for pattern, label in ((_BACKWARD_NODE, "{} (autograd backward)"), (_ATEN_OP, "aten::{}")):
+        for frame in stack:
+            found = pattern.search(frame.name)
+            if found:
+                name = label.format(found.group(1))
+                return Site(name, name, False, "\n".join(f.label() for f in stack[:40]))
+    return None
+
+
 def site_of(stack: Stack | None) -> Site:
     if not stack:
         return NO_FRAMES
+    if not any(_is_python(f) for f in stack):
+        by_operator = _operator_site(stack)
+        if by_operator is not None:
+            return by_operator
     shown = [f for f in stack if not _is_unknown(f) and _is_python(f)] or [
         f for f in stack if not _is_unknown(f)
     ]

@@ -228,3 +228,116 @@ def test_a_frame_field_of_the_wrong_type_names_the_frame(tmp_path, field, value)
     entry["frames"][1][field] = value
     with pytest.raises(InputError, match=r"device_traces\[0\]\[0\]\.frames\[1\]"):
         read_snapshot(_write(tmp_path, raw))
+
+
+def _nested(width: int = 50, depth: int = 4) -> list:
+    value: list = [0]
+    for _ in range(depth):
+        value = [value] * width
+    return value
+
+
+@pytest.mark.parametrize("field", ["external_annotations", "allocator_settings"])
+def test_a_free_form_field_that_expands_by_shared_references_is_refused(tmp_path, field):
+    # under 1 KB of pickle naming one list 50 times, four deep: 6.25 M items walked as a tree
+    raw = training_snapshot()
+    raw[field] = [_nested()] if field == "external_annotations" else {"bomb": _nested()}
+    path = _write(tmp_path, raw)
+    with pytest.raises(InputError, match=rf"{field}.*more items than its size allows") as caught:
+        read_snapshot(path)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("value", [["alloc"], {"a": 1}, None, 3])
+def test_an_action_of_the_wrong_type_names_the_entry(tmp_path, value):
+    raw = training_snapshot()
+    raw["device_traces"][0][5]["action"] = value
+    with pytest.raises(InputError, match=r"device_traces\[0\]\[5\]\.action: unknown action"):
+        read_snapshot(_write(tmp_path, raw))
+
+
+@pytest.mark.parametrize("value", [["inactive"], {"state": "inactive"}, None])
+def test_a_block_state_of_the_wrong_type_names_the_block(tmp_path, value):
+    raw = _minimal("active_allocated")
+    raw["segments"][0]["blocks"][0]["state"] = value
+    with pytest.raises(InputError, match=r"segments\[0\]\.blocks\[0\]\.state: unknown state"):
+        read_snapshot(_write(tmp_path, raw))
+
+
+def test_a_setting_beyond_64_bits_names_the_setting(tmp_path):
+    raw = training_snapshot()
+    raw["allocator_settings"]["max_split_size"] = 10**5000
+    with pytest.raises(
+        InputError, match=r"allocator_settings\.max_split_size: integer out of range"
+    ):
+        read_snapshot(_write(tmp_path, raw))
+
+
+def test_expandable_segments_of_the_wrong_type_names_the_setting(tmp_path):
+    raw = training_snapshot()
+    raw["allocator_settings"]["expandable_segments"] = ["yes"]
+    with pytest.raises(InputError, match=r"allocator_settings\.expandable_segments: expected"):
+        read_snapshot(_write(tmp_path, raw))
+
+
+@pytest.mark.parametrize(
+    "opcode",
+    [b"\x8e", b"\x96", b"\x8d"],  # BINBYTES8, BYTEARRAY8, BINUNICODE8
+    ids=["bytes8", "bytearray8", "unicode8"],
+)
+def test_a_length_beyond_the_file_is_truncated_not_out_of_memory(tmp_path, opcode):
+    # 18 bytes declaring a 2**62-byte object: bytes are allocated at their declared length
+    # before they are read, which fails as a MemoryError
+    path = tmp_path / "claims.pickle"
+    path.write_bytes(b"\x80\x04" + opcode + (2**62).to_bytes(8, "little") + b"abcdefg")
+    with pytest.raises(InputError, match="is truncated"):
+        read_snapshot(path)
+
+
+_WRONG_VALUES = [[1], {"k": 1}, "text", 2.5, None, True, 10**30, -(10**30), b"raw", (1, 2)]
+
+
+def _field_paths(raw: dict) -> list[tuple]:
+    """A path to every field the reader looks at, one of each kind."""
+    seg, entry = raw["segments"][0], raw["device_traces"][0][0]
+    paths: list[tuple] = [("segments",), ("device_traces",), ("allocator_settings",)]
+    paths += [("external_annotations",), ("external_annotations", 0)]
+    paths += [("segments", 0, key) for key in seg]
+    paths += [("segments", 0, "blocks", 0, key) for key in seg["blocks"][0]]
+    paths += [("device_traces", 0), ("device_traces", 0, 0)]
+    paths += [("device_traces", 0, 0, key) for key in entry]
+    paths += [("device_traces", 0, 0, "frames", 0, key) for key in ("filename", "line", "name")]
+    paths += [("allocator_settings", key) for key in raw["allocator_settings"]]
+    paths += [("external_annotations", 0, key) for key in raw["external_annotations"][0]]
+    return paths
+
+
+def test_every_field_of_the_wrong_type_is_one_line_or_read(tmp_path):
+    """Each field the reader uses, set to each wrong kind of value: the file is read (and
+    analysed, and written out as JSON) or refused in one InputError line; never another
+    exception."""
+    import copy
+    import json
+
+    from diagnostics.snapshot.analysis import analyse_snapshot
+    from diagnostics.snapshot.reader import parse_snapshot
+
+    base = training_snapshot(steps=1, layers=2)
+    outcomes = {"read": 0, "refused": 0}
+    for path in _field_paths(base):
+        for value in _WRONG_VALUES:
+            raw = copy.deepcopy(base)
+            holder = raw
+            for key in path[:-1]:
+                holder = holder[key]
+            holder[path[-1]] = value
+            where = ".".join(map(str, path))
+            try:
+                snap = parse_snapshot(raw, "typed.pickle", bytes_read=10**6)
+            except InputError as exc:
+                assert "\n" not in str(exc), where
+                outcomes["refused"] += 1
+                continue
+            json.dumps(analyse_snapshot(snap).to_dict(), allow_nan=False)
+            outcomes["read"] += 1
+    assert outcomes["refused"] > 100 and outcomes["read"] > 20, outcomes

@@ -89,3 +89,31 @@ def test_optimizer_state_and_init():
     # a user line with no module, optimizer or autograd frame: its category is not guessed
     plain = (Frame("/home/alice/llm/train.py", 170, "log_metrics"),)
     assert category_of(plain, phase_of(plain), outlived_phase=True) == "unknown"
+
+
+def _engine_thread_stack(node: str | None) -> tuple[Frame, ...]:
+    """A C++-only stack as a real snapshot (torch 2.3, stacks="all") records an allocation
+    on autograd's engine thread: capture, allocator, dispatcher, then the backward node."""
+    frames = [
+        Frame("??", 0, "torch::unwind::unwind()"),
+        Frame("??", 0, "torch::CapturedTraceback::gather(bool, bool, bool)"),
+        Frame("memory_snapshot.cpp", 0, "torch::cuda::(anonymous namespace)::gather_with_cpp()"),
+        Frame("CUDACachingAllocator.cpp", 0, "c10::cuda::CUDACachingAllocator::Native::malloc"),
+        Frame("RegisterCUDA.cpp", 0, "at::(anonymous namespace)::create_out(c10::ArrayRef<long>)"),
+        Frame("??", 0, "at::_ops::nll_loss_backward::call(at::Tensor const&, long)"),
+    ]
+    if node:
+        frames.append(Frame("??", 0, f"torch::autograd::generated::{node}::apply(std::vector)"))
+    frames += [
+        Frame("??", 0, "torch::autograd::Engine::thread_main(std::shared_ptr<ReadyQueue>)"),
+        Frame("thread.cc", 0, "execute_native_thread_routine"),
+    ]
+    return tuple(frames)
+
+
+def test_a_cpp_only_stack_is_named_by_its_backward_node_then_its_op():
+    site = site_of(_engine_thread_stack("NllLossBackward0"))
+    assert site.label == "NllLossBackward0 (autograd backward)"
+    assert site.user_code is False
+    assert "gather_with_cpp" in site.stack_text  # the frames are still shown
+    assert site_of(_engine_thread_stack(None)).label == "aten::nll_loss_backward"
