@@ -61,7 +61,8 @@ def _analyze_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "-o",
         "--output",
-        help="write to this file instead of stdout (a regular file or a new name; - for stdout)",
+        help="write here instead of stdout, as Unix tools do: a file (replaced whole), a link's "
+        "target, a device or pipe; - for stdout",
     )
     add_limit_options(parser)
     add_isolation_options(parser)

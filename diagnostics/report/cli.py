@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from diagnostics.cli_limits import (
     LimitOptionError,
@@ -32,8 +31,8 @@ from diagnostics.text_output import (
     OutputRefused,
     check_output_path,
     print_stderr,
-    write_atomic,
     write_error_line,
+    write_output,
 )
 
 SEVERITIES = tuple(SEVERITY_ORDER)
@@ -52,7 +51,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "-o",
         "--output",
-        help="file to write: a regular file or a new name (default, or -: standard output)",
+        help="where to write, as Unix tools do: a file (replaced whole), a link's target, "
+        "a device or pipe; - or none: standard output (an HTML report is not printed to a "
+        "terminal)",
     )
     parser.add_argument(
         "--fail-on",
@@ -102,6 +103,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         child = isolation_from(args)
         if args.output not in (None, STDOUT):
             check_output_path(args.output)  # refused before the analysis, not after it
+        elif args.output is None and args.format == "html" and sys.stdout.isatty():
+            # megabytes of HTML scrolling past are of no use to anyone
+            raise UsageError(
+                "an HTML report is a page for a browser, not text for a terminal: give "
+                "-o report.html (or -o - to print it anyway, --format md to read it here)"
+            )
     except (UsageError, LimitOptionError, ValueError) as exc:  # OutputRefused is a ValueError
         print_stderr(f"error: {exc}")
         return 2
@@ -151,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.output not in (None, STDOUT):
         try:
-            write_atomic(Path(args.output), content)
+            write_output(args.output, content)
         except OutputRefused as exc:
             print_stderr(f"error: {exc}")
             return 2

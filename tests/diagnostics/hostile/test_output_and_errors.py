@@ -338,19 +338,19 @@ def test_printable_escapes_only_what_a_terminal_would_act_on():
     assert printable(printable(HOSTILE_NAME)) == printable(HOSTILE_NAME)
 
 
-# -- -o never destroys --------------------------------------------------------------------------
+# -- -o writes as Unix tools do, and never destroys -----------------------------------------
 
 
-def _char_device(tmp_path: Path) -> Path:
-    """A character device with /dev/full's numbers (1, 7) of our own; /dev/full itself when
-    mknod is not permitted (its type is checked after the run either way)."""
-    node = tmp_path / "full"
+def _char_device(tmp_path: Path, minor: int) -> Path:
+    """A character device of our own with memory-device numbers (1, minor): 3 is null, 7
+    full; the system's own node when mknod is not permitted (its type is checked after the
+    run either way)."""
+    node = tmp_path / f"mem-{minor}"
     try:
-        os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, 7))
+        os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, minor))
     except (PermissionError, OSError):
-        node = Path("/dev/full")
-        if not (node.exists() and stat.S_ISCHR(node.lstat().st_mode)):
-            pytest.skip("no character device to test with")
+        node = Path({3: "/dev/null", 7: "/dev/full"}[minor])
+        assert stat.S_ISCHR(node.lstat().st_mode), f"{node} is not a character device"
     return node
 
 
@@ -359,31 +359,125 @@ def _identity(path: Path) -> tuple[int, int, int]:
     return info.st_ino, stat.S_IFMT(info.st_mode), info.st_rdev
 
 
+def _extra(command: str) -> list[str]:
+    return ["--format", "md"] if command == "report" else []
+
+
 @pytest.mark.parametrize("command", ["analyze", "report"])
-@pytest.mark.parametrize("kind", ["fifo", "symlink", "directory", "device"])
-def test_output_that_is_not_a_regular_file_is_refused_and_untouched(tmp_path, command, kind):
-    """Before: exit 0, and the FIFO, link or device node was replaced by a regular file."""
-    target = tmp_path / "target.json"
-    target.write_text("keep me")
-    if kind == "fifo":
-        out = tmp_path / "pipe"
-        os.mkfifo(out)
-    elif kind == "symlink":
-        out = tmp_path / "link.json"
-        out.symlink_to(target)
-    elif kind == "directory":
-        out = tmp_path / "folder"
+def test_output_through_a_symlink_replaces_its_target_and_keeps_the_link(tmp_path, command):
+    """Before: "is a symbolic link", exit 2 (and before that, the link became a file)."""
+    target = tmp_path / "target.out"
+    target.write_text("old")
+    target.chmod(0o600)
+    link = tmp_path / "link.out"
+    link.symlink_to(target)
+    proc = run_cli(command, str(SMALL), *_extra(command), "-o", str(link))
+    assert proc.returncode == 0, proc.stderr
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert target.read_text() != "old" and "alexnet" in target.read_text().lower()
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.out", "target.out"]
+
+
+@pytest.mark.parametrize("command", ["analyze", "report"])
+def test_output_to_a_device_is_written_in_place(tmp_path, command):
+    """Before: "is a device", exit 2: -o /dev/null was refused."""
+    null = _char_device(tmp_path, 3)
+    before = _identity(null)
+    proc = run_cli(command, str(SMALL), *_extra(command), "-o", str(null))
+    assert proc.returncode == 0, proc.stderr
+    assert _identity(null) == before
+    full = _char_device(tmp_path, 7)
+    before = _identity(full)
+    proc = run_cli(command, str(SMALL), *_extra(command), "-o", str(full))
+    assert proc.returncode == 2
+    assert one_error_line(proc) == f"error: {full}: cannot write (No space left on device)"
+    assert _identity(full) == before
+
+
+def test_output_to_a_named_pipe_is_written_in_place(tmp_path):
+    import threading
+
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(pipe.read_bytes()), daemon=True)
+    reader.start()
+    proc = run_cli("analyze", str(SMALL), "-o", str(pipe))
+    reader.join(timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(received[0])["schema"] == "pipeline-doctor/analysis/v1"
+    assert stat.S_ISFIFO(pipe.lstat().st_mode)
+
+
+@pytest.mark.parametrize("name", ["/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"])
+def test_output_to_dev_stdout_is_standard_output(name):
+    """Before: "/dev/stdout: is a symbolic link", exit 2."""
+    proc = run_cli("analyze", str(SMALL), "-o", name)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["schema"] == "pipeline-doctor/analysis/v1"
+
+
+@pytest.mark.parametrize("command", ["analyze", "report"])
+@pytest.mark.parametrize("kind", ["directory", "socket", "link to a directory"])
+def test_output_that_is_no_file_is_refused_and_untouched(tmp_path, command, kind):
+    import socket
+
+    out = tmp_path / "out"
+    if kind == "directory":
         out.mkdir()
+    elif kind == "socket":
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(out))
     else:
-        out = _char_device(tmp_path)
+        (tmp_path / "folder").mkdir()
+        out.symlink_to(tmp_path / "folder")
     before = _identity(out)
-    extra = ["--format", "md"] if command == "report" else []
-    proc = run_cli(command, str(SMALL), *extra, "-o", str(out))
+    proc = run_cli(command, str(SMALL), *_extra(command), "-o", str(out))
     assert proc.returncode == 2
     line = one_error_line(proc)
     assert line.startswith(f"error: {out}: is a ") and "left untouched" in line
     assert _identity(out) == before
-    assert target.read_text() == "keep me"
+
+
+def test_a_block_device_is_refused(monkeypatch, tmp_path):
+    """A report is never meant for a disk: -o /dev/sda is refused, not written."""
+    from diagnostics import text_output
+
+    disk = tmp_path / "sda"
+    real_lstat = os.lstat
+
+    def lstat(path, *args, **kwargs):
+        if os.fspath(path) == str(disk):
+            return os.stat_result((stat.S_IFBLK | 0o660, 1, 1, 1, 0, 0, 0, 0, 0, 0))
+        return real_lstat(path, *args, **kwargs)
+
+    monkeypatch.setattr(text_output.os, "lstat", lstat)
+    with pytest.raises(text_output.OutputRefused, match="is a block device, not a file"):
+        text_output.write_output(disk, "report")
+    assert not disk.exists()
+
+
+def test_an_html_report_is_not_printed_to_a_terminal(tmp_path):
+    """Before: `report RUN` printed megabytes of HTML into the terminal."""
+    import pty
+
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "diagnostics", "report", str(SMALL)],
+            cwd=REPO_ROOT,
+            stdout=follower,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(follower)
+        os.close(leader)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: an HTML report is a page for a browser")
+    assert "-o report.html" in proc.stderr and proc.stderr.count("\n") == 1
 
 
 @pytest.mark.parametrize(
@@ -391,20 +485,27 @@ def test_output_that_is_not_a_regular_file_is_refused_and_untouched(tmp_path, co
     [["-m", "diagnostics", "rules"], ["-m", "trainer.config_docs"]],
     ids=["rules", "config-docs"],
 )
-def test_the_reference_writers_refuse_a_device_too(tmp_path, command):
+def test_the_reference_writers_write_a_device_in_place_and_refuse_a_directory(tmp_path, command):
     """The other -o writers (diagnostics.text_output.emit_or_exit_code)."""
-    out = _char_device(tmp_path)
-    before = _identity(out)
-    proc = subprocess.run(
-        [sys.executable, *command, "-o", str(out)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 2
-    assert one_error_line(proc).startswith(f"error: {out}: is a device")
-    assert _identity(out) == before
+    full = _char_device(tmp_path, 7)
+    before = _identity(full)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    for out, code, start in (
+        (full, 2, f"error: {full}: cannot write (No space left on device)"),
+        (folder, 2, f"error: {folder}: is a directory"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, *command, "-o", str(out)],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == code
+        assert one_error_line(proc).startswith(start)
+    assert _identity(full) == before
+    assert folder.is_dir()
 
 
 @pytest.mark.parametrize("name", ["", "new/"])
