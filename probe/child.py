@@ -9,8 +9,15 @@ run's status:
 
 - ran to the end, ``sys.exit(0)`` or the ``--steps`` limit: completed, exit 0;
 - ``sys.exit(n)``: failed with "exit code n", exit n (a message: failed with it, exit 1);
-- an exception: failed with the exception's last line, exit 1 (the traceback on stderr);
+- ``os._exit(n)`` in the script's own process: as ``sys.exit(n)``, the records written
+  first (a forked copy's ``os._exit`` writes nothing);
+- an exception: failed with the exception's last line, exit 1, its traceback on stderr
+  from the script's first frame, or through the script's own ``sys.excepthook``;
+- a ``KeyboardInterrupt`` the script raises itself (no SIGINT came): failed with a
+  traceback, exit 130, as ``python train.py`` ends;
 - SIGTERM or SIGINT: cancelled, exit 128 + the signal number;
+- the ``--steps`` stop caught by the script (``except BaseException``) and training on:
+  the next step's end ends the run there, completed, with a note;
 - its wrapper gone (killed): stopped as by SIGTERM, failed with the wrapper named, and this
   process (rank 0) writes the run's end itself (probe/wrapper_watch.py).
 """
@@ -50,6 +57,18 @@ def _raise_cancelled(signum: int, frame: Any) -> None:
     raise Cancelled(signum)
 
 
+class _Interrupts:
+    """SIGINT as Python handles it (a KeyboardInterrupt), remembered: a KeyboardInterrupt
+    with no SIGINT behind it is one the script raised itself, an error, not a cancel."""
+
+    received = False
+
+    @classmethod
+    def handler(cls, signum: int, frame: Any) -> None:
+        cls.received = True
+        raise KeyboardInterrupt
+
+
 def _exception_line(exc: BaseException) -> str:
     lines = traceback.format_exception_only(type(exc), exc)
     return " ".join(lines[-1].split()) if lines else type(exc).__name__
@@ -57,14 +76,26 @@ def _exception_line(exc: BaseException) -> str:
 
 def _print_script_traceback(exc: BaseException) -> None:
     """The traceback as ``python train.py`` prints it: from the script's first frame, the
-    wrapper's own (this module, runpy) left out. Nothing when stderr is gone (a killed
-    wrapper's pipe): the run's end must still be written."""
+    wrapper's own (this module, runpy) left out; none at all when the script never ran (a
+    file Python cannot compile: only the error, as Python prints it). Through the script's
+    own ``sys.excepthook`` when it set one. Nothing when stderr is gone (a killed wrapper's
+    pipe): the run's end must still be written."""
     tb = exc.__traceback__
     own = (__file__, "<frozen runpy>", runpy.__file__)
     while tb is not None and tb.tb_frame.f_code.co_filename in own:
         tb = tb.tb_next
+    hook = sys.excepthook
+    if hook is not sys.__excepthook__:
+        try:
+            hook(type(exc), exc, tb)
+            return
+        except Exception:  # a broken hook: Python prints the error its own way then
+            pass
     with contextlib.suppress(OSError, ValueError):
-        traceback.print_exception(type(exc), exc, tb or exc.__traceback__)
+        if tb is None:
+            traceback.print_exception(type(exc), exc, None)
+        else:
+            traceback.print_exception(type(exc), exc, tb)
 
 
 def _exit_outcome(exc: SystemExit) -> tuple[str, str | None, int]:
@@ -92,6 +123,9 @@ def _environment(rank: int) -> dict[str, Any]:
     }
 
 
+_REAL_EXIT = os._exit
+
+
 def _exit_forked_copy(code: int) -> None:
     """A copy of this process that the script forked has run the script to its end (a
     fork whose child returns, or calls sys.exit): it leaves as the script asked, and
@@ -99,11 +133,108 @@ def _exit_forked_copy(code: int) -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
-    os._exit(code)
+    _REAL_EXIT(code)
+
+
+class _Ending:
+    """The end of the script's process, however it comes: the instruments stopped, the
+    notes and the summary written, then the status. From ``run`` when the script returns
+    or raises, and from the script's own ``os._exit`` or an ignored ``--steps`` stop, which
+    would otherwise leave no end at all."""
+
+    def __init__(self, run_dir: Path, session: Session, hooks: Hooks, rank: int):
+        self.run_dir, self.session, self.hooks, self.rank = run_dir, session, hooks, rank
+        self.own_pid = os.getpid()
+        self.integrations = Integrations(session.note)
+        self.watch = WrapperWatch()
+        self.real_exit = os._exit
+        self.done = False
+
+    def exit_now(self, code: int) -> None:
+        """The script's ``os._exit(code)``: in its own process, its end is written first."""
+        if os.getpid() == self.own_pid and not self.done:
+            with contextlib.suppress(BaseException):
+                if code == 0:
+                    self.finish("completed", None, 0)
+                else:
+                    self.finish("failed", f"exit code {code} (os._exit)", code)
+        self.real_exit(code)
+
+    def limit_ignored(self) -> None:
+        """A step ended past ``--steps``: the script caught the stop and trained on."""
+        self.session.note(
+            f"the script caught the --steps stop (a BaseException) and trained on: the run "
+            f"was ended after step {self.session.steps_done}, as the limit asks"
+        )
+        with contextlib.suppress(BaseException):
+            self.finish("completed", None, 0)
+        self.real_exit(0)
+
+    def finish(self, status: str, reason: str | None, code: int) -> int:
+        if self.done:
+            return code
+        self.done = True
+        session = self.session
+        # the records are being flushed: a second signal (Ctrl-C reaches the whole process
+        # group, the wrapper forwards it too) must not cut that short; the wrapper kills
+        # this process if it hangs
+        with contextlib.suppress(ValueError):  # not the main thread (an os._exit there)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        os._exit = self.real_exit
+        self.watch.stop()
+        self.integrations.uninstall()
+        self.hooks.uninstall()
+        session.close()
+        sessions.activate(None)
+        self._notes(status)
+        _summarise(session, self.hooks)
+        # a script that prints ends on the dead wrapper's pipe (BrokenPipeError) before the
+        # watch's next look: the wrapper is asked for again here, however the script ended
+        orphaned = self.watch.gone or not self.watch.wrapper_alive()
+        if orphaned:
+            reason = orphan_outcome(self.watch.wrapper_pid, status, reason, session.steps_done)
+            status, code = "failed", code or 1
+        session.records.write_status(status, reason, session.steps_done, exit_code=code)
+        if orphaned and self.rank == 0:
+            _end_the_run(self.run_dir, status, reason, session.steps_done)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        return code
+
+    def _notes(self, status: str) -> None:
+        session = self.session
+        for pid in session.forked_steppers():
+            session.note(
+                f"a process the script forked (pid {pid}) ran training steps: they are not "
+                "recorded; the run's steps are the script's own process's"
+            )
+        if session.steps_done == 0 and status == "completed":
+            session.note(
+                "the script ended without a step: no optimizer step, backward(), DataLoader "
+                "batch or probe.step() was seen on the training thread, so there are no step "
+                "records"
+            )
+        if session.mode == "backward":
+            session.note(
+                "steps counted by backward(): the script built no torch.optim optimizer (it "
+                "updates its weights itself), so each backward() on the training thread is "
+                "one step, with its loss"
+            )
+        if session.steps_done == 0 and session.processes_started:
+            started = sum(session.processes_started.values())
+            targets = ", ".join(sorted(session.processes_started))
+            session.note(
+                f"the script started {started} process(es) of its own, running {targets}: "
+                "the instruments watch the script's own process only, so none of their "
+                "steps were seen; to profile processes that train, let torchrun start them "
+                f"instead (pipeline-doctor profile --nproc-per-node {started} SCRIPT, with "
+                "the script training in the process it runs in rather than starting its own)"
+            )
 
 
 def run(run_dir: Path) -> int:
-    own_pid = os.getpid()
     manifest = RunFolder(run_dir).manifest()
     config = manifest.config
     script = Path(config["script"]).resolve()
@@ -122,19 +253,21 @@ def run(run_dir: Path) -> int:
         environment = {**manifest.environment, **_environment(rank)}
         session.update_manifest(environment=environment)
     hooks = Hooks(session, dict(config.get("dataloader") or {}), script.parent)
+    ending = _Ending(run_dir, session, hooks, rank)
+    session.on_limit_ignored = ending.limit_ignored
     sessions.activate(session)
     signal.signal(signal.SIGTERM, _raise_cancelled)
+    signal.signal(signal.SIGINT, _Interrupts.handler)
     status, reason, code = "completed", None, 0
     sys.argv = [str(script), *config.get("args", [])]
     sys.path[0] = str(script.parent)
     session.start()
     hooks.install()
-    integrations = Integrations(session.note)
-    integrations.install()  # patches a framework only as the script imports it
-    watch = WrapperWatch()
-    watch.start()
+    ending.integrations.install()  # patches a framework only as the script imports it
+    ending.watch.start()
+    os._exit = ending.exit_now
     try:
-        if not watch.gone:
+        if not ending.watch.gone:
             runpy.run_path(str(script), run_name="__main__")
     except StepLimitReached as stop:
         session.note(f"stopped after step {stop.args[0]}: the --steps limit")
@@ -142,8 +275,12 @@ def run(run_dir: Path) -> int:
         status, reason, code = _exit_outcome(exc)
     except Cancelled as exc:
         status, reason, code = "cancelled", f"{exc.args[0]} received", 128 + exc.signum
-    except KeyboardInterrupt:
-        status, reason, code = "cancelled", "interrupted (SIGINT)", 128 + signal.SIGINT
+    except KeyboardInterrupt as exc:
+        if _Interrupts.received:
+            status, reason, code = "cancelled", "interrupted (SIGINT)", 128 + signal.SIGINT
+        else:  # raised by the script: Python prints it and ends as by SIGINT
+            _print_script_traceback(exc)
+            status, reason, code = "failed", "KeyboardInterrupt", 128 + signal.SIGINT
     except torch.cuda.OutOfMemoryError as exc:
         _print_script_traceback(exc)
         # dumped here, while the failed frames still hold what filled the device
@@ -154,52 +291,11 @@ def run(run_dir: Path) -> int:
         _print_script_traceback(exc)
         status, reason, code = "failed", _exception_line(exc), 1
     finally:
-        if os.getpid() != own_pid:
+        if os.getpid() != ending.own_pid:
             _exit_forked_copy(code)
-        # the records are being flushed: a second signal (Ctrl-C reaches the whole process
-        # group, the wrapper forwards it too) must not cut that short; the wrapper kills
-        # this process if it hangs
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        watch.stop()
-        integrations.uninstall()
-        hooks.uninstall()
-        session.close()
-        sessions.activate(None)
-    for pid in session.forked_steppers():
-        session.note(
-            f"a process the script forked (pid {pid}) ran training steps: they are not "
-            "recorded; the run's steps are the script's own process's"
-        )
-    if session.steps_done == 0 and status == "completed":
-        session.note(
-            "the script ended without a step: no optimizer step, DataLoader batch or "
-            "probe.step() was seen, so there are no step records"
-        )
-    if session.steps_done == 0 and session.processes_started:
-        started = sum(session.processes_started.values())
-        targets = ", ".join(sorted(session.processes_started))
-        session.note(
-            f"the script started {started} process(es) of its own, running {targets}: "
-            "the instruments watch the script's own process only, so none of their steps "
-            "were seen; to profile processes that train, let torchrun start them instead "
-            f"(pipeline-doctor profile --nproc-per-node {started} SCRIPT, with the script "
-            "training in the process it runs in rather than starting its own)"
-        )
-    _summarise(session, hooks)
-    # a script that prints ends on the dead wrapper's pipe (BrokenPipeError) before the
-    # watch's next look: the wrapper is asked for again here, however the script ended
-    orphaned = watch.gone or not watch.wrapper_alive()
-    if orphaned:
-        reason = orphan_outcome(watch.wrapper_pid, status, reason, session.steps_done)
-        status, code = "failed", code or 1
-    session.records.write_status(status, reason, session.steps_done, exit_code=code)
-    if orphaned and rank == 0:
-        _end_the_run(run_dir, status, reason, session.steps_done)
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):
-            stream.flush()
-    return code
+    if session.limit_reached and status == "completed":
+        session.note(f"stopped after step {session.steps_done}: the --steps limit")
+    return ending.finish(status, reason, code)
 
 
 def _end_the_run(run_dir: Path, status: str, reason: str | None, step: int) -> None:

@@ -220,8 +220,11 @@ def _aggregate(run: RunFolder, world: int, returncode: int, signalled: str | Non
                 prefix = f"rank {rank}: " if world > 1 else ""
                 code = end.get("exit_code")
                 return state, prefix + str(end.get("reason")), int(code) if code else 1
+    # the shell's convention: a process ended by signal N exits 128 + N (the child's
+    # negative return code, passed through, read as 247 for SIGKILL)
+    exit_code = 128 - returncode if returncode < 0 else returncode
     if signalled is not None:
-        return "cancelled", f"{signalled} received", returncode or 1
+        return "cancelled", f"{signalled} received", exit_code or 1
     if len(ends) < world or returncode != 0:
         how = (
             f"killed by {signal.Signals(-returncode).name}"
@@ -230,7 +233,7 @@ def _aggregate(run: RunFolder, world: int, returncode: int, signalled: str | Non
         )
         missing = sorted(set(range(world)) - set(ends))
         where = f" (no end recorded by rank {', '.join(map(str, missing))})" if missing else ""
-        return "failed", f"the script's process ended: {how}{where}", returncode or 1
+        return "failed", f"the script's process ended: {how}{where}", exit_code or 1
     return "completed", None, 0
 
 

@@ -1,6 +1,8 @@
 """What the instruments see of an unmodified script: torch's own entry points, wrapped.
 
-- steps: the global optimizer hooks (``register_optimizer_step_pre_hook`` / ``_post_hook``);
+- steps: the global optimizer hooks (``register_optimizer_step_pre_hook`` / ``_post_hook``),
+  on the training thread only (another thread's optimizer is counted apart), and
+  ``Optimizer.__init__`` (a script that builds none counts its steps by ``backward()``);
 - data wait: ``_BaseDataLoaderIter.__next__`` (every DataLoader iterator's ``next()``),
   timed only on the training thread: a loader iterated by a background thread is that
   thread's time, not a wait of the training step;
@@ -96,13 +98,23 @@ class Hooks:
         session = self.session
         optimizer_pre = self._guarded("optimizer", session.optimizer_pre)
         optimizer_post = self._guarded("optimizer", session.optimizer_post)
-        pre = register_optimizer_step_pre_hook(
-            lambda optimizer, args, kwargs: optimizer_pre(optimizer)
-        )
-        post = register_optimizer_step_post_hook(
-            lambda optimizer, args, kwargs: optimizer_post(optimizer)
-        )
+        background = self._guarded("optimizer", session.background_optimizer_step)
+        on_training_thread = session.on_training_thread
+
+        def pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+            if on_training_thread():
+                optimizer_pre(optimizer)
+            else:
+                background(optimizer)
+
+        def post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+            if on_training_thread():
+                optimizer_post(optimizer)
+
+        pre = register_optimizer_step_pre_hook(pre_hook)
+        post = register_optimizer_step_post_hook(post_hook)
         self._undo += [pre.remove, post.remove]
+        self._patch(torch.optim.Optimizer, "__init__", self._optimizer_built)
         self.loaders.install()
         self._undo.append(self.loaders.uninstall)
         self.worker_reads.install()
@@ -160,12 +172,29 @@ class Hooks:
         training_thread, get_ident = self.session.training_thread, threading.get_ident
         backward_called = self._guarded("loss", self.session.backward_called)
 
+        backward_done = self._guarded("steps", self.session.backward_done)
+        perf_counter = time.perf_counter
+
         def backward(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            if get_ident() == training_thread:
-                backward_called(tensor)
-            return original(tensor, *args, **kwargs)
+            if get_ident() != training_thread:
+                return original(tensor, *args, **kwargs)
+            backward_called(tensor)
+            result = original(tensor, *args, **kwargs)
+            backward_done(perf_counter())
+            return result
 
         return backward
+
+    def _optimizer_built(self, original: Any) -> Any:
+        session = self.session
+        built = self._guarded("optimizer", session.optimizer_built)
+
+        def __init__(optimizer: Any, *args: Any, **kwargs: Any) -> None:
+            original(optimizer, *args, **kwargs)
+            if session.on_training_thread():
+                built()
+
+        return __init__
 
     def _seen_clip(self, original: Any) -> Any:
         session = self.session
@@ -185,7 +214,7 @@ class Hooks:
         step_ended = self._guarded("GradScaler", session.scaler_step_ended)
 
         def step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-            if not scaler.is_enabled():
+            if not scaler.is_enabled() or not session.on_training_thread():
                 return original(scaler, optimizer, *args, **kwargs)
             step_started(scaler)
             result = original(scaler, optimizer, *args, **kwargs)

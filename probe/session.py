@@ -11,9 +11,20 @@ A step is delimited in one of three ways, the first that applies:
   optimizer steps every k batches, so a step holds k batches: its data wait, samples and
   loss cover all k (the loss is the mean of the step's ``backward()`` losses). A
   GradScaler step skipped for inf/NaN gradients still ends a step (marked ``amp_skipped``).
+- a ``backward()`` on the training thread, when the script builds no ``torch.optim``
+  optimizer (a hand-written update, as pytorch/examples' word_language_model without
+  ``--use-optimizer``): one step per ``backward()``, with its loss. The step ends when the
+  next iteration shows itself (its DataLoader fetch, else its ``backward()``), so the
+  clipping and the update after a backward are still its step's (the gradient norm
+  ``clip_grad_norm_`` returns among them); the last ends at its own backward.
 - a DataLoader batch, while no optimizer has stepped yet (evaluation, inference): each
   batch fetched on the training thread ends the step before it. Batches fetched after
   the last optimizer step (a final evaluation) are left out: their step never ends.
+
+Steps are the training thread's: the thread that runs the script's main module. An
+optimizer built or stepped on another thread (a teacher trained in the background, a
+thread per model) is counted in ``run.json``'s ``optimizers`` with its thread, and said in a
+note, but neither ends a step nor becomes the lead.
 
 The gradient norm of a step is the norm before clipping when the script clips
 (``clip_grad_norm_`` returns it), else the norm of the lead optimizer's gradients as its
@@ -68,6 +79,8 @@ class StepLimitReached(BaseException):
     swallow it."""
 
 
+# how long a CPU step may wait for its batch's read before the sampler writes it
+STALE_HOST_STEPS_S = 0.5
 _NOTHING_RECORDED: dict[str, Any] = {}  # a step without probe.record(): never written to
 
 # A process the script forks (os.fork, a fork-started multiprocessing.Process; DataLoader
@@ -148,7 +161,12 @@ class Session:
         self._rss = RssReader()
         self.device: torch.device | None = None
         self._cuda = False  # device is a CUDA device: set with it, read several times a step
-        self.mode: str | None = None  # "batches", "optimizer" or "explicit" once known
+        # "batches", "optimizer", "backward" or "explicit" once known
+        self.mode: str | None = None
+        self.optimizers_built = 0  # torch.optim optimizers built on the training thread
+        # when the open step's backward() returned, in a script with no optimizer: the step
+        # ends as the next iteration begins
+        self._backward_returned: float | None = None
         self.steps_done = 0
         self._open: _OpenStep | None = None
         self._explicit_open = False  # inside explicit_begin() .. its step's end
@@ -167,6 +185,10 @@ class Session:
         self._scalars: DeviceScalars | None = None
         # CPU steps ended, not yet written: (host figures, loss, norm, scale, store reads)
         self._host_steps: list[tuple[tuple[Any, ...], Any, Any, float | None, Any]] = []
+        # the sampler thread writes CPU steps left waiting (a script that stops stepping,
+        # then is killed, keeps them): perf_counter at the oldest waiting one's end
+        self._host_lock = threading.Lock()
+        self._host_waiting_since: float | None = None
         self._wall_offset = time.time() - time.perf_counter()
         self._params: dict[int, tuple[list[tuple[int, int]], list[Any]]] = {}
         self._profiler_done = False
@@ -190,6 +212,10 @@ class Session:
         READS.forget_everything()
         self.key_values = READS
         self.forked = False  # this is a forked copy of the session's process (forked_off)
+        self.limit_reached = False  # the --steps stop was raised
+        # called when a step ends past --steps (the script caught the stop): probe.child
+        # ends the run there; the default, for sessions outside a script run, stops again
+        self.on_limit_ignored: Any = None
         # processes the script started itself, not DataLoader workers: target -> count
         self.processes_started: dict[str, int] = {}
         _LIVE_SESSIONS.add(self)
@@ -212,7 +238,12 @@ class Session:
 
     def _on_sample(self, row: dict[str, Any]) -> None:
         self.records.append_sample(row)
-        # a script that stops stepping (a long evaluation) still shows its last steps
+        # a script that stops stepping (a long evaluation, or a hang before a SIGKILL)
+        # still shows its last steps: CPU steps waiting for their batch read are written
+        # after STALE_HOST_STEPS_S, and buffered lines after the records' interval
+        since = self._host_waiting_since
+        if since is not None and time.perf_counter() - since >= STALE_HOST_STEPS_S:
+            self._write_host_steps()
         self.records.flush_if_stale()
 
     def _start_profiler(self) -> None:
@@ -233,6 +264,9 @@ class Session:
         if self._open is not None and self.mode == "batches" and self._open.fetches:
             with contextlib.suppress(StepLimitReached):
                 self.end_step(time.perf_counter())
+        if self._backward_returned is not None:
+            with contextlib.suppress(StepLimitReached):
+                self._end_backward_step(self._backward_returned)
         self._open = None
         with contextlib.suppress(Exception):  # a broken tensor must not hide the end
             self._write_host_steps()
@@ -307,6 +341,7 @@ class Session:
 
     def fetch_started(self, now: float) -> None:
         """A DataLoader ``__next__`` on the training thread is about to run."""
+        self._end_backward_step(now)
         if self.mode in (None, "batches") and self._open is not None and self._open.fetches:
             self.mode = "batches"
             self.end_step(now)
@@ -342,6 +377,8 @@ class Session:
             step.token_length_sum += count * length
 
     def backward_called(self, loss: torch.Tensor) -> None:
+        if self._backward_returned is not None:
+            self._end_backward_step(time.perf_counter())
         if self.device is None:
             self._set_device(loss.device)
         step = self._open or self._ensure_open(time.perf_counter())
@@ -354,6 +391,18 @@ class Session:
                 step.losses = [value]
             else:
                 step.losses.append(value)
+
+    def backward_done(self, now: float) -> None:
+        """A ``backward()`` on the training thread returned: in a script with no optimizer,
+        its step ends as the next iteration begins (_end_backward_step)."""
+        if self.mode in (None, "backward") and not self.optimizers_built:
+            self.mode = "backward"
+            self._backward_returned = now
+
+    def _end_backward_step(self, now: float) -> None:
+        if self._backward_returned is not None:
+            self._backward_returned = None
+            self.end_step(now)
 
     def _set_device(self, device: torch.device) -> None:
         if device.type == "cuda":
@@ -379,16 +428,36 @@ class Session:
                 merged = {**RunFolder(self.run_dir).manifest().environment, **environment}
                 self.manifest.update_manifest(environment=merged)
 
-    def optimizer_pre(self, optimizer: Any) -> None:
-        if self.forked:
-            return
+    def optimizer_built(self) -> None:
+        """A ``torch.optim`` optimizer was built on the training thread: steps are counted
+        by optimizer steps, never by ``backward()``."""
+        self.optimizers_built += 1
+
+    def _count_optimizer_step(self, optimizer: Any, thread: str) -> None:
         info = self.optimizer_steps.get(id(optimizer))
         if info is None:
             info = self.optimizer_steps[id(optimizer)] = {
                 "class": type(optimizer).__name__,
                 "steps": 0,
+                "thread": thread,
             }
         info["steps"] += 1
+
+    def background_optimizer_step(self, optimizer: Any) -> None:
+        """An optimizer stepped on a thread other than the training thread."""
+        if self.forked:
+            return
+        self._count_optimizer_step(optimizer, "background")
+        self.note(
+            "an optimizer stepped on a background thread: steps are the training thread's "
+            "(the thread that runs the script's main module), so its steps are counted in "
+            "run.json's optimizers but are not step records"
+        )
+
+    def optimizer_pre(self, optimizer: Any) -> None:
+        if self.forked:
+            return
+        self._count_optimizer_step(optimizer, "training")
         lead = self._lead() if self._lead is not None else None
         if lead is None:
             self._lead, lead = weakref.ref(optimizer), optimizer
@@ -516,6 +585,9 @@ class Session:
         if self.forked:
             self._forked_step_seen()
             return
+        if self.limit_reached and self.on_limit_ignored is not None:
+            self.on_limit_ignored()  # ends the process
+            return
         step = self._open
         if step is None:
             return
@@ -580,30 +652,39 @@ class Session:
         else:
             # the scale now: GradScaler.update() rewrites its tensor in place; the loss and
             # norm are read with the batch's others when it is written
-            self._host_steps.append((row, loss, grad_norm, host_float(scale), store))
+            with self._host_lock:
+                self._host_steps.append((row, loss, grad_norm, host_float(scale), store))
+                if self._host_waiting_since is None:
+                    self._host_waiting_since = now
             if len(self._host_steps) >= self._read_every:
                 self._write_host_steps()
         self.profiler.step()
         self.snapshots.step_ended(self.steps_done)
         self.snapshots.step_begins(self.steps_done + 1)
         if self.max_steps is not None and self.steps_done >= self.max_steps:
+            self.limit_reached = True
             raise StepLimitReached(self.steps_done)
 
     def _write_host_steps(self) -> None:
         """The CPU steps ended since the last batch, completed and written together: their
         losses and norms read in one stack each, their lines appended under one lock."""
-        rows, self._host_steps = self._host_steps, []
-        self._wall_offset = time.time() - time.perf_counter()  # follows NTP's slewing
-        if not rows:
-            return
-        losses = read_floats([loss for _, loss, _, _, _ in rows])
-        norms = read_floats([norm for _, _, norm, _, _ in rows])
-        self.records.append_steps(
-            [
-                host_step_record(row, loss, norm, scale, store)
-                for (row, _, _, scale, store), loss, norm in zip(rows, losses, norms, strict=True)
-            ]
-        )
+        # the lock keeps the lines in step order when the sampler thread writes too
+        with self._host_lock:
+            rows, self._host_steps = self._host_steps, []
+            self._host_waiting_since = None
+            self._wall_offset = time.time() - time.perf_counter()  # follows NTP's slewing
+            if not rows:
+                return
+            losses = read_floats([loss for _, loss, _, _, _ in rows])
+            norms = read_floats([norm for _, _, norm, _, _ in rows])
+            self.records.append_steps(
+                [
+                    host_step_record(row, loss, norm, scale, store)
+                    for (row, _, _, scale, store), loss, norm in zip(
+                        rows, losses, norms, strict=True
+                    )
+                ]
+            )
 
     def _device_scalars(self, loss: Any, grad_norm: Any, scale: Any) -> Any:
         assert self._scalars is not None and self.device is not None

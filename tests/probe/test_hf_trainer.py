@@ -121,7 +121,7 @@ def test_an_unmodified_hf_trainer_script_yields_a_complete_run_folder(run):
     probe = manifest.extra["probe"]
     assert probe["steps_counted_by"] == "explicit"  # the callback's steps
     # HF's AdamW under accelerate's wrapper: one optimizer, stepped once an update
-    assert probe["optimizers"] == [{"class": "AdamW", "steps": MAX_STEPS}]
+    assert probe["optimizers"] == [{"class": "AdamW", "steps": MAX_STEPS, "thread": "training"}]
     assert manifest.extra["integrations"]["hf_trainer"] == {"trainers": 1, "callbacks_attached": 1}
     loaders = folder.dataloaders()
     assert {loader.num_workers for loader in loaders} == {0}

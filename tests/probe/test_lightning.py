@@ -57,7 +57,7 @@ def test_a_step_is_one_optimizer_step_over_its_accumulated_batches(accumulating_
     probe = run.manifest().extra["probe"]
     assert probe["steps_counted_by"] == "explicit"
     # the global optimizer hooks saw the same steps, and did not end any of their own
-    assert probe["optimizers"] == [{"class": "SGD", "steps": EXPECTED_STEPS}]
+    assert probe["optimizers"] == [{"class": "SGD", "steps": EXPECTED_STEPS, "thread": "training"}]
 
 
 @pytest.mark.slow

@@ -91,7 +91,7 @@ def test_the_manifest_says_script_with_its_command_hash_and_environment(slow_run
     assert manifest.environment["pytorch_version"]
     probe = manifest.extra["probe"]
     assert probe["steps_counted_by"] == "optimizer"
-    assert probe["optimizers"] == [{"class": "SGD", "steps": WRAPPER_STEPS}]
+    assert probe["optimizers"] == [{"class": "SGD", "steps": WRAPPER_STEPS, "thread": "training"}]
 
 
 def test_the_dataloader_is_recorded_with_its_line_and_arguments(slow_run):

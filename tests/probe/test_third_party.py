@@ -41,10 +41,11 @@ def _corpus(folder):
     return folder
 
 
-def _run(tmp, lr):
+def _run(tmp, lr, *, optimizer=True):
     data = _corpus(tmp)
     args = [
-        "--data", str(data), "--epochs", "1", "--use-optimizer", "--lr", lr,
+        "--data", str(data), "--epochs", "1", *(["--use-optimizer"] if optimizer else []),
+        "--lr", lr,
         "--bptt", str(BPTT), "--batch_size", str(BATCH), "--emsize", "16", "--nhid", "16",
         "--nlayers", "1", "--save", str(tmp / "model.pt"), "--log-interval", "1000",
     ]  # fmt: skip
@@ -79,7 +80,9 @@ def test_an_unmodified_public_script_yields_a_complete_run_folder(runs):
     manifest = run.manifest()
     assert manifest.kind == "script"
     assert manifest.extra["script"]["sha256"] == PUBLISHED_SHA256["main.py"]
-    assert manifest.extra["probe"]["optimizers"] == [{"class": "AdamW", "steps": EXPECTED_STEPS}]
+    assert manifest.extra["probe"]["optimizers"] == [
+        {"class": "AdamW", "steps": EXPECTED_STEPS, "thread": "training"}
+    ]
 
 
 @pytest.mark.slow
@@ -92,3 +95,19 @@ def test_adamw_at_the_sgd_learning_rate_is_told_unstable_and_a_sane_one_is_not(r
     quiet = analyze(runs["0.002"][1].path)
     assert "unstable-gradients" not in {f.rule for f in quiet.findings}
     assert "worker-restarts" in {s.rule for s in quiet.skipped}  # needs the trainer config
+
+
+@pytest.mark.slow
+def test_without_an_optimizer_each_batch_is_a_step_with_its_loss(tmp_path):
+    """The script's default: no --use-optimizer, the weights updated by hand after each
+    backward(). Before: 0 steps, no loss, and a note that no optimizer step was seen."""
+    result, run = _run(tmp_path, "20", optimizer=False)
+    assert "End of training" in result.stdout
+    assert (run.status().status, run.status().step) == ("completed", EXPECTED_STEPS)
+    steps = run.steps()
+    assert steps["step"].to_list() == list(range(1, EXPECTED_STEPS + 1))
+    assert steps["loss"].null_count() == 0 and steps["grad_norm"].null_count() == 0
+    # a next-word loss over a 50-word vocabulary starts near ln(50)
+    assert 3.0 < steps["loss"][0] < 5.0
+    probe = run.manifest().extra["probe"]
+    assert probe["steps_counted_by"] == "backward" and probe["optimizers"] == []

@@ -97,7 +97,9 @@ def test_an_unmodified_lightning_example_yields_a_complete_run_folder(run):
     manifest = folder.manifest()
     assert manifest.kind == "script"
     assert manifest.extra["script"]["sha256"] == PUBLISHED_SHA256
-    assert manifest.extra["probe"]["optimizers"] == [{"class": "SGD", "steps": EXPECTED_STEPS}]
+    assert manifest.extra["probe"]["optimizers"] == [
+        {"class": "SGD", "steps": EXPECTED_STEPS, "thread": "training"}
+    ]
     assert manifest.extra["lightning"] == {
         "package": "pytorch_lightning",
         "callbacks": 1,
