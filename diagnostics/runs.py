@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import socket
 import threading
@@ -884,11 +885,19 @@ def list_runs(runs_dir: str | os.PathLike[str]) -> list[RunListing]:
     return sorted(listings, key=lambda r: r.created_at, reverse=True)
 
 
+# a run id is a folder name printed as the last line of output and pasted into commands:
+# letters, digits, '.', '_' and '-' only
+RUN_ID_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
 def new_run_id(scenario: str | None, now: float | None = None) -> str:
+    """``STAMP-NAME-SUFFIX``; NAME (a scenario, or ``script-`` and a script's stem) keeps
+    only safe characters: a script named ``a\nb.py`` gives ``script-a-b``."""
     now = time.time() if now is None else now
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now))
     suffix = f"{int((now % 1) * 1000):03d}{os.getpid() % 1000:03d}"
-    return f"{stamp}-{scenario or 'run'}-{suffix}"
+    name = RUN_ID_UNSAFE.sub("-", scenario or "").strip("-.") or "run"
+    return f"{stamp}-{name}-{suffix}"
 
 
 class _LineAppender:

@@ -33,6 +33,7 @@ from diagnostics.runs import (
     CANCEL_FILE,
     HEARTBEAT_INTERVAL_S,
     LOG_FILE,
+    RUN_ID_UNSAFE,
     RunFolder,
     RunWriter,
     default_runs_dir,
@@ -146,6 +147,13 @@ def _checked(args: argparse.Namespace) -> tuple[Path, dict[str, Any], int]:
         raise UsageError("--nproc-per-node and --nnodes take 1 or more")
     if nnodes > 1 and not args.rdzv_endpoint:
         raise UsageError("--rdzv-endpoint: HOST:PORT of node 0 is needed with --nnodes > 1")
+    if args.run_id is not None and (
+        not args.run_id or RUN_ID_UNSAFE.search(args.run_id) or args.run_id.startswith(".")
+    ):
+        raise UsageError(
+            f"--run-id: {args.run_id!r} is not a folder name of letters, digits, '.', '_' "
+            "and '-' (not starting with '.')"
+        )
     if not 0 < args.sample_hz <= 100:
         raise UsageError(f"--sample-hz: {args.sample_hz} is outside (0, 100]")
     if args.max_runtime_s is not None and not args.max_runtime_s > 0:
@@ -187,24 +195,66 @@ def _child_command(args: argparse.Namespace, run_dir: Path, world: int) -> list[
     return [*torchrun, *child]
 
 
-class _Tee:
-    """Copies a child's stream to ours and to the run's log, line by line."""
+# log.txt keeps the first and the last LOG_KEEP_BYTES of a script's output each: a script
+# that prints gigabytes must not fill the disk or the wrapper's memory
+LOG_KEEP_BYTES = 4 << 20
+_PIECE = 1 << 16
 
-    def __init__(self, source: IO[bytes], target: IO[bytes], log: IO[bytes], lock: Any):
-        self._thread = threading.Thread(
-            target=self._run, args=(source, target, log, lock), daemon=True
-        )
+
+class _CappedLog:
+    """``log.txt``: the output's head written as it comes, its tail kept in a ring, and,
+    when the middle was cut, one line that says how much (written at the end)."""
+
+    def __init__(self, handle: IO[bytes], keep: int = LOG_KEEP_BYTES):
+        self._handle, self._keep = handle, keep
+        self._head_left = keep
+        self._tail = bytearray()
+        self._dropped = 0
+        self._lock = threading.Lock()
+
+    def write(self, piece: bytes) -> None:
+        with self._lock:
+            if self._head_left > 0:
+                head, piece = piece[: self._head_left], piece[self._head_left :]
+                self._head_left -= len(head)
+                with contextlib.suppress(OSError, ValueError):
+                    self._handle.write(head)
+                    self._handle.flush()
+            if piece:
+                self._tail += piece
+                excess = len(self._tail) - self._keep
+                if excess > 0:
+                    del self._tail[:excess]
+                    self._dropped += excess
+
+    def close(self) -> None:
+        with self._lock, contextlib.suppress(OSError, ValueError):
+            if self._dropped:
+                self._handle.write(
+                    f"\n[pipeline-doctor: {self._dropped:,} bytes of output left out here: "
+                    f"the log keeps the first and the last {self._keep:,} bytes]\n".encode()
+                )
+            self._handle.write(bytes(self._tail))
+            self._handle.flush()
+            self._tail.clear()
+
+
+class _Tee:
+    """Copies a child's stream to ours and to the run's log, in pieces as they come (not
+    lines: output without a newline must not pile up in the wrapper's memory)."""
+
+    def __init__(self, source: IO[bytes], target: IO[bytes], log: _CappedLog):
+        self._thread = threading.Thread(target=self._run, args=(source, target, log), daemon=True)
         self._thread.start()
 
     @staticmethod
-    def _run(source: IO[bytes], target: IO[bytes], log: IO[bytes], lock: Any) -> None:
-        for line in iter(source.readline, b""):
+    def _run(source: IO[bytes], target: IO[bytes], log: _CappedLog) -> None:
+        read = getattr(source, "read1", source.read)
+        for piece in iter(lambda: read(_PIECE), b""):
             with contextlib.suppress(OSError, ValueError):
-                target.write(line)
+                target.write(piece)
                 target.flush()
-            with lock, contextlib.suppress(OSError, ValueError):
-                log.write(line)
-                log.flush()
+            log.write(piece)
 
     def join(self) -> None:
         self._thread.join(timeout=10.0)
@@ -325,9 +375,9 @@ def _supervise(
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
     env[WRAPPER_PID_ENV] = str(os.getpid())  # the script stops if this process dies
     signalled: list[str] = []
-    lock = threading.Lock()
     with (writer.path / LOG_FILE).open("ab") as log:
         log.write(f"$ {shlex.join(command)}\n".encode())
+        capped = _CappedLog(log)
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         threading.Thread(target=_import_for_the_end, daemon=True).start()
 
@@ -339,8 +389,8 @@ def _supervise(
 
         previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
         tees = [
-            _Tee(process.stdout, sys.stdout.buffer, log, lock),  # type: ignore[arg-type]
-            _Tee(process.stderr, sys.stderr.buffer, log, lock),  # type: ignore[arg-type]
+            _Tee(process.stdout, sys.stdout.buffer, capped),  # type: ignore[arg-type]
+            _Tee(process.stderr, sys.stderr.buffer, capped),  # type: ignore[arg-type]
         ]
         deadline = None
         budget_ends = None if max_runtime_s is None else time.monotonic() + max_runtime_s
@@ -367,6 +417,7 @@ def _supervise(
                 writer.heartbeat()
         for tee in tees:
             tee.join()
+        capped.close()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     reason_signal = signalled[0] if signalled else None
