@@ -14,9 +14,12 @@ script that parses them with ``HfArgumentParser``); the fix is written in those.
 
 from __future__ import annotations
 
+import io
 import re
 import shlex
+import tokenize
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from diagnostics.runs import DataLoaderRecord
@@ -88,54 +91,114 @@ def _format(value: Any) -> str:
     return repr(value)
 
 
-def _argument_span(code: str, name: str) -> tuple[int, int] | None:
-    """Where ``name=value`` sits in ``code`` (the value ends at a comma or closing bracket
-    at its own depth), or None."""
-    match = re.search(rf"\b{re.escape(name)}\s*=", code)
-    if match is None:
+@dataclass(frozen=True)
+class _Call:
+    """A DataLoader call found in source by its tokens: offsets into the source."""
+
+    close: int  # its closing parenthesis
+    last_end: int  # the end of its last argument (or of its opening parenthesis)
+    last_is_comma: bool  # a trailing comma ends the arguments
+    multiline: bool
+    first_argument_line: str | None  # the line of its first argument, when on its own line
+    keywords: dict[str, tuple[int, int]]  # name -> span of ``name=value``
+
+
+def _find_call(code: str) -> _Call | None:
+    """The first ``DataLoader(...)`` in ``code``, read with ``tokenize``: brackets, strings
+    and comments as Python reads them, so a parenthesis in a comment or a string is no
+    part of the call. None when ``code`` holds no whole call."""
+    starts = [0]
+    for line in code.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+
+    def offset(position: tuple[int, int]) -> int:
+        return starts[position[0] - 1] + position[1]
+
+    try:
+        tokens = [
+            t
+            for t in tokenize.generate_tokens(io.StringIO(code).readline)
+            if t.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE)
+        ]
+    except (tokenize.TokenError, SyntaxError):  # an unclosed bracket: not the whole call
         return None
-    depth, end = 0, match.end()
-    while end < len(code):
-        char = code[end]
-        if char in "([{":
-            depth += 1
-        elif char in ")]}":
-            if depth == 0:
-                break
-            depth -= 1
-        elif char == "," and depth == 0:
+    for i, token in enumerate(tokens[:-1]):
+        if token.string == "DataLoader" and tokens[i + 1].string == "(":
             break
-        end += 1
-    return match.start(), end
+    else:
+        return None
+    opening = tokens[i + 1]
+    depth, keywords = 0, {}
+    previous = opening
+    name_start: int | None = None
+    name: str | None = None
+    for j in range(i + 1, len(tokens)):
+        token = tokens[j]
+        if token.type == tokenize.OP and token.string in "([{":
+            depth += 1
+        elif token.type == tokenize.OP and token.string in ")]}":
+            depth -= 1
+            if depth == 0:
+                if name is not None and name_start is not None:
+                    keywords[name] = (name_start, offset(previous.end))
+                first = tokens[i + 2] if i + 2 < j else None
+                return _Call(
+                    close=offset(token.start),
+                    last_end=offset(previous.end),
+                    last_is_comma=previous.string == ",",
+                    multiline=token.start[0] != opening.start[0],
+                    first_argument_line=code.splitlines()[first.start[0] - 1]
+                    if first is not None and first.start[0] != opening.start[0]
+                    else None,
+                    keywords=keywords,
+                )
+        elif depth == 1 and token.string == ",":
+            if name is not None and name_start is not None:
+                keywords[name] = (name_start, offset(previous.end))
+            name = name_start = None
+        elif (
+            depth == 1
+            and token.type == tokenize.NAME
+            and previous.string in ("(", ",")
+            and j + 1 < len(tokens)
+            and tokens[j + 1].string == "="
+        ):
+            name, name_start = token.string, offset(token.start)
+        previous = token
+    return None
 
 
 def rewrite_call(code: str, changes: Mapping[str, Any]) -> str | None:
     """The DataLoader call in ``code`` (its source, one line or several) with ``changes``
-    applied: an argument it passes gets the new value, one it does not is added before the
-    closing parenthesis, in the call's own layout. None when ``code`` is not a whole call."""
-    start = code.find("DataLoader(")
-    close = code.rfind(")")
-    if start < 0 or close < start or code.count("(") != code.count(")"):
+    applied: an argument it passes gets the new value, one it does not is added after its
+    last argument, in the call's own layout. Comments and strings, even ones holding
+    parentheses, stay as written. None when ``code`` is not a whole call."""
+    call = _find_call(code)
+    if call is None:
         return None
-    result = code
+    edits: list[tuple[int, int, str]] = []
     added = []
     for name, value in changes.items():
-        span = _argument_span(result, name)
+        span = call.keywords.get(name)
         if span is None:
             added.append(f"{name}={_format(value)}")
         else:
-            result = result[: span[0]] + f"{name}={_format(value)}" + result[span[1] :]
-    if not added:
-        return result
-    close = result.rfind(")")
-    head, tail = result[:close].rstrip(), result[close:]
-    if "\n" in result[start:close]:  # one argument a line, as the call is written
-        found = re.search(r"\n([ \t]*)\S", result[start:])
-        pad = found.group(1) if found and found.group(1) else "    "
-        head = head if head.endswith((",", "(")) else head + ","
-        return head + "".join(f"\n{pad}{a}," for a in added) + "\n" + tail
-    joiner = "" if head.endswith("(") else (" " if head.endswith(",") else ", ")
-    return head + joiner + ", ".join(added) + tail
+            edits.append((span[0], span[1], f"{name}={_format(value)}"))
+    if added:
+        if call.multiline:  # one argument a line, as the call is written
+            found = re.match(r"[ \t]*", call.first_argument_line or "")
+            pad = found.group(0) if found and found.group(0) else "    "
+            comma = "" if call.last_is_comma or code[call.last_end - 1] == "(" else ","
+            text = comma + "".join(f"\n{pad}{a}," for a in added)
+        elif code[call.last_end - 1] == "(":
+            text = ", ".join(added)
+        else:
+            text = (" " if call.last_is_comma else ", ") + ", ".join(added)
+        edits.append((call.last_end, call.last_end, text))
+    result = code
+    for start, end, text in sorted(edits, reverse=True):
+        result = result[:start] + text + result[end:]
+    return result
 
 
 def fix_code(record: DataLoaderRecord, changes: Mapping[str, Any], why: str) -> str:

@@ -64,6 +64,30 @@ def _script(inputs, *loaders):
             "loader = DataLoader(\n    ds,\n    batch_size=8,\n    num_workers=3,\n)",
         ),
         ("loader = DataLoader(", {"num_workers": 3}, None),  # not the whole call
+        # before: the fix went in at the last ")" of the line, inside the comment
+        (
+            "dl = DataLoader(ds, batch_size=8)  # see (docs)",
+            {"num_workers": 4, "persistent_workers": True},
+            "dl = DataLoader(ds, batch_size=8, num_workers=4, persistent_workers=True)"
+            "  # see (docs)",
+        ),
+        (
+            'dl = DataLoader(ds, collate_fn=pick(")"), num_workers=0)  # n=0 (slow)',
+            {"num_workers": 2},
+            'dl = DataLoader(ds, collate_fn=pick(")"), num_workers=2)  # n=0 (slow)',
+        ),
+        (
+            "loader = DataLoader(\n    ds,  # tokens (packed)\n    batch_size=8\n)  # (train)",
+            {"pin_memory": True},
+            "loader = DataLoader(\n    ds,  # tokens (packed)\n    batch_size=8,\n"
+            "    pin_memory=True,\n)  # (train)",
+        ),
+        (
+            "for batch in DataLoader(ds, num_workers=0):",
+            {"num_workers": 4},
+            "for batch in DataLoader(ds, num_workers=4):",
+        ),
+        ("dl = DataLoader()", {"num_workers": 1}, "dl = DataLoader(num_workers=1)"),
     ],
 )
 def test_rewrite_call(code, changes, expected):
