@@ -46,6 +46,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import threading
 import time
 from collections import Counter
@@ -53,7 +54,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import IO, TYPE_CHECKING, Any, ClassVar, Literal
 
 if TYPE_CHECKING:
     import polars as pl
@@ -442,10 +443,43 @@ def _atomic_write_json(
             handle.write(text)
 
 
+# A run folder is read under bounds, as an uploaded trace is: a folder someone else made
+# (or a link someone put in it) must not make a reader follow a link out of it, read a
+# device without end, or hold gigabytes.
+MAX_RUN_JSON_BYTES = 16 << 20  # run.json, status.json, a rank's status, alert.json
+MAX_RUN_LINE_BYTES = 1 << 20  # one record of a .jsonl file
+MAX_RUN_RECORDS = 5_000_000  # records of one .jsonl file (a step each: a very long run)
+# a duration no real step or wait has (11.6 days); negative ones neither
+MAX_RECORD_MS = 1e9
+
+
+def _open_run_file(path: Path) -> IO[bytes]:
+    """``path`` opened for reading if it is a regular file of its run folder; a symbolic
+    link is followed only to a regular file inside the folder. RunFolderError (one line)
+    otherwise; FileNotFoundError when there is nothing there."""
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode):
+        target = Path(os.path.realpath(path))
+        folder = Path(os.path.realpath(path.parent))
+        if not target.is_relative_to(folder):
+            raise RunFolderError(f"{path}: a link out of the run folder (to {target}): not read")
+        info = os.stat(path)
+    if not stat.S_ISREG(info.st_mode):
+        raise RunFolderError(f"{path}: not a regular file: not read")
+    return path.open("rb")
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     """A JSON object from a run file; RunFolderError (one line) for anything else."""
     try:
-        raw = json.loads(path.read_text())
+        with _open_run_file(path) as handle:
+            data = handle.read(MAX_RUN_JSON_BYTES + 1)
+        if len(data) > MAX_RUN_JSON_BYTES:
+            raise RunFolderError(
+                f"{path}: larger than the {MAX_RUN_JSON_BYTES >> 20} MiB a run file may be: "
+                "not read"
+            )
+        raw = json.loads(data)
     except FileNotFoundError:
         raise RunFolderError(f"{path}: missing") from None
     except RecursionError:
@@ -494,20 +528,38 @@ def _field(path: Path, raw: Mapping[str, Any], key: str, kinds: tuple[type, ...]
     return value
 
 
-def _read_lines(path: Path) -> list[dict[str, Any]]:
-    """Records of a .jsonl file; a torn or corrupt line (a killed writer) is skipped."""
-    if not path.exists():
-        return []
-    records = []
-    with path.open("rb") as handle:
-        for raw in handle:
+def _read_lines(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """Records of a .jsonl file, and how many lines were not one: a torn or corrupt line
+    (a killed writer) is skipped, and so is a line longer than MAX_RUN_LINE_BYTES (read
+    past in pieces, never held). More than MAX_RUN_RECORDS records is RunFolderError."""
+    records: list[dict[str, Any]] = []
+    skipped = 0
+    try:
+        handle = _open_run_file(path)
+    except FileNotFoundError:
+        return records, skipped
+    with handle:
+        while raw := handle.readline(MAX_RUN_LINE_BYTES + 1):
+            if len(raw) > MAX_RUN_LINE_BYTES:
+                while raw and not raw.endswith(b"\n"):
+                    raw = handle.readline(MAX_RUN_LINE_BYTES + 1)
+                skipped += 1
+                continue
             try:
                 record = json.loads(raw)
             except ValueError:
+                skipped += raw.strip() != b""
                 continue
-            if isinstance(record, dict):
-                records.append(record)
-    return records
+            if not isinstance(record, dict):
+                skipped += 1
+                continue
+            if len(records) >= MAX_RUN_RECORDS:
+                raise RunFolderError(
+                    f"{path}: more than {MAX_RUN_RECORDS:,} records: not read (no run this "
+                    "reader knows writes that many)"
+                )
+            records.append(record)
+    return records, skipped
 
 
 def _fits(value: Any, dtype: pl.DataType) -> bool:
@@ -534,8 +586,17 @@ def _typed_records(
     (a record with one wrong field is left out whole: its other numbers are suspect too)."""
     kept: list[dict[str, Any]] = []
     wrong: Counter[str] = Counter()
+    durations = [name for name in schema if name.endswith("_ms")]
     for record in records:
         bad = [name for name, dtype in schema.items() if not _fits(record.get(name), dtype)]
+        # a duration no real run has (1e300 ms, a negative wait) is no figure to average
+        bad += [
+            name
+            for name in durations
+            if type(value := record.get(name)) in (int, float)
+            and not 0 <= value <= MAX_RECORD_MS
+            and name not in bad
+        ]
         if bad:
             wrong.update(bad)
         else:
@@ -670,11 +731,11 @@ class RunFolder:
         """The step of rank 0's newest record, from the end of steps.jsonl (cheap: a live
         run's launcher asks every heartbeat)."""
         try:
-            with (self.path / STEPS_LINES).open("rb") as handle:
+            with _open_run_file(self.path / STEPS_LINES) as handle:
                 handle.seek(0, os.SEEK_END)
                 handle.seek(max(0, handle.tell() - 8192))
-                tail = handle.read().splitlines()
-        except FileNotFoundError:
+                tail = handle.read(8192).splitlines()
+        except (FileNotFoundError, RunFolderError):
             return None
         for raw in reversed(tail):
             try:
@@ -699,7 +760,7 @@ class RunFolder:
         """The DataLoaders a script run built (rank 0's), in order; () for trainer runs and
         for scripts that built none. A line that does not parse is skipped."""
         latest: dict[int, DataLoaderRecord] = {}
-        for raw in _read_lines(self.path / DATALOADERS_FILE):
+        for raw in _read_lines(self.path / DATALOADERS_FILE)[0]:
             record = DataLoaderRecord.from_dict(raw)
             if record is not None:
                 latest[record.index] = record  # the end-of-run line, with totals, wins
@@ -709,7 +770,7 @@ class RunFolder:
         path = self.path / MEMORY_LINES_FILE
         if not path.exists():
             return None
-        return _frame(_read_lines(path), _schemas()["MEMORY_LINE_SCHEMA"])
+        return _frame(_read_lines(path)[0], _schemas()["MEMORY_LINE_SCHEMA"])
 
     def _records(
         self, parquet: str, lines: str, schema: dict[str, pl.DataType], key: str | None
@@ -719,7 +780,10 @@ class RunFolder:
         parquet_path = self.path / parquet
         if parquet_path.exists():
             try:
-                frame = _conform(pl.read_parquet(parquet_path), schema)
+                with _open_run_file(parquet_path) as handle:
+                    frame = _conform(pl.read_parquet(handle), schema)
+            except RunFolderError:
+                raise
             except Exception as exc:  # a parquet cut short by a crash: fall back to lines
                 if not (self.path / lines).exists():
                     raise RunFolderError(f"{parquet_path}: unreadable ({exc})") from None
@@ -736,19 +800,24 @@ class RunFolder:
         """A .jsonl file's records as a frame; records with a field of the wrong type, or
         without the key, are left out and said (``record_warnings``), so the order and the
         statistics come from valid records only."""
-        records = _read_lines(self.path / lines)
+        records, skipped = _read_lines(self.path / lines)
         kept, wrong = _typed_records(records, schema)
         if key is not None:
             keyed = [r for r in kept if r.get(key) is not None]
             if len(keyed) < len(kept):
                 wrong[f"no {key}"] += len(kept) - len(keyed)
             kept = keyed
+        said = []
+        if skipped:
+            said.append(f"left out {skipped:,} line(s) that are not a JSON record")
         if wrong:
             fields = ", ".join(f"{name} ({n})" for name, n in wrong.most_common(5))
-            self._left_out[lines] = (
-                f"{self.path / lines}: left out {len(records) - len(kept)} of {len(records)} "
-                f"records with a field of the wrong type or missing: {fields}"
+            said.append(
+                f"left out {len(records) - len(kept):,} of {len(records):,} records with a "
+                f"field of the wrong type, out of range or missing: {fields}"
             )
+        if said:
+            self._left_out[lines] = f"{self.path / lines}: " + "; ".join(said)
         return _frame(kept, schema)
 
     @property
@@ -799,13 +868,15 @@ class RunFolder:
 
     def log_tail(self, max_bytes: int = 20_000) -> str:
         try:
-            with self.log_path.open("rb") as handle:
+            with _open_run_file(self.log_path) as handle:
                 handle.seek(0, os.SEEK_END)
                 size = handle.tell()
                 handle.seek(max(0, size - max_bytes))
-                return handle.read().decode("utf-8", errors="replace")
+                return handle.read(max_bytes).decode("utf-8", errors="replace")
         except FileNotFoundError:
             return ""
+        except RunFolderError as exc:
+            return f"(the log is not shown: {exc})"
 
     def mtime_key(self) -> float:
         """Latest modification time of the files a reader uses: a cache key."""
