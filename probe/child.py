@@ -282,20 +282,23 @@ def run(run_dir: Path) -> int:
             _print_script_traceback(exc)
             status, reason, code = "failed", "KeyboardInterrupt", 128 + signal.SIGINT
     except torch.cuda.OutOfMemoryError as exc:
+        status, reason, code = "failed", _exception_line(exc), 1
         _print_script_traceback(exc)
         # dumped here, while the failed frames still hold what filled the device
         recorded = session.snapshots.out_of_memory(session.steps_done + 1, exc)
-        reason = str(recorded) if isinstance(recorded, OutOfMemoryRecorded) else None
-        status, reason, code = "failed", reason or _exception_line(exc), 1
+        if isinstance(recorded, OutOfMemoryRecorded):
+            reason = str(recorded)
     except BaseException as exc:
-        _print_script_traceback(exc)
         status, reason, code = "failed", _exception_line(exc), 1
+        _print_script_traceback(exc)
     finally:
         if os.getpid() != ending.own_pid:
             _exit_forked_copy(code)
-    if session.limit_reached and status == "completed":
-        session.note(f"stopped after step {session.steps_done}: the --steps limit")
-    return ending.finish(status, reason, code)
+        # here, not after: an error in the handling above still leaves the run's end
+        if session.limit_reached and status == "completed":
+            session.note(f"stopped after step {session.steps_done}: the --steps limit")
+        code = ending.finish(status, reason, code)
+    return code
 
 
 def _end_the_run(run_dir: Path, status: str, reason: str | None, step: int) -> None:
