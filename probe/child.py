@@ -147,7 +147,6 @@ class _Ending:
         self.own_pid = os.getpid()
         self.integrations = Integrations(session.note)
         self.watch = WrapperWatch()
-        self.real_exit = os._exit
         self.done = False
 
     def exit_now(self, code: int) -> None:
@@ -158,7 +157,7 @@ class _Ending:
                     self.finish("completed", None, 0)
                 else:
                     self.finish("failed", f"exit code {code} (os._exit)", code)
-        self.real_exit(code)
+        _REAL_EXIT(code)
 
     def limit_ignored(self) -> None:
         """A step ended past ``--steps``: the script caught the stop and trained on."""
@@ -168,7 +167,7 @@ class _Ending:
         )
         with contextlib.suppress(BaseException):
             self.finish("completed", None, 0)
-        self.real_exit(0)
+        _REAL_EXIT(0)
 
     def finish(self, status: str, reason: str | None, code: int) -> int:
         if self.done:
@@ -181,7 +180,7 @@ class _Ending:
         with contextlib.suppress(ValueError):  # not the main thread (an os._exit there)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             signal.signal(signal.SIGINT, signal.SIG_IGN)
-        os._exit = self.real_exit
+        os._exit = _REAL_EXIT
         self.watch.stop()
         self.integrations.uninstall()
         self.hooks.uninstall()

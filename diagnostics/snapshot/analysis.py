@@ -219,15 +219,9 @@ def _dump_state(blocks: pl.DataFrame, segments: pl.DataFrame) -> DumpState:
     )
 
 
-def _segments_overfull(blocks: pl.DataFrame, segments: pl.DataFrame) -> int:
-    """Segments that list blocks larger than the segment itself."""
-    sums = blocks.group_by("segment").agg(pl.col("size").sum().alias("blocks_size"))
-    joined = segments.join(sums, on="segment", how="inner")
-    return joined.filter(pl.col("blocks_size") > pl.col("total_size")).height
-
-
-def _header_warnings(blocks: pl.DataFrame, segments: pl.DataFrame) -> list[str]:
-    """Segments whose own allocated_size or block sizes disagree with their blocks."""
+def _header_warnings(blocks: pl.DataFrame, segments: pl.DataFrame) -> tuple[list[str], int]:
+    """Segments whose own allocated_size or block sizes disagree with their blocks: the
+    warnings, and how many segments list blocks larger than themselves (overfull)."""
     sums = blocks.group_by("segment").agg(
         pl.col("size").sum().alias("blocks_size"),
         pl.col("size").filter(pl.col("state") == "active_allocated").sum().alias("alloc"),
@@ -250,7 +244,7 @@ def _header_warnings(blocks: pl.DataFrame, segments: pl.DataFrame) -> list[str]:
             f"{header.height} segment(s) state an allocated_size that differs from the sum "
             "of their allocated blocks; the blocks' sums are used"
         )
-    return out
+    return out, over.height
 
 
 def _pick_device(snapshot: MemorySnapshot) -> tuple[int, list[str]]:
@@ -401,7 +395,7 @@ def _segment_map(blocks: pl.DataFrame, segments: pl.DataFrame, site_for: _SiteCa
 
 def _fragmentation(
     blocks: pl.DataFrame,
-    segments: pl.DataFrame,
+    overfull: int,
     dump: DumpState,
     peak: Peak | None,
     request: int | None,
@@ -416,7 +410,6 @@ def _fragmentation(
     expandable = None
     if isinstance(settings, dict) and "expandable_segments" in settings:
         expandable = bool(settings["expandable_segments"])
-    overfull = _segments_overfull(blocks, segments)
     return Fragmentation(
         cached_free_bytes=None if overfull else dump.reserved_bytes - dump.active_bytes,
         inactive_split_blocks=split_inactive.height,
@@ -436,7 +429,8 @@ def analyse_snapshot(snapshot: MemorySnapshot) -> SnapshotFacts:
     segments = snapshot.segments.filter(pl.col("device") == device)
     blocks = snapshot.blocks.filter(pl.col("device") == device)
     dump = _dump_state(blocks, segments)
-    warnings += _header_warnings(blocks, segments)
+    header_warnings, overfull = _header_warnings(blocks, segments)
+    warnings += header_warnings
     run = replay(snapshot, device, dump.requested_bytes, dump.reserved_bytes)
     site_for = _SiteCache(snapshot)
     alloc = _categorise(snapshot, run.allocations, site_for)
@@ -499,7 +493,7 @@ def analyse_snapshot(snapshot: MemorySnapshot) -> SnapshotFacts:
         categories_at_dump=group_categories(at_dump),
         fragmentation=_fragmentation(
             blocks,
-            segments,
+            overfull,
             dump,
             peak,
             oom.requested_bytes if oom else None,

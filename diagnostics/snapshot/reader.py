@@ -30,8 +30,6 @@ import io
 import math
 import os
 import pickle
-import pickletools
-import time
 import zlib
 from dataclasses import replace
 from pathlib import Path
@@ -147,6 +145,9 @@ def _length_beyond_end(data: bytes, budget_s: float = 2.0) -> str | None:
     """The line for an object whose declared length runs past the end of ``data``, found
     by walking the opcodes (pickletools reads a length without allocating it); None when
     there is none, or when the walk would take longer than ``budget_s``."""
+    import pickletools  # the error path only: not worth importing for every read
+    import time
+
     deadline = time.monotonic() + budget_s
     try:
         for i, (opcode, _arg, _position) in enumerate(pickletools.genops(data)):
