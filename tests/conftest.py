@@ -111,6 +111,14 @@ TINY_DIST_ARGS = (
 )
 
 
+# Rank 1's extra data loading a batch in the session's straggler run: twice the scenario's
+# 300 ms. Two ranks sharing two cores with a loaded suite make rank 1's own compute longer
+# too (three straggler runs at once beside a busy loop: up to 58 ms a step), and at 300 ms
+# that left data wait 83 % of the lateness, near the 80 % a cause needs (CI once fell under
+# it); at 600 ms the same load left it 93 % or more.
+STRAGGLER_DELAY_MS = 600.0
+
+
 @dataclass(frozen=True)
 class TwoRankRuns:
     runs_dir: Path
@@ -119,10 +127,19 @@ class TwoRankRuns:
 
 
 def make_run(
-    runs_dir: Path, scenario: str, run_id: str, nproc: int = 2, *, measured: bool = False
+    runs_dir: Path,
+    scenario: str,
+    run_id: str,
+    nproc: int = 2,
+    *,
+    measured: bool = False,
+    settings: tuple[str, ...] = (),
 ) -> Path:
-    """One completed tiny run of ``scenario`` with ``nproc`` processes (1: no torchrun)."""
+    """One completed tiny run of ``scenario`` with ``nproc`` processes (1: no torchrun);
+    ``settings``: more ``key=value`` for ``--set``."""
     args = ["run", "--scenario", scenario, "--run-id", run_id, *TINY_DIST_ARGS, "--steps", "6"]
+    for setting in settings:
+        args += ["--set", setting]
     if nproc > 1:
         args += ["--nproc-per-node", str(nproc)]
     result = run_trainer_cli(
@@ -139,7 +156,13 @@ def two_rank_runs(tmp_path_factory: pytest.TempPathFactory) -> TwoRankRuns:
     # raised, as the measured runs are: two suites and two busy loops beside them (load
     # 17-29) left the straggler's ranks so starved that rank-stragglers stayed silent on it
     healthy = make_run(runs_dir, "healthy", "healthy-2-ranks", measured=True)
-    straggler = make_run(runs_dir, "straggler", "straggler-2-ranks", measured=True)
+    straggler = make_run(
+        runs_dir,
+        "straggler",
+        "straggler-2-ranks",
+        measured=True,
+        settings=(f"distributed.straggler_delay_ms={STRAGGLER_DELAY_MS}",),
+    )
     return TwoRankRuns(runs_dir, healthy, straggler)
 
 
