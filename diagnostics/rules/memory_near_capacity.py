@@ -25,6 +25,7 @@ from diagnostics import percent
 from diagnostics.model import AnalysisInputs
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import Example, Finding, Fix, Rule, Severity, need_cuda
+from diagnostics.rules.device_advice import DeviceAdvice, device_advice
 from diagnostics.rules.evidence import (
     GPU_MEMORY_KEYS,
     chart,
@@ -38,20 +39,22 @@ from diagnostics.rules.evidence import (
 )
 from diagnostics.thresholds import Thresholds
 
-FIX_CODE = """\
-# before
-loader = DataLoader(dataset, batch_size=64)
-loss = model(**batch).loss
 
-# after: half the batch, same effective batch through accumulation, bf16 activations
-loader = DataLoader(dataset, batch_size=32)
-with torch.autocast("cuda", dtype=torch.bfloat16):
-    loss = model(**batch).loss / 2
-loss.backward()
-if (step + 1) % 2 == 0:
-    optimizer.step()
-    optimizer.zero_grad()
-"""
+def fix_code(advice: DeviceAdvice) -> str:
+    """Half the batch, the same effective batch through accumulation, half-precision
+    activations in the precision this GPU takes."""
+    step = advice.autocast(
+        "loss = model(**batch).loss / 2",
+        "loss.backward()\nif (step + 1) % 2 == 0:\n    optimizer.step()\n    optimizer.zero_grad()",
+    )
+    return (
+        "# before\n"
+        "loader = DataLoader(dataset, batch_size=64)\n"
+        "loss = model(**batch).loss\n\n"
+        "# after: half the batch, same effective batch through accumulation, "
+        f"{advice.dtype} activations\n"
+        "loader = DataLoader(dataset, batch_size=32)\n" + step
+    )
 
 
 class MemoryNearCapacity(Rule):
@@ -69,6 +72,7 @@ class MemoryNearCapacity(Rule):
         pct = 100.0 * peak / capacity
         if pct < thresholds.memory_capacity_high_pct:
             return []
+        advice = device_advice(inputs)
         batch = config_value(inputs.run, "train.batch_size")
         patch = {"train.batch_size": max(1, batch // 2)} if isinstance(batch, int) else None
         evidence: dict[str, Any] = {
@@ -96,9 +100,9 @@ class MemoryNearCapacity(Rule):
                 recommendation=(
                     f"Peak memory reached {peak / 2**30:.2f} of {capacity / 2**30:.2f} GiB. Lower "
                     "the batch size (accumulate gradients to keep the effective batch), use "
-                    "bf16 autocast, or checkpoint activations."
+                    f"{advice.precision} autocast, or checkpoint activations."
                 ),
-                fix=Fix(code=FIX_CODE, config_patch=patch),
+                fix=Fix(code=fix_code(advice), config_patch=patch),
             )
         ]
 

@@ -38,6 +38,7 @@ from diagnostics.model import AnalysisInputs
 from diagnostics.percent import pct
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import Example, Finding, Fix, Need, Rule, Severity
+from diagnostics.rules.device_advice import device_advice
 from diagnostics.rules.evidence import chart, config_value, r
 from diagnostics.thresholds import Thresholds
 
@@ -66,7 +67,7 @@ CAUSES: dict[str, tuple[str, str]] = {
     ),
     "compute_ms_per_step": (
         "compute",
-        "its GPU computes longer: check clocks/throttling (nvidia-smi -q -d PERFORMANCE), "
+        "its GPU computes longer: check clocks/throttling ({clocks}), "
         "uneven batch shapes or extra work on that rank",
     ),
 }
@@ -285,10 +286,10 @@ class RankStragglers(Rule):
         else:
             return []
         cause, parts = name_cause(ranks, worst, excess_ms, thresholds.straggler_cause_min_share_pct)
-        cause_name, advice = CAUSES[cause] if cause else (None, None)
+        cause_name, what_to_do = CAUSES[cause] if cause else (None, None)
         explained = (
             f" Cause: {cause_name} ({parts[cause]:.1f} ms a step of the {excess_ms:.1f} ms "
-            f"excess): {advice}."
+            f"excess): {what_to_do.format(clocks=device_advice(inputs).clocks_command())}."
             if cause
             else " No single part (data wait, host-to-device, compute) explains "
             f"{pct(thresholds.straggler_cause_min_share_pct)} of its excess."
@@ -368,6 +369,18 @@ class RankStragglers(Rule):
             ),
         ),
         Example(
+            "4 ranks, rank 2's GPU computes 27 ms a step longer than the others' (a compute "
+            "straggler: the clocks to check are the vendor's)",
+            True,
+            lambda: _ranks(
+                step_time_ms_mean=[100.0, 101.0, 130.0, 100.0],
+                data_wait_ms_per_step=[1.0, 1.0, 1.0, 1.0],
+                compute_ms_per_step=[60.0, 61.0, 88.0, 60.0],
+                memcpy_ms_per_step=[2.0, 2.0, 2.0, 2.0],
+            ),
+            expect=lambda f: _assert_cause(f, "compute"),
+        ),
+        Example(
             "equal step times, but rank 3's late starts caused 90% of the waiting in "
             "collectives and the others wait 20 ms a step for it",
             True,
@@ -407,6 +420,11 @@ class RankStragglers(Rule):
             ),
         ),
     )
+
+
+def _assert_cause(finding: Finding, cause: str) -> None:
+    if finding.evidence["cause"] != cause or "clocks/throttling (" not in finding.recommendation:
+        raise AssertionError(f"not a {cause} straggler: {finding.recommendation}")
 
 
 def _ranks(**columns: list[Any]) -> AnalysisInputs:

@@ -40,12 +40,12 @@ from typing import Any, ClassVar
 import polars as pl
 
 from diagnostics.facts.coverage import KernelCoverage, kernel_coverage
-from diagnostics.facts.device import DeviceIdentity, identify_device
 from diagnostics.facts.kernel_classes import CUDA_CORE_GEMM, FAMILY, PRECISION, TENSOR_CORE, UNIT
 from diagnostics.model import AnalysisInputs
 from diagnostics.percent import pct
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import Example, Finding, Fix, Need, Rule, Severity, need_cuda_trace
+from diagnostics.rules.device_advice import DeviceAdvice, advice_for, trace_device
 from diagnostics.rules.evidence import chart, cuda_trace, r, step_range
 from diagnostics.sources import TraceFacts
 from diagnostics.thresholds import Thresholds
@@ -61,31 +61,45 @@ ELIGIBLE_OP = pl.col("name").str.contains(
     "thnn_conv|slow_conv|addmm|addmv|addbmm|baddbmm|bmm|mm|mv|matmul|linear|einsum|"
     "_scaled_mm|_scaled_dot_product)"
 )
-FIX_CODE = """\
-# before: fp32 GEMMs on the CUDA cores
-loss = model(**batch).loss
-loss.backward()
 
-# after: bf16 autocast puts matmuls and convolutions on Tensor Cores (NVIDIA Ampere+)
-# or Matrix Cores (AMD CDNA; ROCm's PyTorch takes the same "cuda" device type)
-with torch.autocast("cuda", dtype=torch.bfloat16):
-    loss = model(**batch).loss
-loss.backward()
-# at least: torch.backends.cuda.matmul.allow_tf32 = True
-"""
+
+def fix_code(advice: DeviceAdvice) -> str:
+    """Autocast in the precision this GPU takes, then what else its matrix units offer."""
+    after = (
+        f"# after: {advice.dtype} autocast puts matmuls and convolutions on the "
+        f"{'Matrix' if advice.vendor == 'amd' else 'Tensor'} Cores\n"
+    )
+    if advice.vendor == "amd":
+        after += '# (ROCm\'s PyTorch takes the same "cuda" device type)\n'
+    code = (
+        "# before: fp32 GEMMs on the CUDA cores\n"
+        "loss = model(**batch).loss\n"
+        "loss.backward()\n"
+        "optimizer.step()\n\n"
+        + after
+        + advice.autocast("loss = model(**batch).loss", "loss.backward()\noptimizer.step()")
+    )
+    if advice.tf32:
+        code += "# at least: torch.backends.cuda.matmul.allow_tf32 = True\n"
+    elif advice.tf32 is None:
+        code += "# at least, on NVIDIA Ampere+: torch.backends.cuda.matmul.allow_tf32 = True\n"
+    if advice.fp8 and advice.vendor == "nvidia":
+        code += (
+            "# then, for large GEMMs, this GPU has FP8 Tensor Cores too:\n"
+            "# torchao.float8.convert_to_float8_training(model), under torch.compile\n"
+        )
+    elif advice.fp8:
+        code += (
+            "# then, for large GEMMs, this GPU has FP8 Matrix Cores too:\n"
+            "# ROCm's Transformer Engine (transformer_engine.pytorch.fp8_autocast)\n"
+        )
+    return code
 
 
 # AMD gfx targets with Matrix Cores (MFMA): CDNA 1-4. Older GCN (gfx906, MI50) has none.
 AMD_MATRIX_CORE_ARCHITECTURES = frozenset(
     {"gfx908", "gfx90a", "gfx940", "gfx941", "gfx942", "gfx950"}
 )
-
-
-def device_of(trace: TraceFacts) -> DeviceIdentity:
-    """The trace's GPU identity (computed by the facts; rebuilt for facts made without it)."""
-    if trace.device_identity is not None:
-        return trace.device_identity
-    return identify_device(trace.device_properties, {}, trace.kernels["name"].to_list())
 
 
 def coverage_of(trace: TraceFacts) -> KernelCoverage | None:
@@ -100,7 +114,7 @@ def _architecture_known(inputs: AnalysisInputs) -> bool:
     trace = inputs.trace
     if trace is None:
         return False
-    identity = device_of(trace)
+    identity = trace_device(trace)
     if identity.vendor == "amd":
         return identity.architecture is not None
     return trace.compute_capability is not None
@@ -144,7 +158,7 @@ class TensorCoresUnused(Rule):
     def check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:
         trace = cuda_trace(inputs)
         assert trace is not None
-        identity = device_of(trace)
+        identity = trace_device(trace)
         kernels = trace.kernels
         if kernels.height == 0:
             return []
@@ -153,15 +167,14 @@ class TensorCoresUnused(Rule):
             if identity.architecture not in AMD_MATRIX_CORE_ARCHITECTURES:
                 return []
             where = f"{identity.describe()}"
-            modern = True
         else:
             assert trace.compute_capability is not None
             major, minor = trace.compute_capability
             if major < thresholds.tensor_core_min_capability:
                 return []
             where = f"compute capability {major}.{minor}"
-            modern = major >= 8
         unit = identity.matrix_unit
+        advice = advice_for(identity)
         # classified by name in one place (facts/kernel_classes.py), not by the table's flag
         flagged = kernels.with_columns(
             TENSOR_CORE.alias("tc"),
@@ -195,7 +208,9 @@ class TensorCoresUnused(Rule):
         cuda_core_us = float(flagged.filter(pl.col("cuda_core"))["device_us"].sum())
         saving_pct, saving_basis = self._saving(cuda_core_us, kernel_us, trace.steps, thresholds)
         patch: dict[str, Any] = (
-            {"train.amp": "bf16"} if modern else {"train.amp": "fp16", "train.grad_scaler": True}
+            {"train.amp": "bf16"}
+            if advice.bf16
+            else {"train.amp": "fp16", "train.grad_scaler": True}
         )
         steps = trace.steps
         coverage = coverage_of(trace)
@@ -235,7 +250,6 @@ class TensorCoresUnused(Rule):
                 highlight_x=[f"eligible, not on {unit}"],
             ),
         }
-        dtype = "bf16" if modern else "fp16 with a GradScaler"
         return [
             Finding(
                 rule=self.id,
@@ -248,9 +262,9 @@ class TensorCoresUnused(Rule):
                 recommendation=(
                     f"On this {where} GPU only {pct(tc_pct)} of kernel time used {unit} "
                     f"while matmul/convolution work took {pct(eligible_pct)}. Train with "
-                    f"autocast in {dtype}."
+                    f"autocast in {advice.precision}."
                 ),
-                fix=Fix(code=FIX_CODE, config_patch=patch),
+                fix=Fix(code=fix_code(advice), config_patch=patch),
                 estimated_saving_pct=saving_pct,
             )
         ]

@@ -55,6 +55,7 @@ from diagnostics.rules.base import (
     need_cuda_trace,
     need_run_steps,
 )
+from diagnostics.rules.device_advice import device_advice
 from diagnostics.rules.evidence import chart, config_value, has_steps, numeric, run_device
 from diagnostics.rules.training_signals import SignalLimits, phase_signals
 from diagnostics.thresholds import Thresholds
@@ -77,7 +78,7 @@ loss.backward()
 optimizer.step()
 
 # after: clip the norm, lower the LR; with fp16, scale the loss
-scaler = torch.amp.GradScaler("cuda")            # fp16 only (bf16 needs none)
+scaler = torch.amp.GradScaler("cuda")            # fp16 only{bf16_note}
 with torch.autocast("cuda", dtype=torch.float16):
     loss = model(**batch).loss
 scaler.scale(loss).backward()
@@ -87,6 +88,9 @@ scaler.step(optimizer)
 scaler.update()
 # and build the optimiser with a lower learning rate, e.g. lr=lr * 0.1
 """
+# what the fix says of bf16, which needs no GradScaler, by whether the GPU has it
+_BF16_NOTE = {True: " (bf16 needs none)", False: "", None: " (bf16, on Ampere+/CDNA, needs none)"}
+_BF16_SWITCH = {True: " (or switch to bf16)", False: "", None: " (or, on Ampere+/CDNA, bf16)"}
 
 
 def _phases(steps: pl.DataFrame) -> list[tuple[str, pl.DataFrame]]:
@@ -131,6 +135,7 @@ class UnstableGradients(Rule):
         offending: set[int] = set()
         run = inputs.run
         fp16_unscaled = False
+        advice = device_advice(inputs)
         t = thresholds
         limits = SignalLimits(
             grad_window_steps=t.grad_window_steps,
@@ -209,8 +214,10 @@ class UnstableGradients(Rule):
                 severity=severity,
                 title=title,
                 evidence=evidence,
-                recommendation=self._recommendation(kinds, offending, patch),
-                fix=Fix(code=FIX_CODE, config_patch=patch),
+                recommendation=self._recommendation(kinds, offending, patch, advice.bf16),
+                fix=Fix(
+                    code=FIX_CODE.format(bf16_note=_BF16_NOTE[advice.bf16]), config_patch=patch
+                ),
                 estimated_saving_pct=None,
             )
         ]
@@ -229,7 +236,9 @@ class UnstableGradients(Rule):
         return patch
 
     @staticmethod
-    def _recommendation(kinds: list[str], offending: set[int], patch: dict[str, Any]) -> str:
+    def _recommendation(
+        kinds: list[str], offending: set[int], patch: dict[str, Any], bf16: bool | None
+    ) -> str:
         parts = []
         if offending:
             first = min(offending)
@@ -251,7 +260,7 @@ class UnstableGradients(Rule):
                 + "."
             )
         if "train.grad_scaler" in patch:
-            parts.append("Use torch.amp.GradScaler with fp16 (or switch to bf16).")
+            parts.append(f"Use torch.amp.GradScaler with fp16{_BF16_SWITCH[bf16]}.")
         return " ".join(parts)
 
     examples: ClassVar = (
