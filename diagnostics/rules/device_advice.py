@@ -24,7 +24,11 @@ from diagnostics.model import AnalysisInputs
 from diagnostics.sources import TraceFacts
 
 _SM = re.compile(r"^sm_(\d+)(\d)$")
-_AMD_BF16 = frozenset({"gfx908", "gfx90a", "gfx940", "gfx941", "gfx942", "gfx950"})
+# AMD gfx targets with Matrix Cores (MFMA), all of which take bf16: CDNA 1-4. Older GCN
+# (gfx906, MI50) has none.
+AMD_MATRIX_CORE_ARCHITECTURES = frozenset(
+    {"gfx908", "gfx90a", "gfx940", "gfx941", "gfx942", "gfx950"}
+)
 _AMD_FP8 = frozenset({"gfx940", "gfx941", "gfx942", "gfx950"})
 # general form: the first line a fix's code carries when the GPU is not known
 GENERAL_NOTE = (
@@ -57,12 +61,6 @@ class DeviceAdvice:
         if self.bf16 is None:
             return "bf16 (fp16 with a GradScaler on NVIDIA Volta/Turing)"
         return "bf16" if self.bf16 else "fp16 with a GradScaler"
-
-    def where(self) -> str:
-        """'this NVIDIA V100 (sm_70, Volta)' or 'this GPU'."""
-        if self.identity is None or self.identity.vendor is None:
-            return "this GPU"
-        return f"this {self.identity.describe()}"
 
     @property
     def dtype(self) -> str:
@@ -107,7 +105,9 @@ def advice_for(identity: DeviceIdentity | None) -> DeviceAdvice:
         return DeviceAdvice(None, None, None, None)
     if identity.vendor == "amd" and identity.architecture is not None:
         arch = identity.architecture
-        return DeviceAdvice(identity, arch in _AMD_BF16, False, arch in _AMD_FP8)
+        return DeviceAdvice(
+            identity, arch in AMD_MATRIX_CORE_ARCHITECTURES, False, arch in _AMD_FP8
+        )
     capability = _nvidia_capability(identity)
     if capability is None:
         return DeviceAdvice(identity, None, None, None)

@@ -45,7 +45,12 @@ from diagnostics.model import AnalysisInputs
 from diagnostics.percent import pct
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import Example, Finding, Fix, Need, Rule, Severity, need_cuda_trace
-from diagnostics.rules.device_advice import DeviceAdvice, advice_for, trace_device
+from diagnostics.rules.device_advice import (
+    AMD_MATRIX_CORE_ARCHITECTURES,
+    DeviceAdvice,
+    advice_for,
+    trace_device,
+)
 from diagnostics.rules.evidence import chart, cuda_trace, r, step_range
 from diagnostics.sources import TraceFacts
 from diagnostics.thresholds import Thresholds
@@ -94,12 +99,6 @@ def fix_code(advice: DeviceAdvice) -> str:
             "# ROCm's Transformer Engine (transformer_engine.pytorch.fp8_autocast)\n"
         )
     return code
-
-
-# AMD gfx targets with Matrix Cores (MFMA): CDNA 1-4. Older GCN (gfx906, MI50) has none.
-AMD_MATRIX_CORE_ARCHITECTURES = frozenset(
-    {"gfx908", "gfx90a", "gfx940", "gfx941", "gfx942", "gfx950"}
-)
 
 
 def coverage_of(trace: TraceFacts) -> KernelCoverage | None:
