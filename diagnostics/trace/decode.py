@@ -59,6 +59,10 @@ _RAW_DICT_DECODER = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _ANY_DECODER = msgspec.json.Decoder()
 
 _NOT_WS = re.compile(rb"[^ \t\r\n]")
+# JSON allows no raw control character anywhere (strings must escape them), so one in
+# the first bytes marks binary data even when it happens to open with "[" or "{"
+_CONTROL = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f]")
+BINARY_SAMPLE_BYTES = 512
 _CUT = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")
 _KEY = re.compile(rb'"traceEvents"[ \t\r\n]*:[ \t\r\n]*')
 _BYTE_POS = re.compile(r"\(byte (\d+)\)")
@@ -189,6 +193,8 @@ class _Chunker:
                 raise InputError(
                     self.display, f"holds only whitespace ({self.total:,} bytes), no JSON value"
                 )
+        if _CONTROL.search(self.buf, 0, BINARY_SAMPLE_BYTES):
+            raise InputError(self.display, "is not JSON (it looks like binary data)")
         first = self.buf[0]
         if first == ord("["):
             return "list"

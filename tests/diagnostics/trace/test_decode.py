@@ -121,6 +121,9 @@ def test_integers_beyond_int64_become_null_not_a_crash():
         ('{"traceEvents": []} trailing', "t.json: is not valid JSON: "),
         ('{"a": tru', "t.json: is not valid JSON"),
         (b"\x00\x01\x02\xff\xfe binary", "t.json: is not JSON (it looks like binary data)"),
+        # binary whose first byte happens to open a JSON list or object (1 in 128 of random files)
+        (b"[\x9c\x07\xd1\x00\xfe", "t.json: is not JSON (it looks like binary data)"),
+        (b'  {"traceEvents": [\x01\x02]}', "t.json: is not JSON (it looks like binary data)"),
     ],
 )
 def test_broken_documents_are_one_line_input_errors(text, message):
@@ -136,6 +139,14 @@ def test_a_syntax_error_deep_in_a_large_file_is_reported_with_its_byte_offset():
     offset = text.index("oops")
     with pytest.raises(InputError, match=rf"byte {offset}\)"):
         decode_text(text, chunk_bytes=512, block=300)
+
+
+def test_an_escaped_control_character_in_a_name_is_text_not_binary():
+    events = small_events()
+    events[0]["name"] = "tab\there\u0001"
+    decoded = decode_text(json.dumps(events))
+    assert decoded.frame.height == 6
+    assert "tab\there\u0001" in decoded.frame["name"].to_list()
 
 
 def test_byte_order_mark_is_accepted():
