@@ -57,8 +57,21 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="pipeline-doctor", description="Profile a PyTorch training script.")
+    parser = _Parser(
+        prog="pipeline-doctor",
+        description="Profile a PyTorch training script, serve the app over its runs, gate CI.",
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    # dispatched before parsing (main): listed here for --help
+    sub.add_parser(
+        "app",
+        add_help=False,
+        help="serve the app on http://127.0.0.1:8501 with this folder's ./runs "
+        "(pipeline-doctor app --help)",
+    )
+    sub.add_parser(
+        "gate", add_help=False, help="the CI regression gate (pipeline-doctor gate --help)"
+    )
     profile = sub.add_parser(
         "profile",
         help="run a training script, unmodified, under the instruments",
@@ -449,6 +462,9 @@ def main(argv: list[str] | None = None) -> int:
         from diagnostics.gate.cli import main as gate_main
 
         return gate_main(argv[1:])
+    if argv[:1] == ["app"]:  # the app, serving this folder's runs (scripts/serve.py decides)
+        serve = str(PROJECT_ROOT / "scripts" / "serve.py")
+        os.execv(sys.executable, [sys.executable, serve, "--from-folder", os.getcwd(), *argv[1:]])
     try:
         args = _parser().parse_args(argv)
         return profile(args, argv)

@@ -1,6 +1,8 @@
 """Serves the app: decides who may use it before streamlit starts, then execs streamlit.
 
-    python scripts/serve.py [--address A] [--port P] [extra `streamlit run` options]
+    python scripts/serve.py [--address A] [--port P] [--runs-dir DIR] [--scripts-dir DIR]
+                            [extra `streamlit run` options]
+    pipeline-doctor app [the same options]
 
 The bind address is ``--address``, else PIPELINE_DOCTOR_ADDRESS, else 127.0.0.1; the port
 is ``--port``, else PORT, else 8501. Authentication is OIDC (``[auth]`` in
@@ -8,6 +10,14 @@ is ``--port``, else PORT, else 8501. Authentication is OIDC (``[auth]`` in
 loopback address serves a local tool, and any other address is refused (exit 2) unless
 PIPELINE_DOCTOR_ALLOW_ANONYMOUS=1, which serves read-only with a warning in the log. The
 rule itself is app_ui.access, which the pages apply again.
+
+The runs folder is ``--runs-dir``, else PIPELINE_DOCTOR_RUNS_DIR, else ./runs; scripts may
+be launched from ``--scripts-dir``, else PIPELINE_DOCTOR_SCRIPTS_DIR, else from nowhere.
+``pipeline-doctor app`` passes the folder it was started in (``--from-folder``), as
+``tensorboard --logdir`` meets its writers: its ./runs is where ``pipeline-doctor profile``
+run there writes, and its scripts may be launched (Re-run with fix) when the app is a
+local tool, on a loopback address without sign-in; never on any other address unless
+``--scripts-dir`` names a folder.
 """
 
 from __future__ import annotations
@@ -22,6 +32,8 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT))
 
 from app_ui import access  # noqa: E402
+from diagnostics.runs import RUNS_DIR_ENV  # noqa: E402
+from trainer.script_launch import SCRIPTS_DIR_ENV  # noqa: E402
 
 
 def _secrets_files() -> list[Path]:
@@ -33,10 +45,47 @@ def _log(message: str) -> None:
     print(f"pipeline-doctor serve: {message}", file=sys.stderr, flush=True)
 
 
+def _folders(args: argparse.Namespace, mode: str) -> dict[str, str]:
+    """The runs and scripts folders as absolute paths for the app's environment (the app
+    runs from the project root, so a relative path is resolved here, where it was meant)."""
+    here = args.from_folder or Path.cwd()
+    runs = args.runs_dir or Path(os.environ.get(RUNS_DIR_ENV) or here / "runs")
+    if runs.exists() and not runs.is_dir():
+        raise ValueError(f"--runs-dir: {runs} is not a folder")
+    folders = {RUNS_DIR_ENV: str(runs.expanduser().resolve())}
+    scripts = args.scripts_dir
+    if scripts is None and not os.environ.get(SCRIPTS_DIR_ENV):
+        # `pipeline-doctor app`'s own folder, for the local tool only: a served app's
+        # visitors may run nothing unless the operator names a folder
+        scripts = args.from_folder if mode == "local" else None
+    if scripts is not None:
+        if not scripts.is_dir():
+            raise ValueError(f"--scripts-dir: {scripts} is not a folder")
+        folders[SCRIPTS_DIR_ENV] = str(scripts.expanduser().resolve())
+    return folders
+
+
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--address", default=os.environ.get("PIPELINE_DOCTOR_ADDRESS"))
-    parser.add_argument("--port", default=os.environ.get("PORT", "8501"))
+    parser = argparse.ArgumentParser(
+        prog="pipeline-doctor app" if "--from-folder" in argv else None,
+        description=__doc__.splitlines()[0],
+    )
+    parser.add_argument(
+        "--address",
+        default=os.environ.get("PIPELINE_DOCTOR_ADDRESS"),
+        help="bind address (default $PIPELINE_DOCTOR_ADDRESS or 127.0.0.1)",
+    )
+    parser.add_argument(
+        "--port", default=os.environ.get("PORT", "8501"), help="default $PORT or 8501"
+    )
+    parser.add_argument("--runs-dir", type=Path, help="default $PIPELINE_DOCTOR_RUNS_DIR or ./runs")
+    parser.add_argument(
+        "--scripts-dir",
+        type=Path,
+        help="the folder whose scripts may be launched (default $PIPELINE_DOCTOR_SCRIPTS_DIR; "
+        "`pipeline-doctor app`: the folder it runs in, on a loopback address)",
+    )
+    parser.add_argument("--from-folder", type=Path, help=argparse.SUPPRESS)
     args, extra = parser.parse_known_args(argv)
     if any(arg.startswith("--server.address") for arg in extra):
         _log("give the bind address with --address (it decides whether sign-in is required)")
@@ -57,6 +106,15 @@ def main(argv: list[str]) -> int:
         )
         return 2
     _log(decision.message)
+    try:
+        folders = _folders(args, decision.mode)
+    except ValueError as exc:
+        _log(str(exc))
+        return 2
+    os.environ.update(folders)
+    _log(f"runs folder: {folders[RUNS_DIR_ENV]}")
+    scripts = os.environ.get(SCRIPTS_DIR_ENV)
+    _log(f"scripts may be launched from {scripts}" if scripts else "script runs are off")
     command = [sys.executable, "-m", "streamlit", "run", str(PROJECT_ROOT / "app.py")]
     command += ["--server.address", address, "--server.port", str(args.port)]
     command += ["--server.headless", "true", "--browser.gatherUsageStats", "false", *extra]

@@ -29,8 +29,9 @@ from trainer.launch_bounds import BOUND_DEFAULTS, LaunchBounds
 
 SCRIPTS_DIR_ENV = "PIPELINE_DOCTOR_SCRIPTS_DIR"
 NOT_ENABLED = (
-    f"Script runs are off on this server: set {SCRIPTS_DIR_ENV} to the folder whose scripts "
-    "may be launched, then restart the app."
+    f"Script runs are off on this server: serve the app with `pipeline-doctor app` from the "
+    f"script's folder, or set {SCRIPTS_DIR_ENV} to the folder whose scripts may be launched "
+    "and restart it."
 )
 STEPS_ENV, MAX_STEPS = BOUND_DEFAULTS["train.steps"]
 WORKERS_ENV, MAX_WORKERS = BOUND_DEFAULTS["data.num_workers"]
@@ -50,6 +51,11 @@ class ScriptRequest:
     nproc_per_node: int = 1
     overrides: Mapping[str, Any] | None = None  # num_workers=4 (probe.overrides keys)
     alert_after_s: float | None = None  # the too-long-run alert (probe.alert); None: off
+    # how it is measured: a re-run is measured as the run it re-runs was
+    trace: bool = True  # a torch.profiler window (--no-trace when False)
+    sample_hz: float | None = None  # None: the wrapper's default
+    memory_snapshots: int = 0
+    memory_snapshot_stacks: str = "python"
 
 
 def scripts_dir(environ: Mapping[str, str] = os.environ) -> Path | None:
@@ -157,6 +163,13 @@ def script_command(
         command += ["--override", f"{OVERRIDE_PREFIX}{key}={text}"]
     if request.nproc_per_node > 1:
         command += ["--nproc-per-node", str(request.nproc_per_node)]
+    if not request.trace:
+        command.append("--no-trace")
+    if request.sample_hz is not None:
+        command += ["--sample-hz", f"{request.sample_hz:g}"]
+    if request.memory_snapshots > 0:
+        command += ["--memory-snapshots", str(request.memory_snapshots)]
+        command += ["--memory-snapshot-stacks", request.memory_snapshot_stacks]
     if parent_run_id:
         command += ["--parent-run-id", parent_run_id]
     return [*command, str(script), *request.arguments]
@@ -226,15 +239,22 @@ def rerun_request(manifest: RunManifest, patch: Mapping[str, Any]) -> ScriptRequ
         overrides = {**(manifest.config.get("dataloader") or {}), **from_patch(dict(patch))}
     except ValueError as exc:
         raise ScriptRefused(f"the fix's patch: {exc}") from None
-    steps = manifest.config.get("steps")
-    alert_after_s = manifest.config.get("alert_after_s")
+    config = manifest.config
+    steps = config.get("steps")
+    alert_after_s = config.get("alert_after_s")
+    sample_hz = config.get("sample_hz")
+    snapshots = config.get("memory_snapshots") or {}
     return ScriptRequest(
         script=path,
         arguments=tuple(str(a) for a in script.get("args") or ()),
         steps=int(steps) if steps else None,
-        nproc_per_node=int(manifest.config.get("nproc_per_node") or 1),
+        nproc_per_node=int(config.get("nproc_per_node") or 1),
         overrides=overrides,
         alert_after_s=float(alert_after_s) if alert_after_s else None,
+        trace=(config.get("profiler") or {}).get("enabled") is not False,
+        sample_hz=float(sample_hz) if isinstance(sample_hz, int | float) else None,
+        memory_snapshots=int(snapshots.get("steps") or 0),
+        memory_snapshot_stacks=str(snapshots.get("stacks") or "python"),
     )
 
 

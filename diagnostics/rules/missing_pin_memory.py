@@ -91,6 +91,7 @@ def _for_script(inputs: AnalysisInputs, finding: Finding) -> Finding:
                 "built_by": loader.built_by,
                 **{name: getattr(loader, name) for name in loader.ARGUMENTS},
             },
+            "rerun_command": script_loaders.rerun_command(inputs.run, {"pin_memory": True}),
         },
     )
 

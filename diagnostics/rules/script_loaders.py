@@ -219,18 +219,57 @@ def config_patch(changes: Mapping[str, Any]) -> dict[str, Any]:
     return {OVERRIDE_PREFIX + key: value for key, value in changes.items()}
 
 
+def _override_text(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _measured_as(config: Mapping[str, Any]) -> list[str]:
+    """The wrapper options the run was measured with, so that its re-run is measured the
+    same way (a profiler window or a sampler rate changes step times too)."""
+    options: list[str] = []
+    if config.get("steps"):
+        options += ["--steps", str(config["steps"])]
+    nproc, nnodes = int(config.get("nproc_per_node") or 1), int(config.get("nnodes") or 1)
+    if nproc > 1:
+        options += ["--nproc-per-node", str(nproc)]
+    if nnodes > 1:  # node 0's address is not recorded: the user fills it in on each node
+        options += ["--nnodes", str(nnodes), "--node-rank", "NODE_RANK"]
+        options += ["--rdzv-endpoint", "NODE0_HOST:PORT"]
+    if (config.get("profiler") or {}).get("enabled") is False:
+        options.append("--no-trace")
+    sample_hz = config.get("sample_hz")
+    if isinstance(sample_hz, int | float) and sample_hz != 10.0:
+        options += ["--sample-hz", f"{sample_hz:g}"]
+    snapshots = config.get("memory_snapshots") or {}
+    if snapshots.get("steps"):
+        options += ["--memory-snapshots", str(snapshots["steps"])]
+        if snapshots.get("stacks") not in (None, "python"):
+            options += ["--memory-snapshot-stacks", str(snapshots["stacks"])]
+    if config.get("alert_after_s"):
+        options += ["--alert-after-s", f"{config['alert_after_s']:g}"]
+    return options
+
+
 def rerun_command(run: RunData, changes: Mapping[str, Any]) -> str | None:
-    """``pipeline-doctor profile --override dataloader.num_workers=4 train.py ARGS``."""
+    """The command that re-runs this script run with the fix: ``pipeline-doctor profile``
+    into the same runs folder, linked to this run (``--parent-run-id``, so Compare pairs
+    them), measured as it was, with the run's own overrides and the fix's on top:
+
+    ``pipeline-doctor profile --runs-dir DIR --parent-run-id ID --steps 8
+    --override dataloader.num_workers=4 train.py ARGS``"""
     script = run.manifest.extra.get("script") or {}
     path = script.get("as_given") or script.get("path")
     if not isinstance(path, str):
         return None
-    overrides = [
-        f"--override {OVERRIDE_PREFIX}{k}={str(v).lower() if isinstance(v, bool) else v}"
-        for k, v in changes.items()
-    ]
+    config = run.config
+    overrides = {**(config.get("dataloader") or {}), **changes}
+    command = ["pipeline-doctor", "profile"]
+    command += ["--runs-dir", str(run.folder.path.resolve().parent)]
+    command += ["--parent-run-id", run.manifest.run_id, *_measured_as(config)]
+    for key, value in overrides.items():
+        command += ["--override", f"{OVERRIDE_PREFIX}{key}={_override_text(value)}"]
     args = [str(a) for a in script.get("args") or []]
-    return " ".join(["pipeline-doctor profile", *overrides, shlex.join([path, *args])])
+    return shlex.join([*command, path, *args])
 
 
 def built_with(record: DataLoaderRecord, names: tuple[str, ...] | None = None) -> str:

@@ -76,9 +76,12 @@ def test_run_detail_shows_the_script_its_hash_and_a_profile_command_not_the_trai
     assert "DataLoader overrides for a re-run of your script (no edit)" in page
     assert "Config patch for the reference trainer" not in page
     codes = [c.value for c in at.code]
-    assert any(
-        c.startswith("pipeline-doctor profile --override dataloader.num_workers=") for c in codes
-    ), codes
+    # into the same runs folder, linked to this run: a re-run from a terminal pairs too
+    rerun = (
+        f"pipeline-doctor profile --runs-dir {(root / 'runs').resolve()} "
+        f"--parent-run-id {run.run_id} --no-trace --override dataloader.num_workers="
+    )
+    assert any(c.startswith(rerun) for c in codes), codes
     assert not any("python -m trainer" in c or "--set " in c for c in codes)
     assert "Script log (last lines)" in [e.label for e in at.expander]
 
@@ -88,7 +91,10 @@ def test_the_reports_of_a_script_run_give_the_profile_command(env):
     _, run = env
     markdown = render_markdown(build_report(analyze(run.path)))
     assert "**DataLoader overrides** (your script, no edit)" in markdown
-    assert "pipeline-doctor profile --override dataloader.num_workers=" in markdown
+    assert (
+        f"pipeline-doctor profile --runs-dir {run.path.resolve().parent} "
+        f"--parent-run-id {run.run_id} --no-trace --override dataloader.num_workers="
+    ) in markdown
     assert "python -m trainer run" not in markdown and "(reference trainer)" not in markdown
     assert f"| script | {run.manifest().extra['script']['path']} |" in markdown
 

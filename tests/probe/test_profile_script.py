@@ -133,8 +133,10 @@ def test_too_few_workers_names_the_line_and_the_call_and_a_patch_in_override_key
     assert finding.fix.config_patch == {"dataloader.num_workers": workers}
     assert f"num_workers={workers}," in finding.fix.code
     assert "persistent_workers=True" in finding.fix.code
-    assert finding.evidence["rerun_command"].startswith(
-        f"pipeline-doctor profile --override dataloader.num_workers={workers} "
+    assert finding.evidence["rerun_command"] == (
+        f"pipeline-doctor profile --runs-dir {run.path.resolve().parent} "
+        f"--parent-run-id {run.run_id} --steps {WRAPPER_STEPS} "
+        f"--override dataloader.num_workers={workers} {SLOW_LOADER} {' '.join(SCRIPT_ARGS)}"
     )
     skipped = {s.rule: s.reason for s in result.skipped}
     assert skipped["worker-restarts"].startswith("a script run:")

@@ -18,11 +18,15 @@ stays well under the rule's 5 % threshold.
 
 from __future__ import annotations
 
+import shlex
+import subprocess
+import sys
+
 import pytest
 
 from diagnostics.analyze import analyze
 from diagnostics.runs import RunFolder
-from tests.probe.helpers import SLOW_LOADER, profile, run_folder
+from tests.probe.helpers import SLOW_LOADER, child_env, profile, run_folder
 
 ARGS = ("--steps", "24", "--batch-size", "8", "--sleep-ms", "5", "--hidden", "3072")
 
@@ -37,15 +41,28 @@ def test_the_findings_patch_as_override_removes_the_finding_and_the_wait(tmp_pat
     patch = finding.fix.config_patch
     assert list(patch) == ["dataloader.num_workers"]
 
-    overrides = [arg for key, value in patch.items() for arg in ("--override", f"{key}={value}")]
-    parent = first.run.manifest.run_id
-    after = profile(
-        runs, "--no-trace", "--parent-run-id", parent, *overrides, str(SLOW_LOADER), *ARGS
+    # the finding's own command, as a user copies it, from another folder: it names the
+    # runs folder and the parent, so the re-run lands beside its parent, linked to it
+    shown = shlex.split(finding.evidence["rerun_command"])
+    assert shown[:2] == ["pipeline-doctor", "profile"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    after = subprocess.run(
+        [sys.executable, "-m", "probe", *shown[1:]],
+        cwd=elsewhere,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
+    parent = first.run.manifest.run_id
     assert after.returncode == 0, after.stderr[-3000:]
+    assert run_folder(after).parent == runs.resolve()
+    assert not (elsewhere / "runs").exists()
     rerun = RunFolder(run_folder(after))
     manifest = rerun.manifest()
     assert (manifest.applied_patch, manifest.parent_run_id) == (patch, parent)
+    assert manifest.config["profiler"] == {"enabled": False}  # measured as its parent was
     (loader,) = rerun.dataloaders()
     assert loader.num_workers == patch["dataloader.num_workers"]
     assert loader.overridden == {"num_workers": 0}  # what the script's own code passed

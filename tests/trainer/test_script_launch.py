@@ -8,12 +8,16 @@ bound end to end: PIPELINE_DOCTOR_MAX_RUNTIME_S=3 stops it as a cancel naming th
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import time
+from pathlib import Path
 
 import pytest
 
+from diagnostics.rules import script_loaders
 from diagnostics.runs import RunFolder, RunWriter
+from diagnostics.sources import RunData
 from tests.probe.helpers import SLOW_LOADER
 from trainer import script_launch
 from trainer.script_launch import (
@@ -191,6 +195,78 @@ def test_a_rerun_request_is_the_same_script_with_the_patch_on_its_overrides(tmp_
     )
     with pytest.raises(ScriptRefused, match="^the fix's patch: .*expected dataloader.KEY=VALUE"):
         rerun_request(manifest, {"data.num_workers": 4})
+
+
+def _options(argv):
+    """What ``pipeline-doctor profile`` would run with, parsed by its own parser."""
+    from probe.cli import _parser
+
+    args = _parser().parse_args(argv)
+    return {
+        "runs_dir": str(Path(args.runs_dir).resolve()),
+        "parent_run_id": args.parent_run_id,
+        "steps": args.steps,
+        "nproc_per_node": args.nproc_per_node or 1,
+        "no_trace": args.no_trace,
+        "sample_hz": args.sample_hz,
+        "memory_snapshots": (args.memory_snapshots, args.memory_snapshot_stacks),
+        "alert_after_s": args.alert_after_s,
+        "override": sorted(args.override),
+        "script": str(Path(args.script).resolve()),
+        "args": args.args,
+    }
+
+
+def test_the_shown_rerun_command_and_the_apps_rerun_launch_the_same(tmp_path, folders):
+    # the command a script run's finding shows (to copy into a terminal) and the one the
+    # app's Re-run with fix starts: one run, measured the same way, in the same folder
+    _, environ = folders
+    script = resolve_script("train.py", environ)
+    writer = RunWriter.create(
+        tmp_path / "runs",
+        {
+            "scenario": None, "script": str(script), "args": ["--lr", "0.1"], "steps": 6,
+            "dataloader": {"pin_memory": True}, "nproc_per_node": 2, "nnodes": 1,
+            "profiler": {"enabled": False}, "sample_hz": 4.0, "alert_after_s": 120.0,
+            "memory_snapshots": {"steps": 3, "stacks": "all"}, "device": None,
+        },
+        {},
+        run_id="parent",
+    )  # fmt: skip
+    writer.update_manifest(
+        kind="script",
+        script={"path": str(script), "as_given": str(script), "args": ["--lr", "0.1"]},
+    )
+    run = RunData.read(RunFolder(writer.path))
+    shown = shlex.split(script_loaders.rerun_command(run, {"num_workers": 4}))
+    assert shown[:2] == ["pipeline-doctor", "profile"]
+    request = rerun_request(run.manifest, {"dataloader.num_workers": 4})
+    checked, overrides = check_request(request, environ)
+    started = script_command(
+        checked,
+        request,
+        overrides,
+        runs_dir=tmp_path / "runs",
+        run_id="child",
+        max_runtime_s=60.0,
+        parent_run_id="parent",
+    )
+    assert started[1:4] == ["-m", "probe", "profile"]
+    expected = {
+        "runs_dir": str((tmp_path / "runs").resolve()),
+        "parent_run_id": "parent",
+        "steps": 6,
+        "nproc_per_node": 2,
+        "no_trace": True,
+        "sample_hz": 4.0,
+        "memory_snapshots": (3, "all"),
+        "alert_after_s": 120.0,
+        "override": ["dataloader.num_workers=4", "dataloader.pin_memory=true"],
+        "script": str(script),
+        "args": ["--lr", "0.1"],
+    }
+    assert _options(shown[1:]) == expected
+    assert _options(started[3:]) == expected
 
 
 def test_a_rerun_of_an_edited_script_is_refused(tmp_path, folders):

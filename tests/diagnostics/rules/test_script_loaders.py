@@ -7,6 +7,7 @@ texts are written out, not produced by the code under test.
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -119,8 +120,10 @@ def test_too_few_workers_on_a_script_names_the_line_and_patches_in_override_keys
         f"loader = DataLoader(ds, batch_size=64, num_workers={workers}, pin_memory=False, "
         "persistent_workers=True)\n"
     )
+    # into the same runs folder, linked to this run, so that Compare pairs them
     assert finding.evidence["rerun_command"] == (
-        f"pipeline-doctor profile --override dataloader.num_workers={workers} train.py --lr 1e-3"
+        f"pipeline-doctor profile --runs-dir {Path.cwd()} --parent-run-id example-run "
+        f"--override dataloader.num_workers={workers} train.py --lr 1e-3"
     )
     # the engine keeps a patch in override keys for a script run
     outcome = run_rules(inputs)
@@ -153,6 +156,42 @@ def test_missing_pin_memory_on_a_cuda_script_names_the_call_and_patches_pin_memo
     assert finding.recommendation.startswith("train.py:37 builds DataLoader(batch_size=64, ")
     assert finding.fix.config_patch == {"dataloader.pin_memory": True}
     assert "pin_memory=True" in finding.fix.code and "pin_memory=False" in finding.fix.code
+    assert finding.evidence["rerun_command"] == (
+        f"pipeline-doctor profile --runs-dir {Path.cwd()} --parent-run-id example-run "
+        "--override dataloader.pin_memory=true train.py --lr 1e-3"
+    )
+
+
+def _measured(config):
+    inputs = _script(ex.cpu_run(20, config, step_time_ms=50.0, data_wait_ms=40.0), _loader())
+    return rerun_command(inputs.run, {"num_workers": 3})
+
+
+def test_the_rerun_is_measured_as_the_run_was_and_keeps_its_own_overrides():
+    config = {
+        "steps": 30, "nproc_per_node": 2, "nnodes": 1, "profiler": {"enabled": False},
+        "sample_hz": 4.0, "memory_snapshots": {"steps": 2, "stacks": "all"},
+        "alert_after_s": 600.0, "dataloader": {"pin_memory": True, "num_workers": 1},
+    }  # fmt: skip
+    assert _measured(config) == (
+        f"pipeline-doctor profile --runs-dir {Path.cwd()} --parent-run-id example-run "
+        "--steps 30 --nproc-per-node 2 --no-trace --sample-hz 4 --memory-snapshots 2 "
+        "--memory-snapshot-stacks all --alert-after-s 600 "
+        "--override dataloader.pin_memory=true --override dataloader.num_workers=3 "
+        "train.py --lr 1e-3"
+    )
+
+
+def test_the_rerun_of_a_run_with_the_wrappers_defaults_adds_no_option():
+    config = {
+        "steps": None, "nproc_per_node": 1, "nnodes": 1, "profiler": {"enabled": True},
+        "sample_hz": 10.0, "memory_snapshots": {"steps": 0, "stacks": "python"},
+        "alert_after_s": None, "dataloader": {},
+    }  # fmt: skip
+    assert _measured(config) == (
+        f"pipeline-doctor profile --runs-dir {Path.cwd()} --parent-run-id example-run "
+        "--override dataloader.num_workers=3 train.py --lr 1e-3"
+    )
 
 
 def test_a_pinned_script_loader_gets_no_pin_memory_finding_from_the_run():
@@ -226,7 +265,8 @@ def test_too_few_workers_on_an_hf_trainer_run_fixes_training_arguments_not_trans
     # the wrapper's override reaches the Trainer's loader too: the patch and re-run stay
     assert finding.fix.config_patch == {"dataloader.num_workers": workers}
     assert finding.evidence["rerun_command"] == (
-        f"pipeline-doctor profile --override dataloader.num_workers={workers} train.py --lr 1e-3"
+        f"pipeline-doctor profile --runs-dir {Path.cwd()} --parent-run-id example-run "
+        f"--override dataloader.num_workers={workers} train.py --lr 1e-3"
     )
     assert finding.evidence["dataloader"]["built_by"] == "transformers"
 
