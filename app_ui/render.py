@@ -40,9 +40,14 @@ def chart(fig: Any, key: str, *, compact: bool = False) -> None:
     st.plotly_chart(fig, config=PLOTLY_CONFIG, key=key)
 
 
+def card_grid(count: int) -> list[Any]:
+    """``count`` columns laid out in rows of at most views.CARDS_PER_ROW, in order."""
+    return [column for size in views.card_rows(count) for column in st.columns(size)]
+
+
 def cards(result: AnalysisResult) -> None:
     summary = views.summary_cards(key_metrics(result))
-    for column, card in zip(st.columns(len(summary)), summary, strict=True):
+    for column, card in zip(card_grid(len(summary)), summary, strict=True):
         column.metric(card.label, card.value, help=card.help, border=True)
 
 

@@ -159,7 +159,11 @@ def render_text(doc: dict[str, Any]) -> str:
         )
     lines.extend(f"{label}: {value}" for label, value in mfu_rows(summary))
     if summary.get("peak_memory_bytes") is not None:
-        lines.append(f"peak memory: {summary['peak_memory_bytes'] / 2**30:.2f} GiB")
+        from diagnostics.metrics import peak_memory_name
+        from diagnostics.report.fmt import bytes_
+
+        which = peak_memory_name(summary.get("peak_memory_kind"), summary.get("peak_memory_window"))
+        lines.append(f"peak memory, {which}: {bytes_(summary['peak_memory_bytes'])}")
     if summary.get("memory_snapshot"):
         from diagnostics.report.memory import snapshot_text_lines
 

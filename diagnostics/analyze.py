@@ -28,7 +28,13 @@ from diagnostics.facts.device import identify_device
 from diagnostics.facts.mfu import mfu_facts
 from diagnostics.facts.ranks import rank_collectives
 from diagnostics.facts.summary import overlap_summary
-from diagnostics.metrics import KeyMetrics, compute_key_metrics, finite_or_none, steady_steps
+from diagnostics.metrics import (
+    SNAPSHOT_HISTORY,
+    KeyMetrics,
+    compute_key_metrics,
+    finite_or_none,
+    steady_steps,
+)
 from diagnostics.model import AnalysisInputs
 from diagnostics.rank_pool import POOL_MIN_FILES, digest_files, ranks_are_distinct
 from diagnostics.result import (
@@ -286,7 +292,10 @@ def analyze_loaded(
                 device="cuda",
                 peak_memory_bytes=snapshot.peak.allocated_bytes,
                 peak_memory_kind="CUDA",
+                peak_memory_window=SNAPSHOT_HISTORY,
             )
+            summary["peak_memory_kind"] = "CUDA"
+            summary["peak_memory_window"] = SNAPSHOT_HISTORY
     return AnalysisResult(
         source={
             "kind": loaded.kind,
@@ -420,6 +429,8 @@ def summarise(
     summary["gpu_kernel_utilization_pct"] = metrics.gpu_kernel_utilization_pct
     summary["gpu_busy_pct"] = metrics.gpu_busy_pct
     summary["peak_memory_bytes"] = metrics.peak_memory_bytes
+    summary["peak_memory_kind"] = metrics.peak_memory_kind
+    summary["peak_memory_window"] = metrics.peak_memory_window
 
     if facts is not None:
         summary["steps_inferred"] = facts.steps_inferred

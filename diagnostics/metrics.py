@@ -49,7 +49,10 @@ MFU and counted FLOPs utilisation (%)
 peak memory (bytes)
     The largest CUDA peak (``cuda_peak_bytes``, else ``cuda_allocated_bytes``) in the run's
     step records, else the largest device allocation in the trace's ``[memory]`` events,
-    else the host RSS of the run.
+    else the host RSS of the run, else the host allocations in the trace's events. Its kind
+    (``peak_memory_kind``) and window (``peak_memory_window``: all steps, the profiled
+    window, or a snapshot's history) go with it wherever it is shown: a CPU run's host RSS
+    over all its steps and the profiler's host allocations in three steps differ tenfold.
 """
 
 from __future__ import annotations
@@ -64,6 +67,24 @@ from diagnostics.facts.mfu import mfu_facts
 
 if TYPE_CHECKING:
     from diagnostics.sources import RunData, TraceFacts
+
+
+ALL_STEPS = "all steps"
+PROFILED_WINDOW = "profiled window"
+SNAPSHOT_HISTORY = "snapshot history"
+
+# how each kind of peak is named on a card, in a chart's legend, a report and the CLI
+PEAK_MEMORY_NAMES = {
+    "CUDA": "CUDA allocated",
+    "host RSS": "host RSS",
+    "host allocated": "host allocated",
+}
+
+
+def peak_memory_name(kind: str | None, window: str | None = None) -> str:
+    """'host RSS (all steps)', 'CUDA allocated (profiled window)'; 'memory' when unknown."""
+    name = PEAK_MEMORY_NAMES.get(kind or "", kind or "memory")
+    return f"{name} ({window})" if window else name
 
 
 # the labels every view, report and comparison gives the two GPU figures
@@ -107,6 +128,9 @@ class KeyMetrics:
     # what mfu_pct's model FLOPs came from: facts/mfu.py's MODEL_LABEL (a trainer run's
     # config) or a script run's recorded model ("MFU (model FLOPs from the HF Trainer's model)")
     mfu_label: str | None = None
+    # over which window peak_memory_bytes is the peak: ALL_STEPS (a run's step records),
+    # PROFILED_WINDOW (a trace's memory events) or SNAPSHOT_HISTORY (a CUDA memory snapshot)
+    peak_memory_window: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -254,6 +278,24 @@ def _trace_peak_memory(trace: TraceFacts) -> tuple[int, str] | None:
     return (int(peak), "host allocated") if peak is not None else None
 
 
+def _peak_memory(
+    values: dict[str, Any], trace: TraceFacts | None, run: RunData | None
+) -> tuple[int, str, str] | None:
+    """(bytes, kind, window) of the headline peak: a run's CUDA records, a trace's CUDA
+    memory, a run's host RSS, a trace's host allocations, in that order."""
+    if values.get("peak_memory_bytes") is not None:  # the run's CUDA records
+        return int(values["peak_memory_bytes"]), str(values["peak_memory_kind"]), ALL_STEPS
+    in_trace = _trace_peak_memory(trace) if trace is not None else None
+    if in_trace is not None and in_trace[1] == "CUDA":
+        return (*in_trace, PROFILED_WINDOW)
+    rss = None
+    if run is not None and "rss_bytes" in run.steps.columns:
+        rss = run.steps["rss_bytes"].max()
+    if rss is not None:
+        return int(rss), "host RSS", ALL_STEPS
+    return (*in_trace, PROFILED_WINDOW) if in_trace is not None else None
+
+
 def _device(trace: TraceFacts | None, run: RunData | None) -> str | None:
     if run is not None:
         raw = run.environment.get("device") or run.config.get("device")
@@ -285,16 +327,14 @@ def compute_key_metrics(trace: TraceFacts | None, run: RunData | None) -> KeyMet
         # NVML's utilisation is kernel time per sample period: the kernel-time figure
         util = kernel_util = _nvml_utilization(run)
         gpu_source = "NVML" if util is not None else None
-    if values.get("peak_memory_bytes") is None and trace is not None:
-        peak = _trace_peak_memory(trace)
-        if peak is not None:
-            values["peak_memory_bytes"], values["peak_memory_kind"] = peak
+    # device memory first, then the host's; a run's records (all steps) before a trace's
+    # window of the same kind, so the figure is the one the run's memory chart shows
+    peak = _peak_memory(values, trace, run if has_run else None)
+    if peak is not None:
+        values["peak_memory_bytes"], values["peak_memory_kind"], window = peak
+    else:
+        window = None
     mfu = mfu_facts(trace, run, steady_steps(run.steps) if has_run and run is not None else None)
-    if values.get("peak_memory_bytes") is None and has_run:
-        assert run is not None
-        rss = run.steps["rss_bytes"].max() if "rss_bytes" in run.steps.columns else None
-        if rss is not None:
-            values["peak_memory_bytes"], values["peak_memory_kind"] = int(rss), "host RSS"
     return KeyMetrics(
         device=_device(trace, run),
         steps=values.get("steps"),
@@ -307,6 +347,7 @@ def compute_key_metrics(trace: TraceFacts | None, run: RunData | None) -> KeyMet
         gpu_utilization_pct=util,
         peak_memory_bytes=values.get("peak_memory_bytes"),
         peak_memory_kind=values.get("peak_memory_kind"),
+        peak_memory_window=window,
         source="run" if has_run else "trace",
         batch_size=values.get("batch_size"),
         gpu_utilization_source=gpu_source,

@@ -59,7 +59,12 @@ SUMMARY_KEYS: dict[str, str] = {
     "a distributed run) / median step time, samples/s",
     "data_wait_pct": "median over steady-state steps of data wait / step time, % (run "
     "records, else the trace's DataLoader ranges per profiler step)",
-    "peak_memory_bytes": "peak CUDA memory allocated (run records, else the trace), bytes",
+    "peak_memory_bytes": "peak memory, bytes: CUDA allocated (run records, else the trace), "
+    "else the run's host RSS, else the trace's host allocations",
+    "peak_memory_kind": '"CUDA" (allocated), "host RSS" or "host allocated": which memory '
+    "peak_memory_bytes is",
+    "peak_memory_window": '"all steps" (run records), "profiled window" (the trace) or '
+    '"snapshot history" (a CUDA memory snapshot): over which window it is the peak',
     "events": "rows of the event table (all ranks)",
     "ranks": "several ranks: {count, table: [per-rank rows], spread: step-time spread}",
     "comm_source": '"gpu_kernels" (communication kernels) or "host_ops" (CPU/gloo '

@@ -53,7 +53,7 @@ comparison = compare(result_a, result_b, label_a=run_a, label_b=run_b)
 line = views.headline(comparison)
 if line:
     st.subheader(line)
-columns = st.columns(len(comparison.rows))
+columns = render.card_grid(len(comparison.rows))
 for column, row in zip(columns, comparison.rows, strict=True):
     card = views.comparison_card(row)
     column.metric(
@@ -62,6 +62,7 @@ for column, row in zip(columns, comparison.rows, strict=True):
         card.delta,
         delta_color=card.delta_color,
         delta_arrow=card.delta_arrow,
+        help=card.help,
         border=True,
     )
 st.dataframe(views.comparison_table(comparison.rows, "A", "B"), hide_index=True, width="stretch")

@@ -13,27 +13,25 @@ import polars as pl
 
 from diagnostics.drilldown.timeline import Timeline
 from diagnostics.report import plots
-from diagnostics.report.figure_style import empty_figure, layout, safe_text
+from diagnostics.report.figure_style import category_colour, empty_figure, layout, safe_text
 
-# torch-tb-profiler's colours for its categories, close to plots.BREAKDOWN_PARTS
+# the categories' colours, the same as in every other figure (figure_style.CATEGORY_COLOURS)
 OVERVIEW_COLOURS = {
-    "Kernel": "#1f77b4",
-    "Memcpy": "#9467bd",
-    "Memset": "#8c564b",
-    "Runtime": "#ff7f0e",
-    "DataLoader": "#d62728",
-    "CPU exec": "#2ca02c",
-    "Other": "#7f7f7f",
+    name: category_colour(name) or "#7f7f7f"
+    for name in ("Kernel", "Memcpy", "Memset", "Runtime", "DataLoader", "CPU exec", "Other")
 }
 KIND_STYLE: dict[str, tuple[str, str]] = {
-    "operator": ("CPU operator", "#2ca02c"),
-    "dataloader": ("DataLoader", "#d62728"),
-    "runtime": ("CUDA runtime", "#ff7f0e"),
-    "kernel": ("kernel", "#1f77b4"),
-    "collective": ("collective (NCCL)", "#e377c2"),
-    "memcpy": ("memcpy", "#9467bd"),
-    "memset": ("memset", "#8c564b"),
-    "sync": ("sync", "#bcbd22"),
+    kind: (label, category_colour(label) or "#7f7f7f")
+    for kind, label in (
+        ("operator", "CPU operator"),
+        ("dataloader", "DataLoader"),
+        ("runtime", "CUDA runtime"),
+        ("kernel", "kernel"),
+        ("collective", "collective (NCCL)"),
+        ("memcpy", "memcpy"),
+        ("memset", "memset"),
+        ("sync", "sync"),
+    )
 }
 # Runtime calls run inside operators on the same thread: drawn as a thinner bar in the
 # lower half of the lane so the operator under them stays visible.
@@ -48,7 +46,7 @@ BAR_PX = 16
 
 def overview_figure(overview: pl.DataFrame) -> go.Figure:
     """The average step as a donut: each category's mean ms and share."""
-    title = "Average step time breakdown"
+    title = "Profiled steps only: the average step by category"
     if overview.height == 0 or float(overview["mean_ms"].sum()) <= 0:
         return empty_figure(title, "No profiler steps in the trace")
     rows = overview.filter(pl.col("mean_ms") > 0)

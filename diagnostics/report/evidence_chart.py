@@ -10,7 +10,13 @@ from typing import Any
 import plotly.graph_objects as go
 
 from diagnostics.chart import Chart
-from diagnostics.report.figure_style import MAX_LABEL_CHARS, integer_axis, layout, safe_text
+from diagnostics.report.figure_style import (
+    MAX_LABEL_CHARS,
+    category_colour,
+    integer_axis,
+    layout,
+    safe_text,
+)
 
 HIGHLIGHT_NAME = "highlighted"
 
@@ -29,10 +35,14 @@ def finding_figure(finding: Any) -> go.Figure | None:
     fig = go.Figure()
     for name, values in chart.series.items():
         label = safe_text(name, MAX_LABEL_CHARS)
+        colour = category_colour(name)  # data wait is red here as in the step-time chart
         if chart.kind == "line":
-            fig.add_trace(go.Scatter(x=x_values, y=list(values), mode="lines", name=label))
+            line = {"color": colour} if colour else None
+            fig.add_trace(
+                go.Scatter(x=x_values, y=list(values), mode="lines", name=label, line=line)
+            )
         else:
-            fig.add_trace(go.Bar(x=x_values, y=list(values), name=label))
+            fig.add_trace(go.Bar(x=x_values, y=list(values), name=label, marker_color=colour))
     first = dict(zip(chart.x, next(iter(chart.series.values())), strict=True))
     # a marked x that downsampling left out of the chart has no point to mark
     marked = [v for v in chart.highlight_x if v in first]

@@ -20,6 +20,53 @@ MAX_POINTS = 5000
 # Labels longer than this are shortened on the axis; the full (escaped) text stays in the hover.
 MAX_LABEL_CHARS = 60
 
+# One colour per category in every figure (run charts, trace charts, findings' evidence, the
+# drill-down): data wait is red wherever it is drawn. torch-tb-profiler's palette.
+CATEGORY_COLOURS = {
+    "data wait": "#d62728",
+    "copy": "#9467bd",
+    "compute": "#1f77b4",
+    "optimizer": "#2ca02c",
+    "CPU": "#2ca02c",
+    "runtime": "#ff7f0e",
+    "memset": "#8c564b",
+    "communication": "#e377c2",
+    "sync": "#bcbd22",
+    "other": "#7f7f7f",
+}
+# a series' or legend entry's name (lower case, its "(unit)" left off) -> its category
+_CATEGORY_OF = {
+    "data wait": "data wait",
+    "dataloader": "data wait",
+    "host→device copy": "copy",
+    "h2d": "copy",
+    "memcpy": "copy",
+    "copy time": "copy",
+    "forward + backward": "compute",
+    "kernel": "compute",
+    "optimizer": "optimizer",
+    "cpu exec": "CPU",
+    "cpu operator": "CPU",
+    "cuda runtime": "runtime",
+    "memset": "memset",
+    "collective": "communication",
+    "runtime": "runtime",
+    "exposed": "communication",
+    "sync": "sync",
+    "rest of step": "other",
+    "other": "other",
+}
+
+
+def category_colour(name: str) -> str | None:
+    """The colour of the category a series is named for ('data wait (ms)' -> red); None
+    for a name of no category (plotly's own sequence then)."""
+    key = name.strip().lower()
+    if key.endswith(")") and " (" in key:
+        key = key[: key.rindex(" (")]
+    category = _CATEGORY_OF.get(key)
+    return CATEGORY_COLOURS[category] if category is not None else None
+
 
 def safe_text(value: object, max_chars: int | None = None) -> str:
     """Escape a string from a trace or run for a plotly label, optionally shortened."""

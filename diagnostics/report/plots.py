@@ -22,11 +22,13 @@ import plotly.graph_objects as go
 import polars as pl
 from plotly.subplots import make_subplots
 
+from diagnostics.metrics import PEAK_MEMORY_NAMES
 from diagnostics.report.evidence_chart import finding_figure
 from diagnostics.report.figure_style import (
     MAX_LABEL_CHARS,
     MAX_POINTS,
     MIB,
+    category_colour,
     column_values,
     empty_figure,
     figure_titles,
@@ -55,20 +57,25 @@ __all__ = [
 ]
 
 
-STEP_PARTS: tuple[tuple[str, str, str], ...] = (
-    ("data_wait_ms", "data wait", "#d62728"),
-    ("h2d_ms", "host→device copy", "#9467bd"),
-    ("compute_ms", "forward + backward", "#1f77b4"),
-    ("optimizer_ms", "optimizer", "#2ca02c"),
+def _parts(*parts: tuple[str, str]) -> tuple[tuple[str, str, str], ...]:
+    """(column, label, the label's category colour)."""
+    return tuple((column, label, category_colour(label) or "#7f7f7f") for column, label in parts)
+
+
+STEP_PARTS = _parts(
+    ("data_wait_ms", "data wait"),
+    ("h2d_ms", "host→device copy"),
+    ("compute_ms", "forward + backward"),
+    ("optimizer_ms", "optimizer"),
 )
-BREAKDOWN_PARTS: tuple[tuple[str, str, str], ...] = (
-    ("kernel_us", "kernel", "#1f77b4"),
-    ("memcpy_us", "memcpy", "#9467bd"),
-    ("memset_us", "memset", "#8c564b"),
-    ("runtime_us", "CUDA runtime", "#ff7f0e"),
-    ("dataloader_us", "DataLoader", "#d62728"),
-    ("cpu_exec_us", "CPU exec", "#2ca02c"),
-    ("other_us", "other", "#7f7f7f"),
+BREAKDOWN_PARTS = _parts(
+    ("kernel_us", "kernel"),
+    ("memcpy_us", "memcpy"),
+    ("memset_us", "memset"),
+    ("runtime_us", "CUDA runtime"),
+    ("dataloader_us", "DataLoader"),
+    ("cpu_exec_us", "CPU exec"),
+    ("other_us", "other"),
 )
 
 
@@ -199,7 +206,7 @@ def memory_figure(
     x = frame["step"].to_list()
     fig = go.Figure()
     for column, label, colour in (
-        ("rss_bytes", "trainer RSS", "#1f77b4"),
+        ("rss_bytes", PEAK_MEMORY_NAMES["host RSS"], "#1f77b4"),
         ("cuda_allocated_bytes", "CUDA allocated", "#ff7f0e"),
         ("cuda_reserved_bytes", "CUDA reserved", "#ffbb78"),
     ):

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from diagnostics.dotted import flatten_dotted
-from diagnostics.metrics import GPU_BUSY, GPU_KERNEL_UTILISATION, KeyMetrics
+from diagnostics.metrics import GPU_BUSY, GPU_KERNEL_UTILISATION, KeyMetrics, peak_memory_name
 from diagnostics.report import fmt
 
 
@@ -156,7 +156,7 @@ def summary_rows(metrics: KeyMetrics, summary: Mapping[str, Any]) -> list[tuple[
         (GPU_KERNEL_UTILISATION, fmt.pct(metrics.gpu_kernel_utilization_pct)),
         (GPU_BUSY, fmt.pct(metrics.gpu_busy_pct)),
         (
-            f"peak memory ({metrics.peak_memory_kind or 'unknown'})",
+            f"peak memory, {peak_memory_name(metrics.peak_memory_kind, metrics.peak_memory_window)}",
             fmt.bytes_(metrics.peak_memory_bytes),
         ),
         *mfu_rows(summary),

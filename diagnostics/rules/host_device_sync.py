@@ -176,9 +176,12 @@ class HostDeviceSync(Rule):
                 "bar",
                 "Time blocked in host-device synchronisation per step",
                 "step",
-                "time (µs)",
+                "time (ms)",
                 joined["step"].to_list(),
-                {"sync (µs)": joined["sync_us"].to_list(), "step (µs)": joined["dur_us"].to_list()},
+                {
+                    "sync (ms)": (joined["sync_us"] / 1000.0).round(3).to_list(),
+                    "step (ms)": (joined["dur_us"] / 1000.0).round(3).to_list(),
+                },
             ),
         }
         if sites is None:

@@ -142,9 +142,9 @@ class LowGpuUtilization(Rule):
                 "bar",
                 "Where the GPU idle time went (host activity during gaps)",
                 "host activity",
-                "idle time (µs)",
+                "idle time (ms)",
                 [k for k, _ in ranked],
-                {"idle (µs)": [v["idle_us"] for _, v in ranked]},
+                {"idle (ms)": [round(v["idle_us"] / 1000.0, 3) for _, v in ranked]},
             ),
         }
         explanation = ADVICE.get(top, ADVICE["none"])

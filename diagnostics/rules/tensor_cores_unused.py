@@ -237,13 +237,12 @@ class TensorCoresUnused(Rule):
                 "bar",
                 "Kernel time by kind",
                 "kind",
-                "GPU time (µs)",
+                "GPU time (ms)",
                 [unit[:-1], f"eligible, not on {unit}", "other"],
                 {
-                    "GPU time (µs)": [
-                        tc_us,
-                        eligible_us,
-                        max(kernel_us - tc_us - eligible_us, 0.0),
+                    "GPU time (ms)": [
+                        round(us / 1000.0, 3)
+                        for us in (tc_us, eligible_us, max(kernel_us - tc_us - eligible_us, 0.0))
                     ]
                 },
                 highlight_x=[f"eligible, not on {unit}"],

@@ -185,9 +185,13 @@ class UnstableGradients(Rule):
                 "bar",
                 "fp16 GEMM/convolution kernels that ran without loss scaling",
                 "kernel",
-                "GPU time (µs)",
+                "GPU time (ms)",
                 [name[:60] for name in from_trace["top_fp16_kernels"]],
-                {"GPU time (µs)": from_trace["top_fp16_kernel_us"]},
+                {
+                    "GPU time (ms)": [
+                        round(us / 1000.0, 3) for us in from_trace["top_fp16_kernel_us"]
+                    ]
+                },
             )
         if run is not None and has_steps(run, "grad_norm"):
             evidence["chart"] = chart(

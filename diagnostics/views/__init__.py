@@ -22,6 +22,7 @@ from diagnostics.views.alert import AlertView, alert_summary
 from diagnostics.views.analysis import (
     SEVERITY_BADGES,
     Card,
+    card_rows,
     coverage_rows,
     evidence_rows,
     leak_slope,
@@ -162,6 +163,7 @@ __all__ = [
     "source_caption",
     "spike_steps",
     "status_badge",
+    "card_rows",
     "summary_cards",
     "tensorboard_command",
     "upload_key",

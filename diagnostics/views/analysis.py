@@ -10,7 +10,14 @@ from typing import Any
 import polars as pl
 
 from diagnostics.facts.mfu import COUNTED_LABEL, MODEL_LABEL
-from diagnostics.metrics import GPU_BUSY, GPU_KERNEL_UTILISATION, KeyMetrics
+from diagnostics.metrics import (
+    ALL_STEPS,
+    GPU_BUSY,
+    GPU_KERNEL_UTILISATION,
+    PROFILED_WINDOW,
+    KeyMetrics,
+    peak_memory_name,
+)
 from diagnostics.report import fmt as report_fmt
 from diagnostics.report.sections import gpu_identity, kernel_coverage_rows, roofline_rows
 from diagnostics.views.fmt import fmt_bytes, fmt_ms, fmt_pct, fmt_rate
@@ -49,14 +56,29 @@ def severity_badge(severity: str) -> str:
 
 @dataclass(frozen=True)
 class Card:
-    label: str
+    label: str  # short, so that it fits a card at 1280 px; the full name opens the help
     value: str
     help: str
 
 
+# cards per row, at most: four fit their values at 1280 px with the sidebar open
+CARDS_PER_ROW = 4
+
+
+def card_rows(count: int) -> list[int]:
+    """How many cards each row holds: rows of at most CARDS_PER_ROW, as even as they go
+    (6 cards: 3 + 3, 7: 4 + 3), so no card is narrower than its value."""
+    if count <= 0:
+        return []
+    rows = -(-count // CARDS_PER_ROW)
+    per_row = -(-count // rows)
+    sizes = [per_row] * (count // per_row)
+    return sizes + ([count % per_row] if count % per_row else [])
+
+
 def summary_cards(metrics: KeyMetrics) -> list[Card]:
-    """The six cards at the top of a run or trace, formatted (KeyMetrics is shared with
-    the reports and the comparison, so the page and a downloaded report agree)."""
+    """The cards at the top of a run or trace, formatted (KeyMetrics is shared with the
+    reports and the comparison, so the page and a downloaded report agree)."""
     # the unit goes in the label: a value like "1,234 samples/s" does not fit a card
     if metrics.samples_per_s is not None:
         throughput_label, throughput = "Samples/s", fmt_rate(metrics.samples_per_s, "").strip()
@@ -64,7 +86,8 @@ def summary_cards(metrics: KeyMetrics) -> list[Card]:
     else:
         throughput_label, throughput = "Steps/s", fmt_rate(metrics.steps_per_s, "").strip()
         throughput_help = "1 ÷ median step time (a trace has no batch size)."
-    memory_kind = metrics.peak_memory_kind or "memory"
+    memory = peak_memory_name(metrics.peak_memory_kind)
+    window = metrics.peak_memory_window
     return [
         Card(
             "Median step time",
@@ -74,17 +97,18 @@ def summary_cards(metrics: KeyMetrics) -> list[Card]:
         ),
         Card(throughput_label, throughput, throughput_help),
         Card(
-            GPU_KERNEL_UTILISATION,
+            "GPU utilisation",
             fmt_pct(metrics.gpu_kernel_utilization_pct),
-            "Share of the profiled steps' span in which at least one kernel ran (any stream), "
-            "as nvidia-smi and the TensorBoard plugin define GPU utilisation; without a "
-            "trace, NVML's mean over the steps ('—' without a GPU).",
+            f"{GPU_KERNEL_UTILISATION}: share of the profiled steps' span in which at least "
+            "one kernel ran (any stream), as nvidia-smi and the TensorBoard plugin define "
+            "GPU utilisation; without a trace, NVML's mean over the steps ('—' without a GPU).",
         ),
         Card(
-            GPU_BUSY,
+            "GPU busy",
             fmt_pct(metrics.gpu_busy_pct),
-            "Share of the profiled steps' span in which any GPU work ran: kernels, copies or "
-            "memsets, any stream (HTA's busy time). Needs a trace ('—' from NVML alone).",
+            f"{GPU_BUSY}: share of the profiled steps' span in which any GPU work ran: "
+            "kernels, copies or memsets, any stream (HTA's busy time). Needs a trace ('—' "
+            "from NVML alone).",
         ),
         Card(
             "Data-wait share",
@@ -92,9 +116,18 @@ def summary_cards(metrics: KeyMetrics) -> list[Card]:
             "Median over steady-state steps of each step's wait for its batch ÷ its step time.",
         ),
         Card(
-            "Peak memory",
+            f"Peak {memory}" if metrics.peak_memory_kind else "Peak memory",
             fmt_bytes(metrics.peak_memory_bytes),
-            f"Highest {memory_kind} seen.",
+            f"Highest {memory} over {window}"
+            + (
+                " (the run's step records, as the Memory chart shows them)."
+                if window == ALL_STEPS
+                else " (the trace's memory events: only the steps the profiler recorded)."
+                if window == PROFILED_WINDOW
+                else "."
+            )
+            if window
+            else "No memory figure in this input.",
         ),
         *_flops_cards(metrics),
     ]
@@ -108,21 +141,22 @@ def _flops_cards(metrics: KeyMetrics) -> list[Card]:
     model_label = metrics.mfu_label or MODEL_LABEL
     return [
         Card(
-            model_label[:1].upper() + model_label[1:],
+            "MFU",
             fmt_pct(metrics.mfu_pct),
-            "Median over steady-state steps of the model's FLOPs (6N + 12·L·H·Q·T per token, "
-            "PaLM appendix B, from the reference trainer's config, or for a script from the "
-            "model its HF Trainer trained, times the step's real tokens) ÷ step time ÷ the "
-            "GPU's dense peak for the run's precision. '—': no model sizes recorded, no "
-            "peak known, or the precision not known.",
+            f"{model_label[:1].upper() + model_label[1:]}: median over steady-state steps of "
+            "the model's FLOPs (6N + 12·L·H·Q·T per token, PaLM appendix B, from the "
+            "reference trainer's config, or for a script from the model its HF Trainer "
+            "trained, times the step's real tokens) ÷ step time ÷ the GPU's dense peak for "
+            "the run's precision. '—': no model sizes recorded, no peak known, or the "
+            "precision not known.",
         ),
         Card(
-            COUNTED_LABEL[:1].upper() + COUNTED_LABEL[1:],
+            "HFU",
             fmt_pct(metrics.counted_flops_utilization_pct),
-            "Median over profiler steps of the FLOPs the trace's operators did (counted from "
-            "their recorded shapes, backward and recomputation included) ÷ step time ÷ the "
-            "dense peak. '—': no shapes, no peak known, or too little GPU time in counted "
-            "operators.",
+            f"{COUNTED_LABEL[:1].upper() + COUNTED_LABEL[1:]}: median over profiler steps of "
+            "the FLOPs the trace's operators did (counted from their recorded shapes, "
+            "backward and recomputation included) ÷ step time ÷ the dense peak. '—': no "
+            "shapes, no peak known, or too little GPU time in counted operators.",
         ),
     ]
 

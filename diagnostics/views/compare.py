@@ -74,11 +74,22 @@ def config_changes_table(changes: Sequence[tuple[str, Any, Any]]) -> pl.DataFram
 
 @dataclass(frozen=True)
 class CompareCard:
-    label: str
+    label: str  # short, as on a run's cards; the full name is the help
     value: str  # B's value
     delta: str | None  # signed change vs A, e.g. "+141 % (2.41×)"
     delta_color: str  # streamlit's: "normal" (up is good), "inverse" (down is good), "off"
     delta_arrow: str = "auto"  # streamlit's: "auto" (by the sign), "off" (no arrow)
+    help: str | None = None
+
+
+# a comparison row's card label: the run cards' short names (views.analysis.summary_cards)
+_CARD_LABELS = {
+    "median_step_time_ms": "Median step time",
+    "data_wait_pct": "Data-wait share",
+    "gpu_kernel_utilization_pct": "GPU utilisation",
+    "gpu_busy_pct": "GPU busy",
+    "peak_memory_bytes": "Peak memory",
+}
 
 
 def comparison_card(row: Any) -> CompareCard:
@@ -86,12 +97,13 @@ def comparison_card(row: Any) -> CompareCard:
     unchanged value (equal, or within compare.SAME_WITHIN) says so, with no arrow or colour:
     a red "↑ +0 %" would call noise a regression."""
     formatter = _UNIT_FORMAT.get(row.unit, fmt_number)
-    label = row.label[:1].upper() + row.label[1:]
+    full = row.label[:1].upper() + row.label[1:]
+    label = _CARD_LABELS.get(row.key, full)
     value = formatter(row.b)
     if row.unit.endswith("/s"):  # "25.1 samples/s" does not fit a card: the unit goes up
-        label, value = f"{label} ({row.unit})", fmt_rate(row.b, "").strip()
+        label, value = row.unit[:1].upper() + row.unit[1:], fmt_rate(row.b, "").strip()
     if row.delta is not None and row.improved is None and row.better != "neither":
-        return CompareCard(label, value, "unchanged", "off", "off")
+        return CompareCard(label, value, "unchanged", "off", "off", help=full)
     delta = None
     if row.unit == "%" and row.delta is not None:
         # a share is compared in percentage points: 60 % -> 5 % is "-55 points"
@@ -100,7 +112,7 @@ def comparison_card(row: Any) -> CompareCard:
         change_pct = (row.ratio - 1.0) * 100.0
         delta = f"{change_pct:+.0f} % ({fmt_ratio(row.ratio)})"
     colour = {"higher": "normal", "lower": "inverse"}.get(row.better, "off")
-    return CompareCard(label, value, delta, colour)
+    return CompareCard(label, value, delta, colour, help=full)
 
 
 def _rank_figures(result: Any) -> dict[str, Any]:

@@ -201,23 +201,39 @@ def test_summary_cards_format_key_metrics():
         peak_memory_bytes=512 * 1024**2,
         peak_memory_kind="host RSS",
         source="run",
+        peak_memory_window="all steps",
     )
-    cards = {card.label: card.value for card in views.summary_cards(metrics)}
+    summary = views.summary_cards(metrics)
+    cards = {card.label: card.value for card in summary}
+    # short labels (a card at 1280 px holds about 20 characters); the full name is the help
     assert cards == {
         "Median step time": "123 ms",
         "Samples/s": "256",
-        "GPU utilisation (kernel time, as nvidia-smi)": "—",
-        "GPU busy (kernels, copies, memsets)": "—",
+        "GPU utilisation": "—",
+        "GPU busy": "—",
         "Data-wait share": "61.0 %",
-        "Peak memory": "512 MiB",
+        "Peak host RSS": "512 MiB",
     }
+    helps = {card.label: card.help for card in summary}
+    assert helps["GPU utilisation"].startswith("GPU utilisation (kernel time, as nvidia-smi): ")
+    assert helps["GPU busy"].startswith("GPU busy (kernels, copies, memsets): ")
+    assert helps["Peak host RSS"].startswith("Highest host RSS over all steps (the run's step ")
+    assert all(len(label) <= 20 for label in cards)
+
+
+@pytest.mark.parametrize(
+    ("count", "rows"),
+    [(1, [1]), (4, [4]), (5, [3, 2]), (6, [3, 3]), (7, [4, 3]), (8, [4, 4]), (9, [3, 3, 3])],
+)
+def test_cards_go_in_rows_of_at_most_four_as_even_as_they_go(count, rows):
+    assert views.card_rows(count) == rows
 
 
 def test_comparison_card_colours_and_ratios():
     faster = MetricRow("throughput", "throughput", "samples/s", 100.0, 241.0, "higher")
     card = views.comparison_card(faster)
     assert (card.label, card.value, card.delta, card.delta_color) == (
-        "Throughput (samples/s)",
+        "Samples/s",
         "241",
         "+141 % (2.41×)",  # 241 / 100 = 2.41, (2.41 - 1) * 100 = +141 %
         "normal",

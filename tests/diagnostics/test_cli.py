@@ -174,3 +174,18 @@ def test_report_subcommand_is_dispatched(tmp_path):
     out = tmp_path / "report.md"
     assert main(["report", str(SMALL_REAL), "--format", "md", "-o", str(out)]) == 0
     assert out.read_text().strip()
+
+
+def test_peak_memory_says_which_memory_and_over_which_window(tiny_run, capsys):
+    # a CPU run with a profiler window: its host RSS over all steps (what its Memory chart
+    # draws), not the profiler's host allocations in the few steps it recorded
+    with (tiny_run / "steps.jsonl").open() as handle:
+        rss = max(json.loads(line)["rss_bytes"] for line in handle if line.strip())
+    assert main(["analyze", str(tiny_run), "--format", "text"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    (line,) = [line for line in lines if line.startswith("peak memory")]
+    assert line == f"peak memory, host RSS (all steps): {rss / 2**20:,.2f} MiB"
+    assert main(["analyze", str(tiny_run)]) == 0
+    summary = json.loads(capsys.readouterr().out)["summary"]
+    assert (summary["peak_memory_bytes"], summary["peak_memory_kind"]) == (rss, "host RSS")
+    assert summary["peak_memory_window"] == "all steps"

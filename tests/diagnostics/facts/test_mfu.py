@@ -154,9 +154,12 @@ def test_the_qwen_traces_count_every_counted_call_in_their_one_profiler_step(tra
 
 
 def test_reports_and_cards_show_both_labelled(m768):
-    cards = {card.label: card.value for card in summary_cards(m768.metrics)}
-    assert cards[MODEL_LABEL[:1].upper() + MODEL_LABEL[1:]] == "24.9 %"
-    assert cards[COUNTED_LABEL[:1].upper() + COUNTED_LABEL[1:]] == "23.2 %"
+    cards = {card.label: card for card in summary_cards(m768.metrics)}
+    # short labels on the cards, the full names first in their help
+    assert cards["MFU"].value == "24.9 %"
+    assert cards["MFU"].help.startswith(MODEL_LABEL[:1].upper() + MODEL_LABEL[1:] + ": ")
+    assert cards["HFU"].value == "23.2 %"
+    assert cards["HFU"].help.startswith(COUNTED_LABEL[:1].upper() + COUNTED_LABEL[1:] + ": ")
     report = build_report(m768)
     markdown = render_markdown(report)
     assert f"{MODEL_LABEL} | 24.9 % of the H200 SXM dense bf16 peak" in markdown
@@ -322,8 +325,9 @@ def test_a_script_runs_figure_shows_in_the_cards_and_report_rows_under_its_label
     label = "MFU (model FLOPs from the HF Trainer's model)"
     assert inputs.metrics.mfu_label == label
     assert inputs.metrics.mfu_pct == pytest.approx(statistics.median(_hand_pcts(H100_BF16_TFLOPS)))
-    cards = {card.label: card.value for card in summary_cards(inputs.metrics)}
-    assert cards[label[:1].upper() + label[1:]] == f"{inputs.metrics.mfu_pct:.1f} %"
+    cards = {card.label: card for card in summary_cards(inputs.metrics)}
+    assert cards["MFU"].value == f"{inputs.metrics.mfu_pct:.1f} %"
+    assert cards["MFU"].help.startswith(label + ": ")  # where its model FLOPs came from
     summary = {"mfu": mfu_facts(None, run, steady_steps(run.steps)).to_summary()}
     ((row_label, text),) = mfu_rows(summary)
     assert row_label == label

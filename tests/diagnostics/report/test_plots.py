@@ -72,7 +72,7 @@ def test_loss_gradnorm_marks_spikes_on_both_panels():
 def test_memory_in_mib_with_fitted_slope_through_the_data():
     steps = simple_steps(10)  # rss = (500 + step) MiB: grows exactly 1 MiB a step
     fig = plots.memory_figure(steps, None, slope_bytes_per_step=float(MIB))
-    rss = _trace(fig, "trainer RSS")
+    rss = _trace(fig, "host RSS")
     assert list(rss.y) == [500.0 + s for s in range(1, 11)]
     fitted = [t for t in fig.data if t.name.startswith("fitted growth")][0]
     # A perfect line: the fitted ends meet the first and last points (501 and 510 MiB).
