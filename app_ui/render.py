@@ -160,7 +160,7 @@ def findings(
     for index, finding in enumerate(ranked):
         severity = str(finding.severity)
         saving = (
-            f" · expected saving {views.fmt_saving(finding.estimated_saving_pct)} of step time"
+            f" · expected saving: {views.fmt_step_time_saving(finding.estimated_saving_pct)}"
             if finding.estimated_saving_pct
             else ""
         )
@@ -192,7 +192,8 @@ def findings(
                     st.metric(
                         "Expected saving",
                         views.fmt_saving(finding.estimated_saving_pct),
-                        help="Estimated share of step time this fix removes.",
+                        help="Estimated share of step time this fix removes: "
+                        f"{views.fmt_step_time_saving(finding.estimated_saving_pct)}.",
                     )
             st.markdown("**Fix**")
             st.code(finding.fix.code, language="python")

@@ -180,11 +180,13 @@ def render_text(doc: dict[str, Any]) -> str:
                 f"{spread['slowest_rank']}: {_ms(spread['slowest_ms'])})"
             )
         lines.append(line)
+    from diagnostics.report.fmt import saving as fmt_saving
+
     findings = doc.get("findings") or []
     lines.append(f"findings: {len(findings)}" if findings else "findings: none")
     for finding in findings:
         saving = finding.get("estimated_saving_pct")
-        tail = f" (~{saving:.0f}% faster)" if saving and saving >= 1 else ""
+        tail = f" · expected: about {fmt_saving(saving)}" if saving and saving >= 1 else ""
         lines.append(f"  [{finding['severity']}] {finding['rule']}: {finding['title']}{tail}")
         patch = (finding.get("fix") or {}).get("config_patch")
         if patch:

@@ -71,6 +71,33 @@ class MetricRow:
 
 
 @dataclass(frozen=True)
+class Prediction:
+    """A re-run's fix as its finding predicted it and as the re-run measured it: the finding
+    in the first run whose patch the re-run applied, its expected saving, and the saving in
+    median step time the re-run showed (the rule's calibration, measured / predicted)."""
+
+    rule: str
+    patch: dict[str, Any]
+    predicted_saving_pct: float
+    measured_saving_pct: float | None  # 100 x (1 - median b / median a)
+
+    @property
+    def measured_over_predicted(self) -> float | None:
+        if self.measured_saving_pct is None or self.predicted_saving_pct <= 0:
+            return None
+        return self.measured_saving_pct / self.predicted_saving_pct
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule,
+            "patch": dict(self.patch),
+            "predicted_saving_pct": self.predicted_saving_pct,
+            "measured_saving_pct": self.measured_saving_pct,
+            "measured_over_predicted": self.measured_over_predicted,
+        }
+
+
+@dataclass(frozen=True)
 class Comparison:
     a: Any  # AnalysisResult (before)
     b: Any  # AnalysisResult (after)
@@ -83,6 +110,8 @@ class Comparison:
     findings_new: tuple[Any, ...]  # Finding in b whose rule did not fire in a
     findings_kept: tuple[tuple[Any, Any], ...]  # (finding in a, finding in b), same rule
     config_changes: tuple[tuple[str, Any, Any], ...]  # (dotted key, a value, b value)
+    # b re-runs a with one of a's fixes: what that finding predicted, what b measured
+    prediction: Prediction | None = None
 
     @property
     def speedup(self) -> float | None:
@@ -113,6 +142,7 @@ class Comparison:
             "config_changes": [
                 {"key": key, "a": va, "b": vb} for key, va, vb in self.config_changes
             ],
+            "prediction": self.prediction.to_dict() if self.prediction is not None else None,
         }
 
 
@@ -188,6 +218,30 @@ def _rows(ma: KeyMetrics, mb: KeyMetrics) -> tuple[MetricRow, ...]:
     )
 
 
+def _prediction(a: Any, b: Any, metrics_a: KeyMetrics, metrics_b: KeyMetrics) -> Prediction | None:
+    """The prediction b tests: b is a's re-run (its parent_run_id) and applied every key of
+    one of a's fixes with that fix's value; None otherwise (any two runs predict nothing)."""
+    run_a, run_b = getattr(a, "run", None), getattr(b, "run", None)
+    if run_a is None or run_b is None:
+        return None
+    if run_b.manifest.parent_run_id != run_a.manifest.run_id:
+        return None
+    applied = run_b.manifest.applied_patch or {}
+    for finding in a.findings:
+        patch = finding.fix.config_patch if finding.fix is not None else None
+        if not patch or finding.estimated_saving_pct is None:
+            continue
+        if all(key in applied and applied[key] == value for key, value in patch.items()):
+            before, after = metrics_a.median_step_time_ms, metrics_b.median_step_time_ms
+            measured = (
+                100.0 * (1.0 - after / before)
+                if before is not None and after is not None and before > 0
+                else None
+            )
+            return Prediction(finding.rule, dict(patch), finding.estimated_saving_pct, measured)
+    return None
+
+
 def compare(
     a: Any, b: Any, *, label_a: str | None = None, label_b: str | None = None
 ) -> Comparison:
@@ -217,4 +271,5 @@ def compare(
         findings_new=new,
         findings_kept=kept,
         config_changes=_config_changes(a, b),
+        prediction=_prediction(a, b, metrics_a, metrics_b),
     )

@@ -53,6 +53,9 @@ comparison = compare(result_a, result_b, label_a=run_a, label_b=run_b)
 line = views.headline(comparison)
 if line:
     st.subheader(line)
+checked = views.prediction_line(comparison.prediction)
+if checked:  # B re-ran A with one of A's fixes: its prediction beside the measurement
+    st.info(md_text(checked), icon=":material/fact_check:")
 columns = render.card_grid(len(comparison.rows))
 for column, row in zip(columns, comparison.rows, strict=True):
     card = views.comparison_card(row)

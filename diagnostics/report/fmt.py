@@ -60,6 +60,35 @@ def rate(value: float | None, unit: str) -> str:
     return f"{text} {unit}".strip()
 
 
+def saving(value_pct: float | None) -> str:
+    """A saving of step time as both readings of it: '57 % less step time (2.33× faster)'.
+    A saving of s % is a speed-up of 1 / (1 - s/100): 57 % less time is 2.33×, not 1.57×."""
+    if _missing(value_pct):
+        return MISSING
+    value = float(value_pct)
+    if value < 0:
+        return f"{-value:.0f} % more step time ({ratio(1.0 / (1.0 - value / 100.0))} as fast)"
+    if value < 1.0:  # a whole percent would round to a misleading "0 %"
+        return "under 1 % less step time"
+    if value >= 100.0:
+        return f"{value:.0f} % less step time"
+    return f"{value:.0f} % less step time ({ratio(1.0 / (1.0 - value / 100.0))} faster)"
+
+
+def prediction_line(prediction: Any) -> str | None:
+    """A re-run's check of its finding: 'too-few-workers predicted 56 % less step time
+    (2.27× faster); the re-run measured 27 % less step time (1.37× faster), 0.48 of the
+    prediction.' (``diagnostics.compare.Prediction``); None without one."""
+    if prediction is None:
+        return None
+    line = f"{prediction.rule} predicted {saving(prediction.predicted_saving_pct)}"
+    if prediction.measured_saving_pct is None:
+        return line + "; the re-run's step time is not known."
+    line += f"; the re-run measured {saving(prediction.measured_saving_pct)}"
+    calibration = prediction.measured_over_predicted
+    return line + (f", {calibration:.2f} of the prediction." if calibration is not None else ".")
+
+
 def speedup_headline(speedup: float | None, a_ms: float | None, b_ms: float | None) -> str | None:
     """A comparison's one line, from the median step times: 'B is 1.34× faster: median step
     133 ms → 99.1 ms'. Within 2 % either way it reads as the same speed (two runs of one

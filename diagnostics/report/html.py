@@ -178,7 +178,7 @@ def _finding_html(finding: ReportFinding, figures: _Figures, anchor: str) -> str
         f'<h3><span class="badge sev-{sev}">{sev}</span>{status}{esc(finding.title)}</h3>'
         f'<p class="note">rule <code>{esc(finding.rule)}</code>'
         + (
-            f" · expected saving about {esc(fmt.pct(finding.estimated_saving_pct, 0))} of step time"
+            f" · expected saving: about {esc(fmt.saving(finding.estimated_saving_pct))}"
             if finding.estimated_saving_pct is not None
             else ""
         )
@@ -282,6 +282,11 @@ def _comparison_html(report: Report) -> str:
     )
     parts = [
         '<section id="comparison"><h2>Before and after</h2>',
+        (
+            f"<p><strong>Predicted and measured:</strong> {esc(section.prediction)}</p>"
+            if section.prediction
+            else ""
+        ),
         f"<table><tr><th>metric</th><th>{esc(section.label_a)} (a)</th>"
         f"<th>{esc(section.label_b)} (b)</th><th>ratio b/a</th><th></th></tr>{rows}</table>",
     ]

@@ -52,7 +52,7 @@ def _finding(index: int, finding: ReportFinding) -> str:
         f"### {index}. [{finding.severity.upper()}] {text(finding.title)}{status}",
         f"Rule `{finding.rule.replace('`', '')}`"
         + (
-            f" · expected saving about {fmt.pct(finding.estimated_saving_pct, 0)} of step time"
+            f" · expected saving: about {fmt.saving(finding.estimated_saving_pct)}"
             if finding.estimated_saving_pct is not None
             else ""
         ),
@@ -150,6 +150,11 @@ def render_markdown(report: Report) -> str:
     if section is not None:
         parts.append(
             "## Before and after\n\n"
+            + (
+                f"**Predicted and measured:** {text(section.prediction)}\n\n"
+                if section.prediction
+                else ""
+            )
             + table(
                 ("metric", f"{section.label_a} (a)", f"{section.label_b} (b)", "ratio b/a", ""),
                 section.rows,

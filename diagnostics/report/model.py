@@ -96,6 +96,8 @@ class ComparisonSection:
     config_changes: tuple[tuple[str, str, str], ...]  # key, a, b
     data: dict[str, Any]
     cost_a: CostEstimate | None = None  # the measured cost of a, at the same price as b's
+    # b re-ran a with a finding's fix: what the finding predicted beside what b measured
+    prediction: str | None = None
 
 
 @dataclass(frozen=True)
@@ -379,6 +381,7 @@ def build_comparison_report(comparison: Comparison, *, pricing: Pricing | None =
         ),
         data=comparison.to_dict(),
         cost_a=_cost(a, comparison.metrics_a, pricing),
+        prediction=fmt.prediction_line(comparison.prediction),
     )
     env_a, env_b = dict(environment_rows(a)), dict(environment_rows(b))
     env_rows = tuple(

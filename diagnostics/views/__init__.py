@@ -66,7 +66,9 @@ from diagnostics.views.fmt import (
     fmt_ratio,
     fmt_saving,
     fmt_seconds,
+    fmt_step_time_saving,
     fmt_when,
+    prediction_line,
 )
 from diagnostics.views.ranks import RankView, rank_steps_figure, rank_view
 from diagnostics.views.runs import (
@@ -131,8 +133,10 @@ __all__ = [
     "fmt_rate",
     "fmt_ratio",
     "fmt_saving",
+    "fmt_step_time_saving",
     "fmt_seconds",
     "fmt_when",
+    "prediction_line",
     "form_error_summary",
     "form_overrides",
     "form_value",

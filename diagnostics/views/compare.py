@@ -108,6 +108,15 @@ def comparison_card(row: Any) -> CompareCard:
     if row.unit == "%" and row.delta is not None:
         # a share is compared in percentage points: 60 % -> 5 % is "-55 points"
         delta = f"{row.delta:+.1f} points"
+    elif row.ratio is not None and row.unit == "ms" and row.ratio > 0:
+        # a time: how much less (or more) and the speed that is; 94 % less is 16.5x faster
+        change_pct = (row.ratio - 1.0) * 100.0
+        speed = (
+            f"{fmt_ratio(1.0 / row.ratio)} faster"
+            if row.ratio < 1.0
+            else f"{fmt_ratio(row.ratio)} slower"
+        )
+        delta = f"{change_pct:+.0f} % ({speed})"
     elif row.ratio is not None:
         change_pct = (row.ratio - 1.0) * 100.0
         delta = f"{change_pct:+.0f} % ({fmt_ratio(row.ratio)})"

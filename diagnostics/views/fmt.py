@@ -12,6 +12,8 @@ fmt_ms = report_fmt.ms  # '840 µs', '12.3 ms', '1.25 s', '3 min 20 s'
 fmt_pct = report_fmt.pct  # '42.3 %'
 fmt_ratio = report_fmt.ratio  # '2.41×'
 fmt_rate = report_fmt.rate  # '1,234 samples/s', '12.5 steps/s'
+fmt_step_time_saving = report_fmt.saving  # '57 % less step time (2.33× faster)'
+prediction_line = report_fmt.prediction_line  # a re-run's predicted and measured saving
 
 
 def fmt_seconds(value_s: float | None) -> str:

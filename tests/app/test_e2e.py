@@ -135,6 +135,12 @@ def test_launch_watch_diagnose_rerun_compare_download(app_server, page, tmp_path
     # with other jobs, compute time swings more between two 8-step runs than loading does)
     page.locator('[data-testid="stMetric"]').filter(has_text="Data-wait share").first.wait_for()
     page.get_by_text(re.compile(r"Gone in B \(\d+\)")).wait_for()
+    # the re-run checks its finding: predicted and measured savings side by side
+    expect(
+        page.get_by_text(
+            re.compile(r"too-few-workers predicted \d+ % less step time .*; the re-run measured ")
+        )
+    ).to_be_visible()
     screenshot(page, "compare")
 
     # --- the other pages with these runs ---------------------------------------------------

@@ -246,6 +246,21 @@ def test_comparison_card_colours_and_ratios():
     assert table.get_column("change").to_list() == ["better", "better"]
 
 
+def test_a_step_time_card_says_how_much_faster_or_slower():
+    # 1.41 s -> 85.1 ms: 94 % less time, 1410 / 85.1 = 16.57x faster (not "0.06x")
+    faster = MetricRow("median_step_time_ms", "median step time", "ms", 1410.0, 85.1, "lower")
+    card = views.comparison_card(faster)
+    assert (card.label, card.value, card.delta) == (
+        "Median step time",
+        "85.1 ms",
+        "-94 % (16.57× faster)",
+    )
+    slower = views.comparison_card(
+        MetricRow("median_step_time_ms", "median step time", "ms", 100.0, 125.0, "lower")
+    )
+    assert (slower.delta, slower.delta_color) == ("+25 % (1.25× slower)", "inverse")
+
+
 def test_an_unchanged_value_has_no_arrow_or_colour():
     # 0 % -> 0 % data wait, and 100 -> 101 ms (1 %, within compare.SAME_WITHIN)
     for row in (

@@ -189,3 +189,19 @@ def test_peak_memory_says_which_memory_and_over_which_window(tiny_run, capsys):
     summary = json.loads(capsys.readouterr().out)["summary"]
     assert (summary["peak_memory_bytes"], summary["peak_memory_kind"]) == (rss, "host RSS")
     assert summary["peak_memory_window"] == "all steps"
+
+
+def test_a_findings_saving_reads_as_less_time_and_the_speed_up(capsys):
+    # 57 % less time is 1 / 0.43 = 2.33x faster, not "57 % faster"
+    assert main(["analyze", str(SMALL_REAL)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    finding = {
+        "severity": "high", "rule": "too-few-workers", "title": "t",
+        "estimated_saving_pct": 57.0, "fix": {"config_patch": None},
+    }  # fmt: skip
+    from diagnostics.__main__ import render_text
+
+    lines = render_text({**doc, "findings": [finding]}).splitlines()
+    assert (
+        "  [high] too-few-workers: t · expected: about 57 % less step time (2.33× faster)" in lines
+    )

@@ -1,0 +1,41 @@
+"""Compare after a re-run: the finding's predicted saving beside the measured one, on the
+page (AppTest), for the H200 slow-loader run and its re-run with the fix (real runs from
+../shared/gpu-runs/h200-default, copied and linked as Re-run with fix links them)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from diagnostics.analyze import analyze
+from diagnostics.report.fmt import saving
+from tests.app.test_pages import open_page
+
+SLOW, FIXED = "gpu-slow-loader", "gpu-slow-loader-fixed"
+
+
+@pytest.fixture
+def linked_pair(repo_root, tmp_path, monkeypatch):
+    runs = tmp_path / "runs"
+    for name in (SLOW, FIXED):
+        shutil.copytree(
+            repo_root.parent / "shared" / "gpu-runs" / "h200-default" / name, runs / name
+        )
+    manifest = json.loads((runs / FIXED / "run.json").read_text())
+    (runs / FIXED / "run.json").write_text(json.dumps({**manifest, "parent_run_id": SLOW}))
+    for name in ("PIPELINE_DOCTOR_TOKEN", "PIPELINE_DOCTOR_ALLOW_ANONYMOUS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PIPELINE_DOCTOR_RUNS_DIR", str(runs))
+    return runs
+
+
+@pytest.mark.slow
+def test_compare_sets_the_prediction_beside_the_measurement(linked_pair):
+    (finding,) = [f for f in analyze(linked_pair / SLOW).findings if f.rule == "too-few-workers"]
+    at = open_page("pages/5_Compare.py", {"a": SLOW, "b": FIXED})
+    assert not at.exception, at.exception
+    (info,) = [i.value for i in at.info if "predicted" in i.value]
+    assert info.startswith(f"too-few-workers predicted {saving(finding.estimated_saving_pct)}")
+    assert "; the re-run measured " in info and " of the prediction." in info
