@@ -31,8 +31,15 @@ if len(listings) < 2:
 
 ids = [run.run_id for run in listings]
 default_a, default_b = views.default_pair(listings)
-wanted_a = st.query_params.get("a") if st.query_params.get("a") in ids else default_a
-wanted_b = st.query_params.get("b") if st.query_params.get("b") in ids else default_b
+asked = {side: st.query_params.get(side) for side in ("a", "b")}
+for side, run_id in asked.items():
+    if run_id and run_id not in ids:  # a stale or mistyped link: say so, never swap silently
+        st.warning(
+            md_text(f"No run {run_id!r} in this runs folder: {side.upper()} shows another run."),
+            icon=":material/warning:",
+        )
+wanted_a = asked["a"] if asked["a"] in ids else default_a
+wanted_b = asked["b"] if asked["b"] in ids else default_b
 label = lambda run_id: views.run_choice_label(views.find_run(listings, run_id))  # noqa: E731
 pick_a, pick_b = st.columns(2)
 run_a = pick_a.selectbox("A (before)", ids, index=ids.index(wanted_a), format_func=label)

@@ -56,7 +56,10 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m trainer", description="The reference trainer.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    # _worker (one rank under torchrun) is internal: left out of the usage and the help
+    sub = parser.add_subparsers(
+        dest="command", required=True, parser_class=_Parser, metavar="{run,resume,list}"
+    )
     scenarios = "\n".join(f"  {name:14s} {text}" for name, text in SCENARIOS.items())
     scenarios += "\n  with --nproc-per-node 2 or more:\n" + "\n".join(
         f"  {name:14s} {text}" for name, text in DISTRIBUTED_SCENARIOS.items()
@@ -461,11 +464,14 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
     runs_dir = args.runs_dir or default_runs_dir()
     listings = list_runs(runs_dir)
+    if listings:  # tab-separated, one run a line under one header line
+        print("run\tscenario\tstatus\tsteps\tcreated (UTC)\treason")
     for run in listings:
         created = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(run.created_at))
         steps = f"{run.status.step}/{run.status.total_steps or '?'}"
+        what = run.scenario or (f"script {run.script}" if run.script else "-")
         print(
-            f"{run.run_id}\t{run.scenario or '-'}\t{run.status.status}\t{steps}\t{created}"
+            f"{run.run_id}\t{what}\t{run.status.status}\t{steps}\t{created}"
             + (f"\t{run.status.reason}" if run.status.reason else "")
         )
     if not listings:

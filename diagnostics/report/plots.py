@@ -16,13 +16,13 @@ A finding's evidence chart (a :class:`diagnostics.chart.Chart`, contract in
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import plotly.graph_objects as go
 import polars as pl
 from plotly.subplots import make_subplots
 
-from diagnostics.metrics import PEAK_MEMORY_NAMES
+from diagnostics.metrics import PEAK_MEMORY_NAMES, steady_steps
 from diagnostics.report.evidence_chart import finding_figure
 from diagnostics.report.figure_style import (
     MAX_LABEL_CHARS,
@@ -39,6 +39,7 @@ from diagnostics.report.figure_style import (
     series_names,
     thin,
 )
+from diagnostics.report.fmt import ms as fmt_ms
 
 __all__ = [
     "MAX_POINTS",
@@ -77,6 +78,53 @@ BREAKDOWN_PARTS = _parts(
     ("cpu_exec_us", "CPU exec"),
     ("other_us", "other"),
 )
+
+
+# a warm-up step this many times the steady steps' highest would flatten them: it is cut
+WARM_UP_CUT_RATIO = 1.5
+WARM_UP_FILL = "rgba(127, 127, 127, 0.15)"
+
+
+def _warm_up_steps(steps: pl.DataFrame) -> pl.DataFrame:
+    """The steps the statistics leave out (each phase's first: metrics.steady_steps)."""
+    timed = steps.filter(pl.col("step_time_ms").is_not_null() & pl.col("step").is_not_null())
+    steady = steady_steps(timed)
+    return timed.join(steady.select("step"), on="step", how="anti")
+
+
+def _mark_warm_up(fig: go.Figure, runs: Sequence[pl.DataFrame]) -> None:
+    """Shades the warm-up steps, which the statistics leave out, and keeps the y axis to the
+    steady steps' scale when a warm-up step would dwarf them (a 3 s first step beside 74 ms
+    waits): the cut bar is labelled with its time."""
+    frames = [s for s in runs if s is not None and s.height and "step_time_ms" in s.columns]
+    if not frames:
+        return
+    warm = [_warm_up_steps(s) for s in frames]
+    for step in sorted({int(v) for w in warm for v in w["step"].to_list()}):
+        fig.add_vrect(
+            x0=step - 0.5, x1=step + 0.5, fillcolor=WARM_UP_FILL, line_width=0, layer="below"
+        )
+    steady_tops = [steady_steps(s)["step_time_ms"].max() for s in frames]
+    top = max((float(t) for t in steady_tops if t is not None), default=None)
+    if top is None or top <= 0:
+        return
+    cut = pl.concat([w.select("step", "step_time_ms") for w in warm]).filter(
+        pl.col("step_time_ms") > WARM_UP_CUT_RATIO * top
+    )
+    if cut.height == 0:
+        return
+    ceiling = 1.25 * top
+    fig.update_yaxes(range=[0.0, ceiling])
+    for step, value in cut.iter_rows():
+        fig.add_annotation(
+            x=step,
+            y=ceiling,
+            yanchor="top",
+            text=f"warm-up ↑ {fmt_ms(value)}",
+            showarrow=False,
+            font={"size": 11, "color": "#555555"},
+            bgcolor="rgba(255, 255, 255, 0.8)",
+        )
 
 
 def _step_axis(steps: pl.DataFrame) -> pl.DataFrame:
@@ -130,6 +178,7 @@ def step_time_figure(steps: pl.DataFrame) -> go.Figure:
     layout(fig, title, "step", "time per step (ms)")
     fig.update_layout(barmode="stack", bargap=0.05)
     integer_axis(fig, x)
+    _mark_warm_up(fig, [steps])
     return fig
 
 
@@ -475,4 +524,5 @@ def compare_steps_figure(
     if not fig.data:
         return empty_figure(title, "No step records in either run", "step", "time (ms)")
     layout(fig, title, "step", "time per step (ms)")
+    _mark_warm_up(fig, [steps_a, steps_b])
     return fig

@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 
+from app_ui.safe_text import shown
 from diagnostics.analyze import analyze
 from diagnostics.report.fmt import saving
 from tests.app.test_pages import open_page
@@ -39,3 +40,11 @@ def test_compare_sets_the_prediction_beside_the_measurement(linked_pair):
     (info,) = [i.value for i in at.info if "predicted" in i.value]
     assert info.startswith(f"too-few-workers predicted {saving(finding.estimated_saving_pct)}")
     assert "; the re-run measured " in info and " of the prediction." in info
+
+
+@pytest.mark.slow
+def test_an_unknown_run_in_the_link_is_said_not_swapped_in_silently(linked_pair):
+    at = open_page("pages/5_Compare.py", {"a": "no-such-run", "b": FIXED})
+    assert not at.exception, at.exception
+    (warning,) = [shown(w.value) for w in at.warning]  # as the reader sees it
+    assert "No run 'no-such-run' in this runs folder: A shows another run." in warning

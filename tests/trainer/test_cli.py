@@ -94,9 +94,17 @@ def test_resume_refuses_what_is_not_a_resumable_run(tmp_path, tiny_run):
 def test_list_shows_runs_with_status_and_steps(tiny_run):
     result = run_trainer_cli(["list", "--runs-dir", str(tiny_run.parent)])
     assert result.returncode == 0
-    fields = result.stdout.strip().split("\t")
+    header, row = result.stdout.strip().splitlines()
+    assert header.split("\t") == ["run", "scenario", "status", "steps", "created (UTC)", "reason"]
+    fields = row.split("\t")
     # id, scenario, status, steps done/total (8 fine-tuning + 2 pre-training), created
     assert fields[:4] == [tiny_run.name, "healthy", "completed", "10/10"]
+
+
+def test_help_lists_the_public_commands_only():
+    result = run_trainer_cli(["--help"])
+    assert result.returncode == 0
+    assert "{run,resume,list}" in result.stdout and "_worker" not in result.stdout
 
 
 def test_list_of_an_empty_dir_says_so(tmp_path):
@@ -148,7 +156,7 @@ def test_a_malformed_run_is_listed_unreadable_and_refused_by_resume(tmp_path, na
     (bad.path / name).write_text(text)
     listed = run_trainer_cli(["list", "--runs-dir", str(tmp_path)])
     assert listed.returncode == 0, listed.stderr
-    rows = {line.split("\t")[0]: line.split("\t") for line in listed.stdout.splitlines()}
+    rows = {line.split("\t")[0]: line.split("\t") for line in listed.stdout.splitlines()[1:]}
     assert rows["good"][2] == "completed"
     assert rows["bad"][2] == "unreadable"
     assert rows["bad"][-1] == f"{bad.path / name}: {problem}"

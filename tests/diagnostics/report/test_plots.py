@@ -257,3 +257,35 @@ def test_long_runs_are_thinned():
     fig = plots.step_time_figure(steps)
     assert len(fig.data[0].x) <= plots.MAX_POINTS
     assert fig.data[0].x[0] == 1
+
+
+def _with_warm_up(first_ms: float) -> pl.DataFrame:
+    steps = simple_steps(6)  # 90 ms steps
+    return steps.with_columns(
+        step_time_ms=pl.when(pl.col("step") == 1).then(first_ms).otherwise(pl.col("step_time_ms")),
+        compute_ms=pl.when(pl.col("step") == 1)
+        .then(first_ms - 40.0)
+        .otherwise(pl.col("compute_ms")),
+    )
+
+
+def test_a_warm_up_step_is_marked_and_left_out_of_the_scale():
+    # step 1 (the phase's first, left out of the statistics) took 3 s beside 90 ms steps:
+    # the axis keeps the steady steps' scale and the cut bar says its time
+    for fig in (
+        plots.step_time_figure(_with_warm_up(3000.0)),
+        plots.compare_steps_figure(_with_warm_up(3000.0), simple_steps(6), "a", "b"),
+    ):
+        low, high = fig.layout.yaxis.range
+        assert low == 0.0 and 90.0 < high <= 1.25 * 90.0 + 1e-9
+        (note,) = [a.text for a in fig.layout.annotations]
+        assert note == "warm-up ↑ 3.00 s"
+        shaded = [(s.x0, s.x1) for s in fig.layout.shapes]
+        assert shaded == [(0.5, 1.5)]
+
+
+def test_a_warm_up_step_of_the_steady_scale_keeps_the_axis_as_plotly_sets_it():
+    fig = plots.step_time_figure(_with_warm_up(100.0))  # 100 ms beside 90: nothing to cut
+    assert fig.layout.yaxis.range is None
+    assert not fig.layout.annotations
+    assert [(s.x0, s.x1) for s in fig.layout.shapes] == [(0.5, 1.5)]  # still marked
