@@ -219,6 +219,9 @@ def _nested(key: str, value: Any) -> str:
     items = list(value)
     if all(_is_number(v) or v is None for v in items):
         texts = [MISSING if v is None else _scalar_value(key, v) for v in items]
+        if key == "steps" and len(items) == 2 and all(isinstance(v, int) for v in items):
+            # every rule's "steps" is [first, last] (rules.evidence.step_range): a range
+            return str(items[0]) if items[0] == items[1] else f"{items[0]}–{items[1]}"
         if "range" in key and len(items) == 2 and all(_is_number(v) for v in items):
             # a range as relative times: its length, never absolute timestamps as durations
             start, end = float(items[0]), float(items[1])
@@ -308,6 +311,15 @@ EVIDENCE_LABELS: dict[str, str] = {
 _WORDS = {
     "gpu": "GPU",
     "cpu": "CPU",
+    "io": "I/O",
+    "cuda": "CUDA",
+    "gemm": "GEMM",
+    "gemms": "GEMMs",
+    "nccl": "NCCL",
+    "mfu": "MFU",
+    "tf32": "TF32",
+    "bf16": "bf16",
+    "non": "non-",
     "htod": "host-to-device",
     "dtoh": "device-to-host",
     "h2d": "host-to-device copy",
@@ -334,7 +346,7 @@ def label(key: str) -> str:
     if key in EVIDENCE_LABELS:
         return EVIDENCE_LABELS[key]
     unit, before, after = _unit_of(key)
-    words = " ".join(_WORDS.get(w.lower(), w) for w in before + after)
+    words = " ".join(_WORDS.get(w.lower(), w) for w in before + after).replace("non- ", "non-")
     if unit is None:
         return words
     if unit == "pct":

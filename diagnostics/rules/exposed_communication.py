@@ -40,7 +40,7 @@ from diagnostics.model import AnalysisInputs
 from diagnostics.percent import pct
 from diagnostics.rules import examples as ex
 from diagnostics.rules.base import TRACE, Example, Finding, Fix, Need, Rule, Severity
-from diagnostics.rules.evidence import chart, config_value, r
+from diagnostics.rules.evidence import chart, config_value, r, step_range
 from diagnostics.thresholds import Thresholds
 
 # A reference-trainer run that all-reduced after backward (distributed.sync=after-backward,
@@ -133,7 +133,7 @@ class ExposedCommunication(Rule):
             "comm_wait_pct": r(wait, 1) if wait is not None else None,
             "exposed_transfer_pct": r(transfer_pct, 1),
             "ranks": self._ranks(inputs),
-            "steps": steps,
+            "steps": step_range(per_step["step"]),
             "chart": chart(
                 "bar",
                 "Communication per step",

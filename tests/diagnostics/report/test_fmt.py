@@ -25,7 +25,7 @@ from diagnostics.report import fmt
         ("samples_per_s", 80.0, "samples per s", "80"),
         ("runtime_s", 200.0, "runtime", "3 min 20 s"),
         ("num_workers", 0, "DataLoader workers now", "0"),
-        ("steps", [5, 10], "steps", "5, 10"),
+        ("steps", [5, 10], "steps", "5–10"),  # [first, last]: a range
         ("cpu_count", None, "CPU cores", "—"),
         (
             "io_ms_per_batch_from_config",
@@ -89,3 +89,23 @@ def test_unit_prices_show_the_digits_they_have():
     assert fmt.unit_price(5.0) == "$5.00" and fmt.unit_price(3.06) == "$3.06"
     assert fmt.unit_price(0.34) == "$0.34" and fmt.unit_price(1234.5) == "$1,234.50"
     assert fmt.unit_price(0.00001) == "$0.00001" and fmt.unit_price(None) == fmt.MISSING
+
+
+@pytest.mark.parametrize(
+    ("key", "text"),
+    [
+        ("io_ms_per_batch_measured", "I/O per batch measured"),  # was "Io per batch measured"
+        ("cuda_core_gemm_us", "CUDA core GEMM"),  # was "Cuda core gemm"
+        ("non_finite_steps", "non-finite steps"),  # was "non finite steps"
+        ("tf32_enabled", "TF32 enabled"),
+    ],
+)
+def test_labels_from_keys_read_as_written(key, text):
+    assert fmt.label(key) == text
+
+
+def test_a_findings_steps_read_as_the_range_they_are():
+    # every rule's "steps" is [first, last]: "2, 68" read as two steps
+    assert fmt.evidence_value("steps", [2, 68]) == "2–68"
+    assert fmt.evidence_value("steps", [5, 5]) == "5"
+    assert fmt.evidence_value("steps", 12) == "12"  # a count stays a count
