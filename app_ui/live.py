@@ -14,6 +14,7 @@ import streamlit as st
 from app_ui import auth, render
 from app_ui.safe_text import md_code, md_text
 from diagnostics import views
+from diagnostics.dotted import flatten_dotted
 from diagnostics.report import plots
 from diagnostics.runs import CANCEL_FILE, FINAL_STATES, RunFolder, RunFolderError
 from trainer import launch
@@ -28,6 +29,25 @@ def preset_values(scenario: str, size: str = "auto") -> dict[str, Any]:
     """Every dotted key's value under a scenario's preset at a size preset (what the form
     starts at; ``auto`` shows the cpu values, as the device is only known at run start)."""
     return build_config(scenario, {"model.size": size}).to_flat()
+
+
+def run_preset(run: RunFolder | None, names: list[str]) -> tuple[str, dict[str, Any]] | None:
+    """(scenario, every dotted key's value) of the trainer run the page follows, for the form
+    under its panel: after Re-run with fix the form holds what that run ran (the fix
+    included), so Start repeats it rather than launching the healthy defaults. None for a
+    script run, an unreadable one, or a scenario the form does not offer."""
+    if run is None:
+        return None
+    try:
+        manifest = run.manifest()
+    except (OSError, ValueError, RunFolderError):
+        return None
+    scenario = manifest.config.get("scenario")
+    if manifest.kind != "trainer" or scenario not in names:
+        return None
+    ran = flatten_dotted(manifest.config)
+    values = preset_values(str(scenario))
+    return str(scenario), {**values, **{k: v for k, v in ran.items() if k in values}}
 
 
 def remembered_scenario(names: list[str]) -> str:

@@ -40,6 +40,13 @@ if kind == "script":
 st.query_params.pop("launch", None)
 described = {**launch.SCENARIOS, **launch.DISTRIBUTED_SCENARIOS}
 names = list(described)
+followed = live.run_preset(watched, names)
+if followed is not None and st.session_state.get("launch_form_run") != watched.run_id:
+    # a run newly followed (a launch, a Re-run with fix, a link): the form takes its config
+    st.session_state["launch_form_run"] = watched.run_id
+    live.remember_scenario(followed[0])
+    st.session_state[live.form_key(views.SIZE_FIELD)] = "auto"
+    st.session_state["launch_form_values"] = followed
 scenario = st.selectbox(
     "Scenario",
     names,
@@ -53,12 +60,14 @@ st.session_state.setdefault(live.form_key(views.SIZE_FIELD), "auto")
 size = live.field_widget(views.SIZE_FIELD, fields["model.size"])
 preset = live.preset_values(scenario, size)
 errors: dict[str, str] = st.session_state["launch_errors"]
-# switching either puts that preset into the form's fields
-live.load_preset(
-    [f for _, section_fields in views.LAUNCH_FORM for f in section_fields],
-    preset,
-    f"{scenario}-{size}",
-)
+# switching either puts that preset into the form's fields; the followed run's own values
+# while the form is still on its scenario
+ran = st.session_state.get("launch_form_values")
+form_fields = [f for _, section_fields in views.LAUNCH_FORM for f in section_fields]
+if ran is not None and ran[0] == scenario and size == "auto":
+    live.load_preset(form_fields, ran[1], f"run-{st.session_state['launch_form_run']}")
+else:
+    live.load_preset(form_fields, preset, f"{scenario}-{size}")
 
 with st.form("launch"):
     values: dict[str, object] = {}

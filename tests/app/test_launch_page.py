@@ -138,3 +138,21 @@ def test_an_alert_set_on_the_form_reaches_the_webhook(empty_env, monkeypatch):
     state = run.alert()
     assert state.state == "sent" and state.http_status == 200
     assert len(hook.bodies) == 1 and runs[0].run_id in hook.bodies[0]["json"]["text"]
+
+
+@pytest.mark.slow
+def test_the_form_under_a_followed_run_holds_what_that_run_ran(monkeypatch, trained_runs):
+    # after Re-run with fix the page follows the re-run: the form below must hold its
+    # scenario and its settings (the fix included), not the healthy defaults, so that
+    # Start repeats it
+    monkeypatch.setenv("PIPELINE_DOCTOR_RUNS_DIR", str(trained_runs.runs_dir))
+    at = open_page("pages/1_Launch.py", {"run": trained_runs.fixed.name})
+    assert not at.exception
+    assert next(s for s in at.selectbox if s.label == "Scenario").value == "slow-loader"
+    number = {n.label: n.value for n in at.number_input}
+    assert number["DataLoader workers"] == 2  # the fix it ran with
+    assert number["Simulated storage latency per sample (ms)"] == 20  # conftest's QUICK_RUN
+    assert number["Fine-tuning steps"] == 6
+    # choosing another scenario still puts that scenario's preset in the form
+    next(s for s in at.selectbox if s.label == "Scenario").set_value("healthy").run()
+    assert {n.label: n.value for n in at.number_input}["DataLoader workers"] != 2
