@@ -40,13 +40,14 @@ if kind == "script":
 st.query_params.pop("launch", None)
 described = {**launch.SCENARIOS, **launch.DISTRIBUTED_SCENARIOS}
 names = list(described)
-followed = live.run_preset(watched, names)
-if followed is not None and st.session_state.get("launch_form_run") != watched.run_id:
+if watched is not None and st.session_state.get("launch_form_run") != watched.run_id:
     # a run newly followed (a launch, a Re-run with fix, a link): the form takes its config
     st.session_state["launch_form_run"] = watched.run_id
-    live.remember_scenario(followed[0])
-    st.session_state[live.form_key(views.SIZE_FIELD)] = "auto"
+    followed = live.run_preset(watched, names)
     st.session_state["launch_form_values"] = followed
+    if followed is not None:
+        live.remember_scenario(followed[0])
+        st.session_state[live.form_key(views.SIZE_FIELD)] = "auto"
 scenario = st.selectbox(
     "Scenario",
     names,

@@ -85,11 +85,15 @@ WARM_UP_CUT_RATIO = 1.5
 WARM_UP_FILL = "rgba(127, 127, 127, 0.15)"
 
 
-def _warm_up_steps(steps: pl.DataFrame) -> pl.DataFrame:
-    """The steps the statistics leave out (each phase's first: metrics.steady_steps)."""
+def _warm_up_and_top(steps: pl.DataFrame) -> tuple[pl.DataFrame, float | None]:
+    """The steps the statistics leave out (each phase's first: metrics.steady_steps), and
+    the highest steady step time."""
     timed = steps.filter(pl.col("step_time_ms").is_not_null() & pl.col("step").is_not_null())
     steady = steady_steps(timed)
-    return timed.join(steady.select("step"), on="step", how="anti")
+    top = steady["step_time_ms"].max()
+    return timed.join(steady.select("step"), on="step", how="anti"), (
+        float(top) if top is not None else None
+    )
 
 
 def _mark_warm_up(fig: go.Figure, runs: Sequence[pl.DataFrame]) -> None:
@@ -99,13 +103,12 @@ def _mark_warm_up(fig: go.Figure, runs: Sequence[pl.DataFrame]) -> None:
     frames = [s for s in runs if s is not None and s.height and "step_time_ms" in s.columns]
     if not frames:
         return
-    warm = [_warm_up_steps(s) for s in frames]
+    warm, tops = zip(*(_warm_up_and_top(s) for s in frames), strict=True)
     for step in sorted({int(v) for w in warm for v in w["step"].to_list()}):
         fig.add_vrect(
             x0=step - 0.5, x1=step + 0.5, fillcolor=WARM_UP_FILL, line_width=0, layer="below"
         )
-    steady_tops = [steady_steps(s)["step_time_ms"].max() for s in frames]
-    top = max((float(t) for t in steady_tops if t is not None), default=None)
+    top = max((t for t in tops if t is not None), default=None)
     if top is None or top <= 0:
         return
     cut = pl.concat([w.select("step", "step_time_ms") for w in warm]).filter(

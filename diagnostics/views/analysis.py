@@ -64,6 +64,22 @@ class Card:
 # cards per row, at most: four fit their values at 1280 px with the sidebar open
 CARDS_PER_ROW = 4
 
+# a key metric's card label, on a run's cards and on Compare's (the full name is the help)
+CARD_LABELS = {
+    "median_step_time_ms": "Median step time",
+    "data_wait_pct": "Data-wait share",
+    "gpu_kernel_utilization_pct": "GPU utilisation",
+    "gpu_busy_pct": "GPU busy",
+    "peak_memory_bytes": "Peak memory",
+    "mfu_pct": "MFU",
+    "counted_flops_utilization_pct": "HFU",
+}
+# what each peak-memory window covers, for the card's help
+_WINDOW_NOTES = {
+    ALL_STEPS: " (the run's step records, as the Memory chart shows them).",
+    PROFILED_WINDOW: " (the trace's memory events: only the steps the profiler recorded).",
+}
+
 
 def card_rows(count: int) -> list[int]:
     """How many cards each row holds: rows of at most CARDS_PER_ROW, as even as they go
@@ -90,42 +106,35 @@ def summary_cards(metrics: KeyMetrics) -> list[Card]:
     window = metrics.peak_memory_window
     return [
         Card(
-            "Median step time",
+            CARD_LABELS["median_step_time_ms"],
             fmt_ms(metrics.median_step_time_ms),
             "Half the steady-state steps (each phase's first step left out) were faster "
             "than this (data wait + copy + compute + optimiser).",
         ),
         Card(throughput_label, throughput, throughput_help),
         Card(
-            "GPU utilisation",
+            CARD_LABELS["gpu_kernel_utilization_pct"],
             fmt_pct(metrics.gpu_kernel_utilization_pct),
             f"{GPU_KERNEL_UTILISATION}: share of the profiled steps' span in which at least "
             "one kernel ran (any stream), as nvidia-smi and the TensorBoard plugin define "
             "GPU utilisation; without a trace, NVML's mean over the steps ('—' without a GPU).",
         ),
         Card(
-            "GPU busy",
+            CARD_LABELS["gpu_busy_pct"],
             fmt_pct(metrics.gpu_busy_pct),
             f"{GPU_BUSY}: share of the profiled steps' span in which any GPU work ran: "
             "kernels, copies or memsets, any stream (HTA's busy time). Needs a trace ('—' "
             "from NVML alone).",
         ),
         Card(
-            "Data-wait share",
+            CARD_LABELS["data_wait_pct"],
             fmt_pct(metrics.data_wait_pct),
             "Median over steady-state steps of each step's wait for its batch ÷ its step time.",
         ),
         Card(
-            f"Peak {memory}" if metrics.peak_memory_kind else "Peak memory",
+            f"Peak {memory}" if metrics.peak_memory_kind else CARD_LABELS["peak_memory_bytes"],
             fmt_bytes(metrics.peak_memory_bytes),
-            f"Highest {memory} over {window}"
-            + (
-                " (the run's step records, as the Memory chart shows them)."
-                if window == ALL_STEPS
-                else " (the trace's memory events: only the steps the profiler recorded)."
-                if window == PROFILED_WINDOW
-                else "."
-            )
+            f"Highest {memory} over {window}{_WINDOW_NOTES.get(window, '.')}"
             if window
             else "No memory figure in this input.",
         ),
@@ -141,7 +150,7 @@ def _flops_cards(metrics: KeyMetrics) -> list[Card]:
     model_label = metrics.mfu_label or MODEL_LABEL
     return [
         Card(
-            "MFU",
+            CARD_LABELS["mfu_pct"],
             fmt_pct(metrics.mfu_pct),
             f"{model_label[:1].upper() + model_label[1:]}: median over steady-state steps of "
             "the model's FLOPs (6N + 12·L·H·Q·T per token, PaLM appendix B, from the "
@@ -151,7 +160,7 @@ def _flops_cards(metrics: KeyMetrics) -> list[Card]:
             "precision not known.",
         ),
         Card(
-            "HFU",
+            CARD_LABELS["counted_flops_utilization_pct"],
             fmt_pct(metrics.counted_flops_utilization_pct),
             f"{COUNTED_LABEL[:1].upper() + COUNTED_LABEL[1:]}: median over profiler steps of "
             "the FLOPs the trace's operators did (counted from their recorded shapes, "

@@ -10,6 +10,7 @@ import polars as pl
 
 from diagnostics.metrics import key_metrics
 from diagnostics.report import fmt as report_fmt
+from diagnostics.views.analysis import CARD_LABELS
 from diagnostics.views.config import _config_text
 from diagnostics.views.fmt import fmt_bytes, fmt_ms, fmt_number, fmt_pct, fmt_rate, fmt_ratio
 from diagnostics.views.ranks import result_rank_view
@@ -82,23 +83,13 @@ class CompareCard:
     help: str | None = None
 
 
-# a comparison row's card label: the run cards' short names (views.analysis.summary_cards)
-_CARD_LABELS = {
-    "median_step_time_ms": "Median step time",
-    "data_wait_pct": "Data-wait share",
-    "gpu_kernel_utilization_pct": "GPU utilisation",
-    "gpu_busy_pct": "GPU busy",
-    "peak_memory_bytes": "Peak memory",
-}
-
-
 def comparison_card(row: Any) -> CompareCard:
     """One metric card: B's value and its change against A (green when it improved). An
     unchanged value (equal, or within compare.SAME_WITHIN) says so, with no arrow or colour:
     a red "↑ +0 %" would call noise a regression."""
     formatter = _UNIT_FORMAT.get(row.unit, fmt_number)
     full = row.label[:1].upper() + row.label[1:]
-    label = _CARD_LABELS.get(row.key, full)
+    label = CARD_LABELS.get(row.key, full)
     value = formatter(row.b)
     if row.unit.endswith("/s"):  # "25.1 samples/s" does not fit a card: the unit goes up
         label, value = row.unit[:1].upper() + row.unit[1:], fmt_rate(row.b, "").strip()

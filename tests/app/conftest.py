@@ -116,61 +116,51 @@ class AppServer:
     runs_dir: Path
 
 
-def start_server(runs_dir: Path, log_path: Path) -> tuple[subprocess.Popen[bytes], AppServer]:
-    port = _free_port()
-    env = {**os.environ, "PIPELINE_DOCTOR_RUNS_DIR": str(runs_dir)}
-    log = log_path.open("wb")
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "streamlit",
-            "run",
-            "app.py",
-            "--server.address",
-            "127.0.0.1",
-            "--server.port",
-            str(port),
-            "--server.headless",
-            "true",
-            "--browser.gatherUsageStats",
-            "false",
-            "--server.fileWatcherType",
-            "none",
-        ],
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"streamlit exited early:\n{log_path.read_text()[-3000:]}")
+@contextlib.contextmanager
+def served(
+    command: list[str], *, port: int, cwd: Path, env: dict[str, str], log_path: Path
+) -> Iterator[str]:
+    """Runs ``command`` (a server on ``port``) until it answers its health check and yields
+    its URL; stopped after the ``with`` block (killed if it lingers). Its output goes to
+    ``log_path``, whose tail is the failure's message when it exits or never gets healthy."""
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
-                if response.status == 200:
-                    return process, AppServer(url, runs_dir)
-        except OSError:
-            time.sleep(0.3)
-    process.terminate()
-    raise RuntimeError(f"streamlit did not become healthy:\n{log_path.read_text()[-3000:]}")
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 90
+            while True:
+                if process.poll() is not None:
+                    raise RuntimeError(f"the server exited early:\n{log_path.read_text()[-3000:]}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"the server did not become healthy:\n{log_path.read_text()[-3000:]}"
+                    )
+                try:
+                    with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2):
+                        break
+                except OSError:
+                    time.sleep(0.3)
+            yield url
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
 
 @contextlib.contextmanager
 def serving(runs_dir: Path, log_path: Path) -> Iterator[AppServer]:
-    """The app on ``runs_dir`` for the ``with`` block; stopped (killed if it lingers) after."""
-    process, server = start_server(runs_dir, log_path)
-    try:
-        yield server
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    """`streamlit run app.py` on ``runs_dir`` for the ``with`` block."""
+    port = _free_port()
+    command = [sys.executable, "-m", "streamlit", "run", "app.py"]
+    command += ["--server.address", "127.0.0.1", "--server.port", str(port)]
+    command += ["--server.headless", "true", "--browser.gatherUsageStats", "false"]
+    command += ["--server.fileWatcherType", "none"]
+    env = {**os.environ, "PIPELINE_DOCTOR_RUNS_DIR": str(runs_dir)}
+    with served(command, port=port, cwd=REPO_ROOT, env=env, log_path=log_path) as url:
+        yield AppServer(url, runs_dir)
 
 
 @pytest.fixture(scope="module")

@@ -18,14 +18,13 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
 
 from diagnostics.runs import RunFolder, list_runs
-from tests.app.conftest import REPO_ROOT, _free_port, screenshot
+from tests.app.conftest import REPO_ROOT, AppServer, _free_port, screenshot, served
 from tests.app.test_e2e import goto, wait_idle
 from tests.probe.helpers import SLOW_LOADER
 
@@ -140,74 +139,49 @@ def test_profile_then_app_in_one_folder_meet_and_the_rerun_is_linked(browser, tm
     parent = run_dir.name
 
     port = _free_port()
-    log = (tmp_path / "app.log").open("w")
-    server = subprocess.Popen(
-        _pipeline_doctor("app", "--port", str(port)),
-        cwd=project,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    context = None
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 90
-        while True:
-            assert server.poll() is None, (tmp_path / "app.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "the app did not become healthy"
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2):
-                    break
-            except OSError:
-                time.sleep(0.3)
-        served = (tmp_path / "app.log").read_text()
-        assert f"runs folder: {project / 'runs'}" in served
-        assert f"scripts may be launched from {project}" in served
+    command = _pipeline_doctor("app", "--port", str(port))
+    log_path = tmp_path / "app.log"
+    with served(command, port=port, cwd=project, env=env, log_path=log_path) as url:
+        started = log_path.read_text()
+        assert f"runs folder: {project / 'runs'}" in started
+        assert f"scripts may be launched from {project}" in started
 
         context = browser.new_context(viewport={"width": 1400, "height": 1000})
-        page = context.new_page()
-        page.set_default_timeout(30_000)
-        server_url = type("Server", (), {"url": url})()
-        goto(page, server_url, f"Run_detail?run={parent}")
-        finding = page.locator('[data-testid="stExpander"]').filter(has_text="too-few-workers")
-        finding = finding.first
-        finding.wait_for(timeout=60_000)
-        button = finding.get_by_role("button", name="Re-run with fix")
-        _unfold(finding, button)
-        # the command to copy names this folder's runs and the parent: a re-run from a
-        # terminal is linked too
-        shown = (
-            f"pipeline-doctor profile --runs-dir {project / 'runs'} --parent-run-id {parent} "
-            "--no-trace --override dataloader.num_workers="
-        )
-        expect(finding.get_by_text(shown).first).to_be_visible()
-        expect(button).to_be_enabled()
-        screenshot(page, "script-run-detail")
-        _unfold(finding, button)  # the full-page shot's resize can fold it again
-        button.click()
-        page.wait_for_url(re.compile(r"/Launch\?run="), timeout=60_000)
-        wait_idle(page)
-        children = [r for r in list_runs(project / "runs") if r.parent_run_id == parent]
-        assert len(children) == 1
-        rerun = RunFolder(children[0].path)
-        deadline = time.monotonic() + 180
-        while not rerun.status().is_final and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert rerun.status().status == "completed", rerun.log_tail(2000)
-        manifest = rerun.manifest()
-        assert manifest.kind == "script" and manifest.config["profiler"] == {"enabled": False}
-        assert list(manifest.applied_patch) == ["dataloader.num_workers"]
-        goto(page, server_url, f"Run_detail?run={rerun.run_id}")
-        expect(page.get_by_text(f"Re-run of {parent} with").first).to_be_visible()
-        expect(page.get_by_role("link", name="Compare with the original")).to_be_visible()
-    finally:
-        if context is not None:
-            context.close()
-        server.terminate()
         try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        log.close()
+            page = context.new_page()
+            page.set_default_timeout(30_000)
+            server_url = AppServer(url, project / "runs")
+            goto(page, server_url, f"Run_detail?run={parent}")
+            finding = page.locator('[data-testid="stExpander"]').filter(has_text="too-few-workers")
+            finding = finding.first
+            finding.wait_for(timeout=60_000)
+            button = finding.get_by_role("button", name="Re-run with fix")
+            _unfold(finding, button)
+            # the command to copy names this folder's runs and the parent: a re-run from a
+            # terminal is linked too
+            shown = (
+                f"pipeline-doctor profile --runs-dir {project / 'runs'} --parent-run-id {parent} "
+                "--no-trace --override dataloader.num_workers="
+            )
+            expect(finding.get_by_text(shown).first).to_be_visible()
+            expect(button).to_be_enabled()
+            screenshot(page, "script-run-detail")
+            _unfold(finding, button)  # the full-page shot's resize can fold it again
+            button.click()
+            page.wait_for_url(re.compile(r"/Launch\?run="), timeout=60_000)
+            wait_idle(page)
+            children = [r for r in list_runs(project / "runs") if r.parent_run_id == parent]
+            assert len(children) == 1
+            rerun = RunFolder(children[0].path)
+            deadline = time.monotonic() + 180
+            while not rerun.status().is_final and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert rerun.status().status == "completed", rerun.log_tail(2000)
+            manifest = rerun.manifest()
+            assert manifest.kind == "script" and manifest.config["profiler"] == {"enabled": False}
+            assert list(manifest.applied_patch) == ["dataloader.num_workers"]
+            goto(page, server_url, f"Run_detail?run={rerun.run_id}")
+            expect(page.get_by_text(f"Re-run of {parent} with").first).to_be_visible()
+            expect(page.get_by_role("link", name="Compare with the original")).to_be_visible()
+        finally:
+            context.close()
