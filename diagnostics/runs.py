@@ -166,6 +166,10 @@ def _schemas() -> dict[str, dict[str, pl.DataType]]:
     samples: dict[str, pl.DataType] = {
         "wall_time": pl.Float64,
         "cpu_percent": pl.Float64,  # whole host, all cores (100 = one core busy... x cores)
+        # the training process's and its DataLoader workers' share of it since the previous
+        # sample (same unit); what is left of cpu_percent is other processes' (null: unknown)
+        "trainer_cpu_percent": pl.Float64,
+        "workers_cpu_percent": pl.Float64,
         "trainer_rss_bytes": pl.Int64,
         "workers_rss_bytes": pl.Int64,  # sum over live DataLoader worker processes (USS-free RSS)
         "worker_count": pl.Int64,

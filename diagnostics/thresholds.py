@@ -80,6 +80,14 @@ class Thresholds:
         "training process (measured 2.5x faster steps on the slow-loader e2e), so the bare "
         "ratio left the fixed run loader-bound; 1.5x kept it ahead",
     )
+    worker_count_tolerance_pct: float = _t(
+        10.0,
+        "a whole worker count within this share of the headroom target is recommended as it "
+        "is, instead of one more worker, %",
+        "ours: the headroom is already a 1.5x margin; two identical script runs whose load / "
+        "compute medians differed by noise either side of a whole count were told 2 and 3 "
+        "workers",
+    )
     # -- worker-restarts ------------------------------------------------------------------
     epoch_start_wait_ratio: float = _t(
         5.0,

@@ -110,6 +110,9 @@ class SystemSampler(NullSampler):
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="system-sampler", daemon=True)
         self._workers: dict[int, psutil.Process] = {}
+        # CPU seconds each process had used at the previous tick, and when that was
+        self._cpu_seconds_then: dict[int, float] = {}
+        self._tick_then: float | None = None
         self.samples_taken = 0
 
     def start(self) -> None:
@@ -120,30 +123,61 @@ class SystemSampler(NullSampler):
         if self._thread.is_alive():
             self._thread.join(timeout=5.0)
 
-    def _workers_rss(self) -> tuple[int, int]:
+    def _workers_usage(self) -> tuple[int, int, dict[int, float]]:
+        """The workers' summed RSS, their count, and each one's CPU seconds so far."""
         live = set(child_pids(self._pid))
         for gone in set(self._workers) - live:
             del self._workers[gone]
         total = 0
+        cpu_seconds: dict[int, float] = {}
         for pid in live:
             process = self._workers.get(pid)
             try:
                 if process is None:
                     process = self._workers[pid] = psutil.Process(pid)
                 rss = process.memory_info().rss
+                cpu_seconds[pid] = _cpu_seconds(process)
             except psutil.Error:  # exited between the listing and the read
                 rss = 0
             if rss == 0:  # gone, or a zombie not yet reaped: no memory, not a worker any more
                 self._workers.pop(pid, None)
+                cpu_seconds.pop(pid, None)
             total += rss
-        return total, len(self._workers)
+        return total, len(self._workers), cpu_seconds
+
+    def _cpu_percents(self, workers_cpu: dict[int, float]) -> tuple[float | None, float | None]:
+        """The training process's and its workers' CPU since the previous tick (100 = one
+        core busy), so that the host's figure minus these is what other processes used.
+        A worker first seen now was forked since the previous tick: all its CPU is new."""
+        now = time.monotonic()
+        try:
+            trainer_cpu = _cpu_seconds(self._process)
+        except psutil.Error:
+            return None, None
+        then, elapsed = self._cpu_seconds_then, None
+        if self._tick_then is not None:
+            elapsed = now - self._tick_then
+        self._cpu_seconds_then = {self._pid: trainer_cpu, **workers_cpu}
+        self._tick_then = now
+        if elapsed is None or elapsed <= 0:
+            return None, None
+        trainer_pct = 100.0 * max(0.0, trainer_cpu - then.get(self._pid, trainer_cpu)) / elapsed
+        workers_pct = (
+            100.0
+            * sum(max(0.0, used - then.get(pid, 0.0)) for pid, used in workers_cpu.items())
+            / elapsed
+        )
+        return trainer_pct, workers_pct
 
     def sample(self, nvml: Nvml) -> list[dict[str, Any]]:
-        workers_rss, worker_count = self._workers_rss()
+        workers_rss, worker_count, workers_cpu = self._workers_usage()
+        trainer_cpu_pct, workers_cpu_pct = self._cpu_percents(workers_cpu)
         host = {
             "wall_time": time.time(),
             # summed over cores: 100 = one core fully busy, 100 x cores = the whole host
             "cpu_percent": float(sum(psutil.cpu_percent(percpu=True))),
+            "trainer_cpu_percent": trainer_cpu_pct,
+            "workers_cpu_percent": workers_cpu_pct,
             "trainer_rss_bytes": self._process.memory_info().rss,
             "workers_rss_bytes": workers_rss,
             "worker_count": worker_count,
@@ -156,6 +190,7 @@ class SystemSampler(NullSampler):
         if not nvml.available:
             self._note(f"NVML unavailable ({nvml.reason}): samples carry no GPU figures")
         psutil.cpu_percent(percpu=True)  # primes the counters: the first call returns 0
+        self._cpu_percents(self._workers_usage()[2])  # and ours, over the same interval
         next_tick = time.monotonic() + self._interval_s
         try:
             while not self._stop.wait(max(0.0, next_tick - time.monotonic())):
@@ -167,6 +202,11 @@ class SystemSampler(NullSampler):
             self._note(f"system sampler stopped: {type(exc).__name__}: {exc}")
         finally:
             nvml.close()
+
+
+def _cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
 
 
 def make_sampler(sink: Sink, note: NoteSink, *, enabled: bool, sample_hz: float) -> NullSampler:

@@ -24,10 +24,16 @@ How to fix
     Raise ``num_workers``. The recommended count comes from the evidence: the time to load
     one batch (with ``w`` workers a loader-bound step takes ``load / w``; with none, the wait
     *is* the load) over the compute time of a step, so that the workers together produce a
-    batch per step. It is capped by the cores left after the training process, counting
-    only the CPU part of a worker's time when the storage latency is known from the config
-    (a worker sleeping on I/O does not occupy a core), and never above SageMaker's 200% of
-    cores. Keep workers alive between epochs with ``persistent_workers=True``.
+    batch per step; a whole count within a tolerance of that target is taken as it is, so
+    that medians a little either side of a whole number give the same advice. It is capped
+    by the cores actually free: the machine's, less those the training process keeps (one,
+    or what it measured using once the loading is in workers) and those other processes
+    used (medians of the system samples, which split the host's CPU into the training
+    process's, its workers' and the rest; where they do not, the text says other processes
+    were not recorded). Only the CPU part of a worker's time counts when the storage latency
+    is known from the config or measured (a worker sleeping on I/O does not occupy a core),
+    and never above SageMaker's 200% of cores. Keep workers alive between epochs with
+    ``persistent_workers=True``.
 
     On a script run (``pipeline-doctor profile``) the finding names the line that built
     the DataLoader the step waited on, with its actual arguments, rewrites that call, and
@@ -38,6 +44,7 @@ How to fix
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import polars as pl
@@ -67,6 +74,7 @@ from diagnostics.rules.evidence import (
     r,
 )
 from diagnostics.rules.stats import median
+from diagnostics.sources import RunData
 from diagnostics.thresholds import Thresholds
 
 # SageMaker Debugger's Dataloader rule wants workers between 70% and 200% of the cores.
@@ -74,6 +82,8 @@ MAX_WORKERS_PER_CORE = 2.0
 # A trace's DataLoader range names the iterator class, which tells whether workers run.
 SINGLE_PROCESS_ITER = "_SingleProcessDataLoaderIter"
 MULTI_PROCESS_ITER = "_MultiProcessingDataLoaderIter"
+# system samples (ticks) that must split the host's CPU before other processes' use counts
+MIN_CPU_TICKS = 3
 
 FIX_CODE = """\
 # before: every batch is loaded inside the training loop
@@ -88,28 +98,65 @@ loader = DataLoader(
 """
 
 
+@dataclass(frozen=True)
+class CoresInUse:
+    """Cores busy outside the DataLoader workers, medians over the run's system samples:
+    other processes (the host's CPU less the training process's and its workers') and the
+    training process itself."""
+
+    other_processes: float
+    training_process: float
+
+
+def cores_in_use(run: RunData | None) -> CoresInUse | None:
+    """None where the samples do not split the host's CPU (a bare trace, an older run)."""
+    if run is None or run.samples.height == 0:
+        return None
+    columns = ("cpu_percent", "trainer_cpu_percent", "workers_cpu_percent")
+    if any(name not in run.samples.columns for name in columns):
+        return None
+    # one row per GPU per tick: the host's figures repeat on each
+    ticks = run.samples.filter(
+        pl.all_horizontal(pl.col(name).is_not_null() for name in columns)
+    ).unique("wall_time", keep="first", maintain_order=True)
+    if ticks.height < MIN_CPU_TICKS:
+        return None
+    other = (
+        pl.col("cpu_percent") - pl.col("trainer_cpu_percent") - pl.col("workers_cpu_percent")
+    ).clip(lower_bound=0.0).median() / 100.0
+    trainer = pl.col("trainer_cpu_percent").median() / 100.0
+    row = ticks.select(other.alias("other"), trainer.alias("trainer")).row(0)
+    return CoresInUse(other_processes=float(row[0]), training_process=float(row[1]))
+
+
 def recommend_workers(
     *,
     load_ms: float,
     compute_ms: float,
     cores: int | None,
-    reserved_cores: int,
+    reserved_cores: float,
     io_ms: float = 0.0,
     headroom: float = 1.0,
+    busy_cores: float = 0.0,
+    tolerance_pct: float = 0.0,
 ) -> tuple[int, int | None, bool]:
     """(recommended workers, core cap or None, capped?) for one batch load and one step.
 
-    ``needed`` workers deliver a batch per compute step, with ``headroom`` to spare. Each worker keeps
-    a core busy for the CPU part of its load (``load - io``) only, so the cores spared
-    for the workers can host ``spare x load / cpu_load`` of them.
+    ``needed`` workers deliver a batch per compute step, with ``headroom`` to spare; a
+    whole count within ``tolerance_pct`` of that target is taken as it is, so that medians
+    a little either side of a whole number do not flip the advice. Each worker keeps a
+    core busy for the CPU part of its load (``load - io``) only, so the cores free for
+    the workers (those left after the training process and ``busy_cores`` used by other
+    processes) can host ``free x load / cpu_load`` of them.
     """
-    needed = max(1, math.ceil(headroom * load_ms / max(compute_ms, 1e-6) - 1e-9))
+    target = headroom * load_ms / max(compute_ms, 1e-6)
+    needed = max(1, math.ceil(target / (1.0 + tolerance_pct / 100.0) - 1e-9))
     if cores is None:
         return needed, None, False
-    spare = max(1, cores - reserved_cores)
+    free = max(0.0, max(1.0, cores - reserved_cores) - busy_cores)
     cpu_ms = max(load_ms - io_ms, 0.0)
-    by_duty_cycle = math.inf if cpu_ms <= 0 else spare * load_ms / cpu_ms
-    cap = max(1, int(min(by_duty_cycle, MAX_WORKERS_PER_CORE * cores)))
+    by_duty_cycle = math.inf if cpu_ms <= 0 else free * load_ms / cpu_ms
+    cap = max(1, int(min(by_duty_cycle, MAX_WORKERS_PER_CORE * cores) + 1e-9))
     return min(needed, cap), cap, needed > cap
 
 
@@ -152,6 +199,21 @@ def _measured_io_ms(inputs: AnalysisInputs, load_ms: float) -> float | None:
     return load_ms * max(0.0, 1.0 - loader.wait_cpu_ms / loader.wait_ms)
 
 
+def _cap_text(
+    cores: int | None, cap: int | None, capped: bool, in_use: CoresInUse | None, main: float
+) -> str:
+    if cores is None or cap is None:
+        return "CPU count unknown: do not exceed the cores you can spare"
+    if in_use is None:
+        cores_text = f"{cores} CPU cores (other processes' use not recorded)"
+    else:
+        cores_text = (
+            f"{cores} CPU cores, {in_use.other_processes:.1f} of them busy with other "
+            f"processes and {main:.1f} kept for the training process"
+        )
+    return f"capped at {cap} by {cores_text}" if capped else f"{cores_text}, allow {cap}"
+
+
 class TooFewWorkers(Rule):
     id = "too-few-workers"
     title = "The training step waits for the DataLoader"
@@ -177,6 +239,7 @@ class TooFewWorkers(Rule):
         "dataloader_wait_min_ms",
         "cores_reserved_for_main",
         "worker_headroom",
+        "worker_count_tolerance_pct",
     )
 
     def check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:
@@ -265,13 +328,22 @@ class TooFewWorkers(Rule):
         if measured_io_ms is not None:
             io_ms = measured_io_ms
         cores = cpu_count(inputs)
+        in_use = cores_in_use(inputs.run)
+        # the training process keeps its reserved cores, or what it measured using when the
+        # loading is already in workers (without workers its CPU includes the loading,
+        # which moves to them)
+        main_cores = float(thresholds.cores_reserved_for_main)
+        if in_use is not None and workers:
+            main_cores = max(main_cores, in_use.training_process)
         recommended, cap, capped = recommend_workers(
             load_ms=load,
             compute_ms=compute,
             cores=cores,
-            reserved_cores=thresholds.cores_reserved_for_main,
+            reserved_cores=main_cores,
             io_ms=io_ms,
             headroom=thresholds.worker_headroom,
+            busy_cores=in_use.other_processes if in_use is not None else 0.0,
+            tolerance_pct=thresholds.worker_count_tolerance_pct,
         )
         at_cap = bool(workers) and cap is not None and int(workers) >= cap
         if workers:
@@ -294,15 +366,7 @@ class TooFewWorkers(Rule):
             else Severity.MEDIUM
         )
         worker_text = "unknown" if workers is None else str(workers)
-        cap_text = (
-            (
-                f"capped at {cap} by {cores} CPU cores"
-                if capped
-                else f"{cores} CPU cores allow {cap}"
-            )
-            if cores is not None
-            else "CPU count unknown: do not exceed the cores you can spare"
-        )
+        cap_text = _cap_text(cores, cap, capped, in_use, main_cores)
         evidence = {
             "source": m["source"],
             "data_wait_share_pct": r(share, 1),
@@ -320,6 +384,9 @@ class TooFewWorkers(Rule):
             "io_ms_per_batch_measured": r(measured_io_ms) if measured_io_ms is not None else None,
             "num_workers": workers,
             "cpu_count": cores,
+            # medians over the system samples; None where they do not split the host's CPU
+            "cpu_cores_other_processes": r(in_use.other_processes, 2) if in_use else None,
+            "cpu_cores_training_process": r(in_use.training_process, 2) if in_use else None,
             "worker_cap": cap,
             "recommended_num_workers": recommended,
             "threshold_pct": thresholds.dataloader_share_min_pct,

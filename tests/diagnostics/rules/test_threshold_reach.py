@@ -36,6 +36,7 @@ SIZING = {
     "tensor_core_bf16_step_ratio",
     "cores_reserved_for_main",
     "worker_headroom",
+    "worker_count_tolerance_pct",
     "launch_delay_outlier_us",  # says whether launches queue, in the evidence
     "straggler_cause_min_share_pct",  # names the straggler's cause
     "snapshot_oom_site_min_pct",  # names the out-of-memory error's cause (one site or many)
