@@ -191,6 +191,7 @@ SCENARIO_NAMES = (
     "small-batch",
     "fp32",
     "per-sample-lookups",
+    "unpruned-vocab",
 )
 
 

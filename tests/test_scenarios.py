@@ -62,6 +62,7 @@ DESIGNED = {
     "slow-loader": "too-few-workers",
     "unstable": "unstable-gradients",
     "leak": "memory-leak",
+    "unpruned-vocab": "unused-embedding-rows",
 }
 # rules that need a CUDA device or a CUDA trace: on a CPU run they must say so
 GPU_ONLY = (
@@ -181,19 +182,15 @@ def scenario_results(tmp_path_factory) -> dict[str, AnalysisResult]:
 
 @pytest.fixture(scope="session")
 def fixed_results(scenario_results, tmp_path_factory) -> dict[str, AnalysisResult]:
-    """Each designed scenario re-run with its finding's config patch, plus slow-loader again
-    unpatched as the speed baseline that shares the fixed runs' machine load, and healthy
-    with the unused-embedding-rows patch (a pruned vocabulary)."""
+    """Each designed scenario re-run with its finding's config patch (unpruned-vocab's: a
+    pruned vocabulary), plus slow-loader again unpatched as the speed baseline that shares
+    the fixed runs' machine load."""
     runs_dir = tmp_path_factory.mktemp("rule_fixes")
     jobs = {"slow-loader-baseline": ["--scenario", "slow-loader", *BASE_ARGS, *NO_PROFILER]}
     restarts = finding(scenario_results["workers-not-persistent"], "worker-restarts")
     assert restarts is not None, "workers, not persistent: no restarts found"
     jobs["healthy"] = ["--scenario", "healthy", *BASE_ARGS, *NO_PROFILER]
     jobs["healthy"] += set_args(restarts.fix.config_patch)
-    unused_rows = finding(scenario_results["healthy"], "unused-embedding-rows")
-    assert unused_rows is not None, "healthy: no unused-embedding-rows finding"
-    jobs["healthy-pruned"] = ["--scenario", "healthy", *BASE_ARGS, *NO_PROFILER]
-    jobs["healthy-pruned"] += set_args(unused_rows.fix.config_patch)
     for scenario, rule in DESIGNED.items():
         found = finding(scenario_results[scenario], rule)
         assert found is not None and found.fix.config_patch, f"{scenario}: no {rule} patch"
@@ -220,13 +217,21 @@ def test_healthy_fires_none_of_the_five(scenario_results):
     result = scenario_results["healthy"]
     fired = {f.rule for f in result.findings}
     assert not fired & set(CORE_RULE_IDS), [f.title for f in result.findings]
+    # its vocabulary is pruned to the ids the data uses: no low finding for rows never fed
+    assert result.run.config["data"]["prune_vocab"] is True
+    assert "unused-embedding-rows" not in fired, [f.title for f in result.findings]
     # its worker keeps batches ready: past each epoch's first batch, none is waited on to load
     steps = result.run.steps.filter(pl.col("phase") == "finetune")
     assert steps["loading_wait_ms"].null_count() == 0
     assert steps["loading_wait_ms"].median() < 1.0
     # and the run-based ones did judge it: quiet, not skipped
     skipped = {s.rule for s in result.skipped}
-    assert {"too-few-workers", "unstable-gradients", "memory-leak"}.isdisjoint(skipped)
+    assert {
+        "too-few-workers",
+        "unstable-gradients",
+        "memory-leak",
+        "unused-embedding-rows",
+    }.isdisjoint(skipped)
 
 
 def test_gpu_only_rules_say_they_were_skipped_and_why(scenario_results):
@@ -389,14 +394,16 @@ def test_worker_restarts_patch_for_the_sharded_dataset_switches_to_the_map_datas
     assert config.data.dataset == "map" and config.data.persistent_workers
 
 
-def test_unused_embedding_rows_fires_on_healthy_with_the_recorded_counts(scenario_results):
-    # It fires on the default config, correctly. WordPiece training keeps every character
+def test_unused_embedding_rows_fires_on_unpruned_vocab_with_the_recorded_counts(
+    scenario_results,
+):
+    # It fires on the tokenizer's whole vocabulary, correctly. WordPiece training keeps every character
     # (and its "##" continuation) and every intermediate merge in the vocabulary, but
     # greedy longest-match tokenisation of the same texts emits mostly the longest pieces:
     # most rows are never fed to the model. And data.vocab_size (3000 here, or 20000) only
     # caps the vocabulary: the corpus supports a few hundred tokens, and the model's
     # embedding has exactly the tokenizer's rows, so the counts are against those.
-    result = scenario_results["healthy"]
+    result = scenario_results["unpruned-vocab"]
     found = finding(result, "unused-embedding-rows")
     assert found is not None
     ev = found.evidence
@@ -426,13 +433,13 @@ def test_unused_embedding_rows_fires_on_healthy_with_the_recorded_counts(scenari
     # data.vocab_size could not remove these rows (the alphabet stays whatever the size)
     patch = found.fix.config_patch
     assert patch == {"data.prune_vocab": True}
-    assert build_config("healthy", patch).data.prune_vocab is True
+    assert build_config("unpruned-vocab", patch).data.prune_vocab is True
 
 
 def test_pruned_vocabulary_makes_unused_embedding_rows_disappear(scenario_results, fixed_results):
-    before = scenario_results["healthy"]
+    before = scenario_results["unpruned-vocab"]
     found = finding(before, "unused-embedding-rows")
-    pruned = fixed_results["healthy-pruned"]
+    pruned = fixed_results["unpruned-vocab"]
     assert pruned.run.config["data"]["prune_vocab"] is True
     assert finding(pruned, "unused-embedding-rows") is None
     assert "unused-embedding-rows" not in {s.rule for s in pruned.skipped}  # judged, quiet
@@ -460,7 +467,7 @@ def test_pruned_vocabulary_makes_unused_embedding_rows_disappear(scenario_result
 
 
 def test_pruned_run_still_trains(fixed_results):
-    run = fixed_results["healthy-pruned"].run
+    run = fixed_results["unpruned-vocab"].run
     assert run.status.status == "completed" and run.steps.height == 24
     losses = run.steps["loss"]
     # fine-tuning from random init: the last five steps' mean loss is below the first five's

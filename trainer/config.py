@@ -113,8 +113,9 @@ class DataConfig:
     )
     # the seed pipeline's pruning: WordPiece keeps its whole alphabet and every intermediate
     # merge, most of which the tokenised data never contains; data.vocab_size cannot shed them
+    # on in the healthy baseline; the unpruned-vocab scenario turns it off
     prune_vocab: bool = _spec(
-        False,
+        True,
         "embedding rows only for the token ids the training data uses (+ special tokens); "
         "other ids become [UNK]",
     )
@@ -290,7 +291,8 @@ class TrainerConfig:
 
 
 SCENARIOS: dict[str, str] = {
-    "healthy": "a well-configured baseline: persistent workers, pinned memory, clipping",
+    "healthy": "a well-configured baseline: persistent workers, pinned memory, clipping, "
+    "a vocabulary pruned to the ids the data uses",
     "slow-loader": "no workers, tokenising on the fly and 2 ms simulated storage latency per sample",
     "no-pin-memory": "pageable host batches with non_blocking copies (no effect on CPU)",
     "unstable": "a learning rate far too high, no clipping: grad-norm spikes, then NaN (fp16 without GradScaler on CUDA)",
@@ -299,6 +301,8 @@ SCENARIOS: dict[str, str] = {
     "fp32": "no AMP and TF32 off: every matmul in full fp32 on CUDA cores, Tensor Cores idle",
     "per-sample-lookups": "an LMDB embedding store read with one get per sample, 2 ms per "
     "read, no workers",
+    "unpruned-vocab": "the tokenizer's whole vocabulary as embedding rows: WordPiece keeps "
+    "its alphabet and merges, and most rows are never fed",
 }
 
 # Scenarios of a job under torchrun (``--nproc-per-node 2`` or more); kept apart from
@@ -345,6 +349,7 @@ SCENARIO_PRESETS: dict[str, dict[str, Any]] = {
         "data.store_latency_ms": 2.0,
         "data.num_workers": 0,
     },
+    "unpruned-vocab": {"data.prune_vocab": False},
 }
 
 # The sizing fields under each model.size. "cpu" is the defaults (a CPU CI run takes

@@ -41,6 +41,7 @@ EXPECTED: dict[str, str | None] = {
     "small-batch": "batch-too-small",
     "fp32": "tensor-cores-unused",
     "per-sample-lookups": "per-sample-lookups",
+    "unpruned-vocab": "unused-embedding-rows",
 }
 
 # (device, size, scenario) -> why its expectation cannot be required there (reported only)

@@ -80,6 +80,7 @@ def test_scenarios_are_presets_of_ordinary_fields():
         "small-batch",
         "fp32",
         "per-sample-lookups",
+        "unpruned-vocab",
     }
     for name, preset in SCENARIO_PRESETS.items():
         assert set(preset) <= set(field_keys()), name

@@ -46,6 +46,7 @@ def test_every_scenario_has_the_finding_it_must_show():
         "small-batch": "batch-too-small",
         "fp32": "tensor-cores-unused",
         "per-sample-lookups": "per-sample-lookups",
+        "unpruned-vocab": "unused-embedding-rows",
     }
 
 

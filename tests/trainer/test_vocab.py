@@ -199,9 +199,10 @@ def test_pruned_trainer_builds_the_small_model_and_resumes_exactly(tmp_path):
         resumed.load_checkpoint(tmp_path / "bad.pt")
 
 
-def test_prune_vocab_is_a_config_key_off_by_default():
-    assert build_config("healthy").data.prune_vocab is False
-    assert build_config("healthy", {"data.prune_vocab": "true"}).data.prune_vocab is True
+def test_prune_vocab_is_a_config_key_on_in_healthy_and_off_in_unpruned_vocab():
+    assert build_config("healthy").data.prune_vocab is True
+    assert build_config("unpruned-vocab").data.prune_vocab is False
+    assert build_config("unpruned-vocab", {"data.prune_vocab": "true"}).data.prune_vocab is True
     with pytest.raises(ConfigError, match=r"^data.prune_vocab: 'maybe' is not a boolean"):
         build_config("healthy", {"data.prune_vocab": "maybe"})
 
