@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app_ui import render, session
+from app_ui import loaders, render, session
 from app_ui.safe_text import md_code, md_text
 from diagnostics import views
 from diagnostics.runs import list_runs
@@ -59,5 +59,7 @@ if not listings:
         f"No runs yet in {md_code(runs_dir)}. Launch one, or upload a trace recorded with torch.profiler."
     )
 else:
-    render.runs_table(views.runs_table(listings[:8]), key="home-runs")
+    recent = listings[:8]
+    figures = {run.run_id: loaders.run_figures(run.path) for run in recent}
+    render.runs_table(views.runs_table(recent, figures=figures), key="home-runs")
     st.page_link("pages/2_Runs.py", label=f"All {len(listings)} runs", icon=":material/table_rows:")

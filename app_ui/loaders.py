@@ -7,16 +7,19 @@ server does not grow without limit. No widget is created inside a cached functio
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import streamlit as st
 
+from diagnostics import views
 from diagnostics.analyze import analyze
 from diagnostics.drilldown import DrillDown, load_drilldowns
 from diagnostics.errors import InputError
-from diagnostics.runs import RunFolder
+from diagnostics.runs import FINDINGS_FILE, RunFolder
 from diagnostics.trace.budget import Limits
+from diagnostics.views import RunFigures
 
 CACHE_ENTRIES = 32
 CACHE_TTL_S = 3600
@@ -42,11 +45,36 @@ def _analyse_run_cached(run_path: str, mtime_key: float) -> AnalysisResult:
 
 
 def analyse_run(run_path: Path) -> AnalysisResult:
-    """The analysis of a run folder, recomputed only when one of its files changed.
+    """The analysis of a run folder, recomputed only when one of its files changed; its
+    findings in brief are kept in the folder for the runs table (diagnostics.runs).
 
     Raises the analyser's InputError (one line for the page) for unreadable inputs.
     """
-    return _analyse_run_cached(str(run_path), RunFolder(run_path).mtime_key())
+    folder = RunFolder(run_path)
+    mtime_key = folder.mtime_key()
+    result = _analyse_run_cached(str(run_path), mtime_key)
+    if folder.findings_digest() is None:
+        # a folder we may not write (read-only, another user's) keeps its table cell empty
+        with contextlib.suppress(OSError):
+            folder.write_findings_digest(views.findings_digest(result.findings), mtime_key)
+    return result
+
+
+@st.cache_data(max_entries=1024, ttl=CACHE_TTL_S, show_spinner=False)
+def _run_figures_cached(run_path: str, mtime_key: float, digest_mtime: float) -> RunFigures:
+    del mtime_key, digest_mtime  # the cache key only
+    return views.run_figures(RunFolder(Path(run_path)))
+
+
+def run_figures(run_path: Path) -> RunFigures:
+    """The runs table's figures of a run, read again only when its records or its
+    findings digest changed."""
+    folder = RunFolder(run_path)
+    try:
+        digest_mtime = (run_path / FINDINGS_FILE).stat().st_mtime
+    except OSError:
+        digest_mtime = 0.0
+    return _run_figures_cached(str(run_path), folder.mtime_key(), digest_mtime)
 
 
 @st.cache_resource(max_entries=8, ttl=CACHE_TTL_S, show_spinner="Reading the trace…")

@@ -12,14 +12,16 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 import streamlit as st
 
+from app_ui import loaders
 from app_ui.safe_text import md_text
 from diagnostics import views
+from diagnostics.errors import InputError
 from diagnostics.metrics import key_metrics
 from diagnostics.report import plots
 from diagnostics.report.formats import REPORT_FORMATS, render_report
 from diagnostics.report.model import build_comparison_report, build_report
 from diagnostics.rules.base import Finding
-from diagnostics.runs import RunFolder, RunFolderError
+from diagnostics.runs import RunFolder, RunFolderError, RunListing
 from diagnostics.severity import order_findings
 
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
@@ -323,6 +325,19 @@ def runs_table(table: pl.DataFrame, key: str) -> None:
                 "Progress", min_value=0.0, max_value=1.0, format="percent", width="small"
             ),
             "steps": "Steps",
+            "median step (ms)": st.column_config.NumberColumn(
+                "Median step (ms)",
+                format="%.1f",
+                help="Median step time over the steady steps (each phase's first left out), "
+                "as the run's Step time card says.",
+            ),
+            "findings": st.column_config.TextColumn(
+                "Findings",
+                help="Findings by severity from the run's last analysis: made when its Run "
+                "detail opens or by Analyse on the Runs page, and dropped once its records "
+                "change.",
+            ),
+            "worst finding": "Worst finding",
             "started": "Started",
             "duration": "Duration",
             "re-run of": st.column_config.TextColumn("Re-run of", width="small"),
@@ -334,6 +349,32 @@ def runs_table(table: pl.DataFrame, key: str) -> None:
     if rows:
         run_id = table.get_column("run")[rows[0]]
         st.switch_page("pages/3_Run_detail.py", query_params={"run": run_id})
+
+
+def analyse_runs(runs: list[RunListing], key: str) -> None:
+    """A button that analyses these runs (finished, not analysed since their records
+    changed) one by one with a progress bar, so the runs table shows their findings."""
+    if not runs or not st.button(
+        f"Analyse {len(runs)} run{'s' if len(runs) > 1 else ''} not analysed yet",
+        icon=":material/biotech:",
+        key=key,
+        help="Runs each one's analysis (as its Run detail page would) and keeps its "
+        "findings in brief in the run folder.",
+    ):
+        return
+    bar = st.progress(0.0, text="Analysing…")
+    failed = []
+    for done, run in enumerate(runs):
+        bar.progress(done / len(runs), text=f"Analysing {run.run_id} ({done + 1} of {len(runs)})…")
+        try:
+            loaders.analyse_run(run.path)
+        except InputError as exc:
+            failed.append(f"{run.run_id}: {exc}")
+    bar.progress(1.0, text=f"Analysed {len(runs) - len(failed)} of {len(runs)}.")
+    for line in failed:
+        st.error(md_text(line), icon=":material/error:")
+    if not failed:
+        st.rerun()
 
 
 def report_text(result: AnalysisResult, fmt: str) -> str:

@@ -3,6 +3,9 @@ choice among separately analysed files, and the per-rank tables."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+import polars as pl
 import streamlit as st
 
 from app_ui.safe_text import md_text
@@ -13,6 +16,9 @@ from diagnostics.views.upload_set import (
     UploadSet,
     labelled,
 )
+
+if TYPE_CHECKING:
+    from pandas.io.formats.style import Styler
 
 
 def ask_ranks_or_separate(upload_set: UploadSet, key: str) -> None:
@@ -57,8 +63,25 @@ def rank_tables(upload_set: UploadSet, chosen: UploadResult) -> None:
     _identities(upload_set)
     facts = chosen.result.facts
     if facts is not None and facts.ranks is not None:
-        st.dataframe(labelled(facts.ranks, RANKS_LABELS), hide_index=True, width="stretch")
+        st.dataframe(
+            table_shown(labelled(facts.ranks, RANKS_LABELS)), hide_index=True, width="stretch"
+        )
 
 
 def _identities(upload_set: UploadSet) -> None:
-    st.dataframe(labelled(upload_set.identities, IDENTITY_LABELS), hide_index=True, width="stretch")
+    st.dataframe(
+        table_shown(labelled(upload_set.identities, IDENTITY_LABELS)),
+        hide_index=True,
+        width="stretch",
+    )
+
+
+def table_shown(frame: pl.DataFrame) -> Styler:
+    """Numbers to one decimal and missing cells as —, as Run detail's rank table shows them
+    (raw, the grid showed 'None' and 245.8454); whole-number columns stay whole, also with
+    a missing cell (pandas would make them floats)."""
+    table = frame.to_pandas()
+    for name, dtype in frame.schema.items():
+        if dtype.is_integer():
+            table[name] = table[name].astype("Int64")
+    return table.style.format(precision=1, na_rep="—")

@@ -24,6 +24,9 @@ Layout (``RUN_FOLDER_VERSION`` 1)::
       cancel.request      touched to ask the trainer to stop (status cancelled); removed on resume
       steps.rank<k>.jsonl distributed runs: rank k > 0's records (rank 0 keeps the names
       samples.rank<k>.jsonl  above); log.rank<k>.txt; status.rank<k>.json, each rank's end
+      findings.json       the last analysis' findings in brief, for the runs table: counts by
+                          severity and rule ids, with the mtime_key of the records it read
+                          (stale once they change); written by whoever analysed the run
       alert.json          the too-long-run alert (runtime.alert_after_s / --alert-after-s):
                           state, threshold_s, webhook host, step, elapsed_s, reason (absent:
                           no alert asked for; docs/RUN-FOLDER.md)
@@ -92,6 +95,9 @@ RANK_STATUS_FILE = "status.rank{rank}.json"  # every rank's own end, aggregated 
 TOKENIZER_FILE = "tokenizer.json"
 CANCEL_FILE = "cancel.request"
 ALERT_FILE = "alert.json"
+FINDINGS_FILE = "findings.json"
+# the severities a findings digest counts, worst first
+DIGEST_SEVERITIES = ("high", "medium", "low")
 # armed: waiting for the threshold; sending: passed it, the post in flight; sent / failed:
 # the post's outcome; not_configured: no webhook set (the state says if the run passed it)
 ALERT_STATES: frozenset[str] = frozenset({"armed", "sending", "sent", "failed", "not_configured"})
@@ -700,6 +706,33 @@ class RunFolder:
                 )
         return status
 
+    def findings_digest(self) -> FindingsDigest | None:
+        """The last analysis' findings in brief; None when the run was not analysed since
+        its records last changed, or the file is not one we wrote."""
+        path = self.path / FINDINGS_FILE
+        try:
+            raw = _read_json(path)
+        except (RunFolderError, OSError):
+            return None
+        counts = raw.get("counts")
+        rules = raw.get("rules")
+        if (
+            not isinstance(counts, dict)
+            or set(counts) != set(DIGEST_SEVERITIES)
+            or not all(isinstance(n, int) and n >= 0 for n in counts.values())
+            or not isinstance(rules, list)
+            or not all(isinstance(rule, str) for rule in rules)
+            or raw.get("mtime_key") != self.mtime_key()
+        ):
+            return None
+        return FindingsDigest(counts=dict(counts), rules=tuple(rules))
+
+    def write_findings_digest(self, digest: FindingsDigest, mtime_key: float) -> None:
+        """Keeps ``digest`` for the records as of ``mtime_key`` (the key the analysis read
+        them at). Raises OSError (a read-only folder): the caller decides."""
+        payload = {"counts": digest.counts, "rules": list(digest.rules), "mtime_key": mtime_key}
+        _atomic_write_json(self.path / FINDINGS_FILE, payload)
+
     def alert(self) -> AlertState | None:
         """The too-long-run alert's state; None when the run asked for no alert."""
         path = self.path / ALERT_FILE
@@ -891,6 +924,19 @@ class RunFolder:
         for trace in self.trace_files():
             latest = max(latest, trace.stat().st_mtime)
         return latest
+
+
+@dataclass(frozen=True)
+class FindingsDigest:
+    """An analysis' findings in brief: how many at each severity, and their rule ids (worst
+    first)."""
+
+    counts: dict[str, int]
+    rules: tuple[str, ...]
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app_ui import render, session
+from app_ui import loaders, render, session
 from diagnostics import views
 from diagnostics.runs import list_runs
 
@@ -29,5 +29,7 @@ scenarios = scenario_col.multiselect(
     placeholder="All scenarios",
 )
 shown = views.filter_runs(listings, statuses=statuses, scenarios=scenarios)
+figures = {run.run_id: loaders.run_figures(run.path) for run in shown}
 st.caption(f"{len(shown)} of {len(listings)} runs · select a row to open it")
-render.runs_table(views.runs_table(shown), key="runs-table")
+render.runs_table(views.runs_table(shown, figures=figures), key="runs-table")
+render.analyse_runs(views.not_analysed(shown, figures), key="runs-analyse")

@@ -17,7 +17,12 @@ from app_ui.safe_text import md_code, md_text
 from diagnostics import views
 from diagnostics.errors import InputError
 from diagnostics.isolated import analyze_upload_isolated
-from diagnostics.views.upload_set import ACCEPTED_EXTENSIONS, analyse_upload_set, release
+from diagnostics.views.upload_set import (
+    ACCEPTED_EXTENSIONS,
+    analyse_upload_set,
+    release,
+    shown_files,
+)
 
 session.setup_page("Upload trace", ":material/upload_file:")
 st.title(":material/upload_file: Upload a trace")
@@ -80,7 +85,7 @@ if upload_set.needs_answer:
 chosen = uploads_ui.chosen_result(upload_set)
 result = chosen.result
 
-names = ", ".join(name for name, _ in files)
+names = shown_files(upload_set, chosen, [name for name, _ in files])
 info, save = st.columns([4, 1])
 info.markdown(
     f"**{md_text(names)}** · {md_text(views.source_caption(result.source, result.environment))}"

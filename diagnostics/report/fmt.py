@@ -233,6 +233,19 @@ def _nested(key: str, value: Any) -> str:
     )
 
 
+def ranks_row(ranks: Any) -> tuple[str, str]:
+    """The ranks a source holds as read: ('rank', '3') for one file of rank 3 (not 'ranks 3',
+    read as three), ('ranks', '8: 0–7') for several, a run of consecutive ids as a range."""
+    ids = list(ranks) if isinstance(ranks, list | tuple) else [ranks]
+    if len(ids) == 1:
+        return "rank", evidence_value("", ids[0])
+    if all(isinstance(i, int) for i in ids) and sorted(ids) == list(
+        range(min(ids), min(ids) + len(ids))
+    ):
+        return "ranks", f"{len(ids)}: {min(ids)}–{max(ids)}"
+    return "ranks", f"{len(ids)}: {evidence_value('', ids)}"
+
+
 def evidence_value(key: str, value: Any, max_chars: int = 240) -> str:
     """An evidence value formatted by the unit in its key name; lists and dicts compact,
     their numbers in units too."""

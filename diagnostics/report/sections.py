@@ -124,7 +124,7 @@ def source_rows(result: Any) -> list[tuple[str, str]]:
         more = f" and {len(files) - 8} more" if len(files) > 8 else ""
         rows.append(("files", shown + more))
     if source.get("ranks"):
-        rows.append(("ranks", fmt.evidence_value("", source["ranks"])))
+        rows.append(fmt.ranks_row(source["ranks"]))
     run = getattr(result, "run", None)
     if run is not None:
         rows.append(("run id", str(run.manifest.run_id)))

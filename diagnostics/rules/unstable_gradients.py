@@ -102,6 +102,17 @@ def _phases(steps: pl.DataFrame) -> list[tuple[str, pl.DataFrame]]:
     ]
 
 
+# each signal as the title names it (its evidence key is the snake_case form)
+SIGNAL_NAMES = {
+    "non_finite": "non-finite loss or gradients",
+    "grad_spikes": "grad spikes",
+    "divergence": "divergence",
+    "scaler_skipped_steps": "GradScaler skipped steps",
+    "scale_collapse": "loss-scale collapse",
+    "fp16_without_grad_scaler": "fp16 without a GradScaler",
+}
+
+
 class UnstableGradients(Rule):
     id = "unstable-gradients"
     title = "Training is numerically unstable"
@@ -207,7 +218,7 @@ class UnstableGradients(Rule):
         observed = set(kinds) - {"fp16_without_grad_scaler"}
         if observed:
             severity = Severity.HIGH if severe or fp16_unscaled else Severity.MEDIUM
-            title = "Unstable training: " + ", ".join(k.replace("_", " ") for k in kinds)
+            title = "Unstable training: " + ", ".join(SIGNAL_NAMES.get(k, k) for k in kinds)
         else:
             # nothing in the records (a bare trace has none) shows instability: a risk
             severity, title = Severity.MEDIUM, RISK_TITLE
@@ -286,6 +297,7 @@ class UnstableGradients(Rule):
                 loss=lambda s: float("nan") if s >= 30 else 2.0,
                 grad_norm=lambda s: float("nan") if s >= 30 else 1.0,
             ),
+            expect=lambda f: _expect_title(f, "Unstable training: non-finite loss or gradients"),
         ),
         Example(
             "run: loss steady at 1.0, then 3.0 over the last 20 steps (diverging)",
@@ -435,3 +447,7 @@ def _step_range(inputs: AnalysisInputs) -> list[int]:
         if frame is not None and frame.height:
             return [int(frame["step"].min()), int(frame["step"].max())]
     return []
+
+
+def _expect_title(finding: Finding, title: str) -> None:
+    assert finding.title == title, finding.title

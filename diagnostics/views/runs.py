@@ -4,14 +4,23 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import polars as pl
 
-from diagnostics.runs import RunFolder, RunListing, RunStatus
+from diagnostics.metrics import steady_steps
+from diagnostics.runs import (
+    DIGEST_SEVERITIES,
+    FindingsDigest,
+    RunFolder,
+    RunFolderError,
+    RunListing,
+    RunStatus,
+)
 from diagnostics.views.fmt import fmt_seconds, fmt_when
 
 # Streamlit markdown badges (colour and a Material icon) for statuses and severities;
@@ -61,13 +70,75 @@ def filter_runs(
     ]
 
 
-def runs_table(listings: Iterable[RunListing], now: float | None = None) -> pl.DataFrame:
-    """One row per run for the runs table; 'open' is the run-detail link."""
+@dataclass(frozen=True)
+class RunFigures:
+    """What the runs table shows of a run's records and its last analysis."""
+
+    median_step_ms: float | None  # over the steady steps, as the run's cards say
+    findings: FindingsDigest | None  # None: not analysed since its records changed
+
+
+NOT_ANALYSED = "not analysed"
+
+
+def run_figures(run: RunFolder) -> RunFigures:
+    """The median steady step (the Step time card's figure) and the findings digest."""
+    median = None
+    try:
+        steady = steady_steps(run.steps())
+        if steady.height:
+            value = steady["step_time_ms"].cast(pl.Float64).drop_nans().median()
+            median = float(value) if isinstance(value, int | float) else None
+    except RunFolderError:
+        pass
+    return RunFigures(median_step_ms=median, findings=run.findings_digest())
+
+
+def not_analysed(
+    listings: Iterable[RunListing], figures: Mapping[str, RunFigures]
+) -> list[RunListing]:
+    """Finished, readable runs whose findings are not known since their records changed."""
+    return [
+        run
+        for run in listings
+        if run.error is None
+        and run.status.is_final
+        and run.run_id in figures
+        and figures[run.run_id].findings is None
+    ]
+
+
+def findings_digest(findings: Iterable[Any]) -> FindingsDigest:
+    """Counts by severity and the rule ids, worst first, of an analysis' findings."""
+    ordered = sorted(findings, key=lambda f: DIGEST_SEVERITIES.index(str(f.severity)))
+    counts = {severity: 0 for severity in DIGEST_SEVERITIES}
+    for finding in ordered:
+        counts[str(finding.severity)] += 1
+    return FindingsDigest(counts=counts, rules=tuple(f.rule for f in ordered))
+
+
+def findings_text(digest: FindingsDigest | None) -> str:
+    """'1 high, 2 low' · 'none' · 'not analysed'."""
+    if digest is None:
+        return NOT_ANALYSED
+    parts = [f"{digest.counts[s]} {s}" for s in DIGEST_SEVERITIES if digest.counts.get(s)]
+    return ", ".join(parts) or "none"
+
+
+def runs_table(
+    listings: Iterable[RunListing],
+    now: float | None = None,
+    figures: Mapping[str, RunFigures] | None = None,
+) -> pl.DataFrame:
+    """One row per run for the runs table; 'open' is the run-detail link. ``figures``
+    (by run id) fill the step-time and findings columns."""
     now = time.time() if now is None else now
+    figures = figures or {}
     rows = []
     for run in listings:
         status = run.status
         total = status.total_steps
+        shown = figures.get(run.run_id)
         rows.append(
             {
                 "run": run.run_id,
@@ -75,6 +146,13 @@ def runs_table(listings: Iterable[RunListing], now: float | None = None) -> pl.D
                 "status": status.status,
                 "progress": (min(1.0, status.step / total) if total else None),
                 "steps": f"{status.step:,}" + (f" / {total:,}" if total else ""),
+                "median step (ms)": shown.median_step_ms if shown else None,
+                "findings": findings_text(shown.findings) if shown else NOT_ANALYSED,
+                "worst finding": (
+                    shown.findings.rules[0]
+                    if shown and shown.findings and shown.findings.rules
+                    else ""
+                ),
                 "started": fmt_when(run.created_at, now),
                 "duration": fmt_seconds(run_duration_s(status, now)),
                 "re-run of": run.parent_run_id or "",
@@ -88,6 +166,9 @@ def runs_table(listings: Iterable[RunListing], now: float | None = None) -> pl.D
         "status": pl.String,
         "progress": pl.Float64,
         "steps": pl.String,
+        "median step (ms)": pl.Float64,
+        "findings": pl.String,
+        "worst finding": pl.String,
         "started": pl.String,
         "duration": pl.String,
         "re-run of": pl.String,
@@ -134,6 +215,18 @@ def safe_run_path(runs_dir: str | Path, run_id: str) -> Path | None:
 
 # The live rate follows the current pace: start-up (model build, worker spawn) drops out.
 RECENT_STEPS = 20
+# steady step intervals (a phase's first step and marked steps left out) before an ETA is
+# given: the first intervals of a run hold its start-up, and an ETA from them was 5x long
+MIN_ETA_INTERVALS = 3
+# step marks (diagnostics.runs) of one-off extra time; memory_history lasts the whole run
+ONE_OFF_MARKS = (
+    "profiler_warmup",
+    "profiler_active",
+    "after_trace_export",
+    "epoch_start",
+    "after_evaluation",
+    "after_checkpoint",
+)
 
 
 @dataclass(frozen=True)
@@ -156,8 +249,12 @@ class Progress:
             parts.append(f"{self.steps_per_s:.2f} steps/s recent (last {self.recent_steps} steps)")
         if self.overall_steps_per_s is not None:
             parts.append(f"{self.overall_steps_per_s:.2f} steps/s overall")
-        if self.eta_s is not None and self.status == "running":
-            parts.append(f"about {fmt_seconds(self.eta_s)} left")
+        if self.status == "running" and self.total_steps and self.step < self.total_steps:
+            parts.append(
+                f"about {fmt_seconds(self.eta_s)} left"
+                if self.eta_s is not None
+                else "estimating time left…"
+            )
         if self.elapsed_s is not None:
             parts.append(f"{fmt_seconds(self.elapsed_s)} elapsed")
         return " · ".join(parts)
@@ -187,8 +284,9 @@ def progress(status: RunStatus, steps: pl.DataFrame, now: float | None = None) -
         if whole > 0:
             overall = (wall.len() - 1) / whole
     eta = None
-    if rate and total and step < total:
-        eta = (total - step) / rate
+    steady_rate = _steady_rate(steps)
+    if steady_rate and total and step < total:
+        eta = (total - step) / steady_rate
     return Progress(
         status=status.status,
         reason=status.reason,
@@ -201,6 +299,28 @@ def progress(status: RunStatus, steps: pl.DataFrame, now: float | None = None) -
         overall_steps_per_s=overall,
         recent_steps=recent_steps,
     )
+
+
+def _steady_rate(steps: pl.DataFrame) -> float | None:
+    """Steps a second over the last RECENT_STEPS steady intervals: those ending at a step
+    that is neither its phase's first (worker start-up, the model's first pass) nor marked
+    with a known cause of extra time (profiler warm-up, evaluation, a checkpoint); None
+    until MIN_ETA_INTERVALS of them are recorded."""
+    if steps.height < 2 or "wall_time" not in steps.columns:
+        return None
+    frame = steps.filter(pl.col("wall_time").is_not_null()).sort("step")
+    interval = pl.col("wall_time").diff()
+    consecutive = pl.col("step").diff() == 1
+    steady = consecutive & (interval > 0)
+    if "phase" in frame.columns:
+        steady = steady & (pl.col("phase").fill_null("") == pl.col("phase").fill_null("").shift())
+    if "marks" in frame.columns:
+        transient = "|".join(ONE_OFF_MARKS)
+        steady = steady & ~pl.col("marks").fill_null("").str.contains(transient)
+    intervals = frame.select(interval.filter(steady).alias("s")).to_series().tail(RECENT_STEPS)
+    if intervals.len() < MIN_ETA_INTERVALS:
+        return None
+    return intervals.len() / float(intervals.sum())
 
 
 def default_pair(listings: Sequence[RunListing]) -> tuple[str | None, str | None]:

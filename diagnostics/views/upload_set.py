@@ -62,6 +62,7 @@ __all__ = [
     "identity_table",
     "mismatches",
     "release",
+    "shown_files",
     "step_store_root",
 ]
 
@@ -109,6 +110,14 @@ RANKS_LABELS: dict[str, str] = {
     "late_share_pct": "arrived last in collectives (%)",
     "caused_wait_share_pct": "share of the waiting it caused (%)",
 }
+
+
+def shown_files(upload_set: UploadSet, chosen: UploadResult, names: Sequence[str]) -> str:
+    """The files the page's results are of: the one shown when each was analysed on its
+    own, else all of them (one file, or the ranks of one job)."""
+    if upload_set.mode == "separate" and len(upload_set.results) > 1:
+        return chosen.label
+    return ", ".join(names)
 
 
 def labelled(frame: pl.DataFrame, labels: dict[str, str]) -> pl.DataFrame:

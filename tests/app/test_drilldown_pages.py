@@ -66,9 +66,16 @@ def test_a_v100_and_an_h200_trace_are_not_merged_without_asking(
     assert choice.options == [v100.name, h200_trace.name]
     assert "rank-stragglers" not in texts(at)
     assert [t.label for t in at.tabs][-6:] == TABS
+    # the header names the file shown, not both
+    headers = [shown(m.value) for m in at.markdown]
+    headers = [h for h in headers if v100.name in h or h200_trace.name in h]
+    assert len(headers) == 1 and h200_trace.name not in headers[0], headers
     choice.set_value(h200_trace.name).run()
     assert not at.exception
     assert "NVIDIA H200" in texts(at)
+    headers = [shown(m.value) for m in at.markdown]
+    headers = [h for h in headers if v100.name in h or h200_trace.name in h]
+    assert len(headers) == 1 and v100.name not in headers[0], headers
 
 
 @pytest.mark.slow
@@ -156,3 +163,19 @@ def test_findings_on_an_uploaded_trace_give_code_for_the_users_script(empty_env,
     page = "\n".join([texts(at), *codes])
     assert "Config patch for the reference trainer" not in page
     assert "python -m trainer" not in page and "--set " not in page
+
+
+def test_upload_tables_show_one_decimal_and_a_dash_for_missing_cells():
+    """The per-rank and file tables of an upload showed 'None' cells and 245.8454 ms."""
+    import polars as pl
+
+    from app_ui.uploads import table_shown
+
+    frame = pl.DataFrame(
+        {"rank": [0, None], "step time, mean (ms)": [245.8454, None], "job": ["a", None]}
+    )
+    html = table_shown(frame).to_html()
+    assert "245.8" in html and "245.8454" not in html
+    assert "None" not in html and "nan" not in html.lower()
+    assert html.count("—") == 3  # one per missing cell
+    assert ">0<" in html and "0.0" not in html  # a rank stays a whole number

@@ -147,6 +147,38 @@ def test_runs_filter_by_scenario_and_status(runs_env):
 
 
 @pytest.mark.slow
+def test_runs_table_shows_step_time_and_findings_after_analyse(monkeypatch, tmp_path, trained_runs):
+    import shutil
+
+    runs_dir = tmp_path / "runs"
+    shutil.copytree(trained_runs.runs_dir, runs_dir)
+    for run in list_runs(runs_dir):
+        (run.path / "findings.json").unlink(missing_ok=True)  # as if never opened
+    monkeypatch.setenv("PIPELINE_DOCTOR_RUNS_DIR", str(runs_dir))
+
+    at = open_page("pages/2_Runs.py")
+    assert not at.exception
+    table = at.dataframe[0].value
+    assert list(table["median step (ms)"].notna()) == [True, True]
+    assert (table["median step (ms)"] > 0).all()
+    assert list(table["findings"]) == ["not analysed", "not analysed"]
+    button = next(b for b in at.button if b.label == "Analyse 2 runs not analysed yet")
+
+    button.click().run()
+    assert not at.exception
+    table = at.dataframe[0].value
+    slow = table[table["run"] == trained_runs.slow.name].iloc[0]
+    # the slow-loader run's worst finding is the one it exists to show
+    assert slow["worst finding"] == "too-few-workers"
+    assert "high" in slow["findings"] or "medium" in slow["findings"]
+    assert "not analysed" not in list(table["findings"])
+    assert not [b for b in at.button if b.label.startswith("Analyse ")]
+    # the Home page's recent runs read the same figures
+    home = open_page("app.py")
+    assert list(home.dataframe[0].value["findings"]) == list(table["findings"])
+
+
+@pytest.mark.slow
 def test_compare_shows_ratios_and_the_gone_finding(runs_env):
     at = open_page("pages/5_Compare.py", {"a": runs_env.slow.name, "b": runs_env.fixed.name})
     assert not at.exception

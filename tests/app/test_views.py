@@ -396,3 +396,92 @@ def test_views_import_neither_streamlit_nor_torch():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO_ROOT
     )
     assert done.stdout.strip() == "[]"
+
+
+def test_the_first_eta_waits_for_steady_steps_and_leaves_start_up_out():
+    """A run's first intervals hold its start-up: a 3 s first step beside 0.1 s steps made
+    the first ETA many times the time the run had left."""
+    now = time.time()
+    walls = [now, now + 3.0, now + 3.1]  # step 2 waited for the first batch's workers
+    marks = [None, "epoch_start", None]
+    status = RunStatus(status="running", step=3, total_steps=100, started_at=now - 5)
+
+    def steps_frame(walls, marks):
+        n = len(walls)
+        return pl.DataFrame(
+            {
+                "step": list(range(1, n + 1)),
+                "wall_time": walls,
+                "phase": ["finetune"] * n,
+                "marks": marks,
+            },
+            schema_overrides={name: STEP_SCHEMA[name] for name in ("step", "wall_time", "marks")},
+        )
+
+    early = views.progress(status, steps_frame(walls, marks))
+    assert early.eta_s is None
+    assert "estimating time left…" in early.text
+
+    # four more steady steps of 0.1 s (one profiler step of 0.5 s among them, left out)
+    walls += [now + 3.2, now + 3.7, now + 3.8, now + 3.9]
+    marks += [None, "profiler_active", None, None]
+    status = RunStatus(status="running", step=7, total_steps=100, started_at=now - 5)
+    steady = views.progress(status, steps_frame(walls, marks))
+    assert steady.eta_s == pytest.approx(93 * 0.1)
+    assert "about 9.3 s left" in steady.text
+    # a whole run under allocator history is marked throughout: its ETA still comes
+    history = views.progress(status, steps_frame(walls, ["memory_history"] * 7))
+    assert history.eta_s is not None
+
+
+def test_runs_table_shows_each_runs_median_step_and_its_last_analysis_findings(tmp_path):
+    from diagnostics.analyze import analyze
+
+    slow = RunFolder(_make_run(tmp_path, "slow-loader", 6, "completed"))
+    _make_run(tmp_path, "healthy", 4, "cancelled")
+    listings = list_runs(tmp_path)
+    figures = {run.run_id: views.run_figures(RunFolder(run.path)) for run in listings}
+
+    # the steady steps' median (the first left out), as the Step time card says
+    assert figures[slow.run_id].median_step_ms == pytest.approx(1000.0)
+    assert all(f.findings is None for f in figures.values())  # nothing analysed yet
+    table = views.runs_table(listings, figures=figures)
+    assert table["findings"].to_list() == [views.NOT_ANALYSED] * 2
+    assert {run.run_id for run in views.not_analysed(listings, figures)} == {
+        "run-slow-loader-completed",
+        "run-healthy-cancelled",
+    }
+
+    result = analyze(slow.path)
+    slow.write_findings_digest(views.findings_digest(result.findings), slow.mtime_key())
+    digest = views.run_figures(slow).findings
+    assert digest is not None
+    assert digest.rules[0] == "too-few-workers"  # 60 % of each step waits: high, first
+    assert digest.total == len(result.findings)
+    row = views.runs_table(list_runs(tmp_path), figures={slow.run_id: views.run_figures(slow)})
+    row = row.filter(pl.col("run") == slow.run_id).row(0, named=True)
+    assert row["median step (ms)"] == pytest.approx(1000.0)
+    assert row["findings"] == views.findings_text(digest)
+    assert row["findings"].startswith("1 high")
+    assert row["worst finding"] == "too-few-workers"
+
+    # new records make the digest stale: the table says so instead of old findings
+    time.sleep(0.01)
+    (slow.path / "steps.jsonl").touch()
+    assert views.run_figures(slow).findings is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[]",
+        '{"counts": {"high": 1}, "rules": [], "mtime_key": 0}',
+        '{"counts": {"high": -1, "medium": 0, "low": 0}, "rules": [], "mtime_key": 0}',
+        "not json",
+    ],
+)
+def test_a_findings_digest_we_did_not_write_reads_as_not_analysed(tmp_path, text):
+    run = RunFolder(_make_run(tmp_path, "healthy", 3, "completed"))
+    (run.path / "findings.json").write_text(text)
+    assert run.findings_digest() is None
+    assert views.findings_text(run.findings_digest()) == "not analysed"

@@ -109,3 +109,27 @@ def test_a_findings_steps_read_as_the_range_they_are():
     assert fmt.evidence_value("steps", [2, 68]) == "2–68"
     assert fmt.evidence_value("steps", [5, 5]) == "5"
     assert fmt.evidence_value("steps", 12) == "12"  # a count stays a count
+
+
+@pytest.mark.parametrize(
+    ("ranks", "row"),
+    [
+        ([3], ("rank", "3")),  # one file of rank 3: not "ranks 3", read as three
+        ([0], ("rank", "0")),  # nor "ranks 0", read as none
+        ([0, 1, 2, 3], ("ranks", "4: 0–3")),
+        ([0, 2, 5], ("ranks", "3: 0, 2, 5")),
+    ],
+)
+def test_a_sources_ranks_read_as_which_ranks_and_how_many(ranks, row):
+    assert fmt.ranks_row(ranks) == row
+
+
+def test_a_one_rank_traces_report_names_its_rank(shared_traces_dir, tmp_path):
+    from diagnostics.report.cli import main
+
+    trace = shared_traces_dir / "hta_a100_rank3_of_8.json.gz"
+    out = tmp_path / "r.md"
+    assert main([str(trace), "--format", "md", "-o", str(out)]) == 0
+    lines = out.read_text().splitlines()
+    assert "| rank | 3 |" in lines
+    assert "| ranks | 3 |" not in lines
