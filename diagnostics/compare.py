@@ -231,15 +231,24 @@ def _prediction(a: Any, b: Any, metrics_a: KeyMetrics, metrics_b: KeyMetrics) ->
         patch = finding.fix.config_patch if finding.fix is not None else None
         if not patch or finding.estimated_saving_pct is None:
             continue
-        if all(key in applied and applied[key] == value for key, value in patch.items()):
-            before, after = metrics_a.median_step_time_ms, metrics_b.median_step_time_ms
-            measured = (
-                100.0 * (1.0 - after / before)
-                if before is not None and after is not None and before > 0
-                else None
+        if fix_applied(patch, applied):
+            measured = measured_saving_pct(
+                metrics_a.median_step_time_ms, metrics_b.median_step_time_ms
             )
             return Prediction(finding.rule, dict(patch), finding.estimated_saving_pct, measured)
     return None
+
+
+def fix_applied(patch: dict[str, Any], applied: dict[str, Any]) -> bool:
+    """A re-run applied a fix when it set every key of the fix's patch to the fix's value."""
+    return all(key in applied and applied[key] == value for key, value in patch.items())
+
+
+def measured_saving_pct(before_ms: float | None, after_ms: float | None) -> float | None:
+    """100 x (1 - after / before) of median step times; None without both."""
+    if before_ms is None or after_ms is None or before_ms <= 0:
+        return None
+    return 100.0 * (1.0 - after_ms / before_ms)
 
 
 def compare(

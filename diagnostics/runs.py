@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import shutil
@@ -725,12 +726,30 @@ class RunFolder:
             or raw.get("mtime_key") != self.mtime_key()
         ):
             return None
-        return FindingsDigest(counts=dict(counts), rules=tuple(rules))
+        fixes = raw.get("fixes", [])
+        if not isinstance(fixes, list) or not all(_is_fix_digest(fix) for fix in fixes):
+            return None
+        return FindingsDigest(
+            counts=dict(counts),
+            rules=tuple(rules),
+            fixes=tuple(
+                DigestFix(fix["rule"], dict(fix["patch"]), float(fix["saving_pct"]))
+                for fix in fixes
+            ),
+        )
 
     def write_findings_digest(self, digest: FindingsDigest, mtime_key: float) -> None:
         """Keeps ``digest`` for the records as of ``mtime_key`` (the key the analysis read
         them at). Raises OSError (a read-only folder): the caller decides."""
-        payload = {"counts": digest.counts, "rules": list(digest.rules), "mtime_key": mtime_key}
+        payload = {
+            "counts": digest.counts,
+            "rules": list(digest.rules),
+            "fixes": [
+                {"rule": fix.rule, "patch": fix.patch, "saving_pct": fix.saving_pct}
+                for fix in digest.fixes
+            ],
+            "mtime_key": mtime_key,
+        }
         _atomic_write_json(self.path / FINDINGS_FILE, payload)
 
     def alert(self) -> AlertState | None:
@@ -927,12 +946,35 @@ class RunFolder:
 
 
 @dataclass(frozen=True)
+class DigestFix:
+    """A finding's config patch and the saving it predicts: what a re-run that applies the
+    patch is measured against (diagnostics.calibration)."""
+
+    rule: str
+    patch: dict[str, Any]
+    saving_pct: float
+
+
+def _is_fix_digest(raw: Any) -> bool:
+    return (
+        isinstance(raw, dict)
+        and isinstance(raw.get("rule"), str)
+        and isinstance(raw.get("patch"), dict)
+        and all(isinstance(key, str) for key in raw["patch"])
+        and isinstance(raw.get("saving_pct"), int | float)
+        and not isinstance(raw.get("saving_pct"), bool)
+        and math.isfinite(raw["saving_pct"])
+    )
+
+
+@dataclass(frozen=True)
 class FindingsDigest:
-    """An analysis' findings in brief: how many at each severity, and their rule ids (worst
-    first)."""
+    """An analysis' findings in brief: how many at each severity, their rule ids (worst
+    first), and the fixes with a config patch and a predicted saving."""
 
     counts: dict[str, int]
     rules: tuple[str, ...]
+    fixes: tuple[DigestFix, ...] = ()
 
     @property
     def total(self) -> int:

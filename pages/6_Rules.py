@@ -8,6 +8,8 @@ import streamlit as st
 from app_ui import session
 from diagnostics import views
 from diagnostics.rules.docs import SECTIONS, rule_reference
+from diagnostics.runs import list_runs
+from diagnostics.views.calibration import calibrate, calibration_table
 
 session.setup_page("Rules", ":material/menu_book:")
 st.title(":material/menu_book: What Pipeline Doctor checks")
@@ -29,6 +31,24 @@ st.table(
     hide_index=True,
     border="horizontal",
 )
+
+st.subheader("Calibration on this folder's re-runs", anchor="calibration")
+calibration = calibrate(list_runs(session.runs_dir()))
+st.caption(
+    "Each finding predicts a saving; a re-run that applied its fix (Re-run with fix, or "
+    "--parent-run-id with the same overrides) measured one, in median step time. Measured ÷ "
+    "predicted near 1 is a rule whose estimate holds on this machine."
+    + (
+        f" {calibration.unanalysed_parents} re-run(s) left out: their first run has not "
+        "been analysed since its records changed (open it, or Analyse on the Runs page)."
+        if calibration.unanalysed_parents
+        else ""
+    )
+)
+if calibration.rules:
+    st.dataframe(calibration_table(calibration), hide_index=True, width="stretch")
+else:
+    st.caption("No re-run with a finding's fix in this runs folder yet.")
 
 for doc in docs:
     st.subheader(doc.title, anchor=doc.id)

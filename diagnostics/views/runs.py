@@ -15,6 +15,7 @@ import polars as pl
 from diagnostics.metrics import steady_steps
 from diagnostics.runs import (
     DIGEST_SEVERITIES,
+    DigestFix,
     FindingsDigest,
     RunFolder,
     RunFolderError,
@@ -114,7 +115,12 @@ def findings_digest(findings: Iterable[Any]) -> FindingsDigest:
     counts = {severity: 0 for severity in DIGEST_SEVERITIES}
     for finding in ordered:
         counts[str(finding.severity)] += 1
-    return FindingsDigest(counts=counts, rules=tuple(f.rule for f in ordered))
+    fixes = tuple(
+        DigestFix(f.rule, dict(f.fix.config_patch), float(f.estimated_saving_pct))
+        for f in ordered
+        if f.fix is not None and f.fix.config_patch and f.estimated_saving_pct is not None
+    )
+    return FindingsDigest(counts=counts, rules=tuple(f.rule for f in ordered), fixes=fixes)
 
 
 def findings_text(digest: FindingsDigest | None) -> str:

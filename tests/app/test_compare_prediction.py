@@ -48,3 +48,42 @@ def test_an_unknown_run_in_the_link_is_said_not_swapped_in_silently(linked_pair)
     assert not at.exception, at.exception
     (warning,) = [shown(w.value) for w in at.warning]  # as the reader sees it
     assert "No run 'no-such-run' in this runs folder: A shows another run." in warning
+
+
+@pytest.mark.slow
+def test_the_rules_page_keeps_each_rules_calibration_across_the_folders_re_runs(linked_pair):
+    from diagnostics.compare import compare
+    from diagnostics.runs import RunFolder, list_runs
+    from diagnostics.views import findings_digest
+    from diagnostics.views.calibration import calibrate
+
+    # the first run not analysed yet: its re-run is said to be left out, not guessed
+    before = calibrate(list_runs(linked_pair))
+    assert before.rules == () and before.unanalysed_parents == 1
+    at = open_page("pages/6_Rules.py")
+    assert not at.exception, at.exception
+    assert any("1 re-run(s) left out" in c.value for c in at.caption)
+
+    slow, fixed = analyze(linked_pair / SLOW), analyze(linked_pair / FIXED)
+    folder = RunFolder(linked_pair / SLOW)
+    folder.write_findings_digest(findings_digest(slow.findings), folder.mtime_key())
+
+    (rule,) = calibrate(list_runs(linked_pair)).rules
+    (pair,) = rule.pairs
+    # the same prediction and measurement Compare shows for this pair
+    expected = compare(slow, fixed).prediction
+    assert (rule.rule, pair.parent, pair.rerun) == ("too-few-workers", SLOW, FIXED)
+    assert pair.prediction.predicted_saving_pct == expected.predicted_saving_pct
+    assert pair.prediction.measured_saving_pct == pytest.approx(expected.measured_saving_pct)
+    assert rule.median_ratio == pytest.approx(expected.measured_over_predicted)
+
+    at = open_page("pages/6_Rules.py")
+    assert not at.exception, at.exception
+    table = next(
+        df.value for df in at.dataframe if "measured ÷ predicted, median" in df.value.columns
+    )
+    row = table.iloc[0]
+    assert row["rule"] == "too-few-workers" and row["re-runs with its fix"] == 1
+    assert row["measured ÷ predicted, median"] == pytest.approx(
+        round(expected.measured_over_predicted, 2)
+    )

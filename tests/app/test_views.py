@@ -485,3 +485,21 @@ def test_a_findings_digest_we_did_not_write_reads_as_not_analysed(tmp_path, text
     (run.path / "findings.json").write_text(text)
     assert run.findings_digest() is None
     assert views.findings_text(run.findings_digest()) == "not analysed"
+
+
+def test_a_findings_digest_keeps_each_fix_and_refuses_a_malformed_one(tmp_path):
+    from diagnostics.runs import DigestFix, FindingsDigest
+
+    run = RunFolder(_make_run(tmp_path, "slow-loader", 4, "completed"))
+    digest = FindingsDigest(
+        counts={"high": 1, "medium": 0, "low": 0},
+        rules=("too-few-workers",),
+        fixes=(DigestFix("too-few-workers", {"data.num_workers": 3}, 42.5),),
+    )
+    run.write_findings_digest(digest, run.mtime_key())
+    assert run.findings_digest() == digest
+
+    raw = json.loads((run.path / "findings.json").read_text())
+    for broken in ({"rule": 1}, {**raw["fixes"][0], "saving_pct": float("nan")}, "fix"):
+        (run.path / "findings.json").write_text(json.dumps({**raw, "fixes": [broken]}))
+        assert run.findings_digest() is None, broken
