@@ -150,8 +150,6 @@ def runs_table(
                 "run": run.run_id,
                 "scenario": run_label(run),
                 "status": status.status,
-                "progress": (min(1.0, status.step / total) if total else None),
-                "steps": f"{status.step:,}" + (f" / {total:,}" if total else ""),
                 "median step (ms)": shown.median_step_ms if shown else None,
                 "findings": findings_text(shown.findings) if shown else NOT_ANALYSED,
                 "worst finding": (
@@ -159,6 +157,8 @@ def runs_table(
                     if shown and shown.findings and shown.findings.rules
                     else ""
                 ),
+                "progress": (min(1.0, status.step / total) if total else None),
+                "steps": f"{status.step:,}" + (f" / {total:,}" if total else ""),
                 "started": fmt_when(run.created_at, now),
                 "duration": fmt_seconds(run_duration_s(status, now)),
                 "re-run of": run.parent_run_id or "",
@@ -170,11 +170,11 @@ def runs_table(
         "run": pl.String,
         "scenario": pl.String,
         "status": pl.String,
-        "progress": pl.Float64,
-        "steps": pl.String,
         "median step (ms)": pl.Float64,
         "findings": pl.String,
         "worst finding": pl.String,
+        "progress": pl.Float64,
+        "steps": pl.String,
         "started": pl.String,
         "duration": pl.String,
         "re-run of": pl.String,

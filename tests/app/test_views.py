@@ -447,6 +447,15 @@ def test_runs_table_shows_each_runs_median_step_and_its_last_analysis_findings(t
     assert all(f.findings is None for f in figures.values())  # nothing analysed yet
     table = views.runs_table(listings, figures=figures)
     assert table["findings"].to_list() == [views.NOT_ANALYSED] * 2
+    # beside the run's name and status, so the grid shows them before it scrolls at 1400 px
+    assert table.columns[:6] == [
+        "run",
+        "scenario",
+        "status",
+        "median step (ms)",
+        "findings",
+        "worst finding",
+    ]
     assert {run.run_id for run in views.not_analysed(listings, figures)} == {
         "run-slow-loader-completed",
         "run-healthy-cancelled",
