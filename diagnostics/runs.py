@@ -60,6 +60,8 @@ from functools import cache
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, ClassVar, Literal
 
+from diagnostics.severity import SEVERITY_ORDER
+
 if TYPE_CHECKING:
     import polars as pl
 
@@ -97,8 +99,6 @@ TOKENIZER_FILE = "tokenizer.json"
 CANCEL_FILE = "cancel.request"
 ALERT_FILE = "alert.json"
 FINDINGS_FILE = "findings.json"
-# the severities a findings digest counts, worst first
-DIGEST_SEVERITIES = ("high", "medium", "low")
 # armed: waiting for the threshold; sending: passed it, the post in flight; sent / failed:
 # the post's outcome; not_configured: no webhook set (the state says if the run passed it)
 ALERT_STATES: frozenset[str] = frozenset({"armed", "sending", "sent", "failed", "not_configured"})
@@ -719,7 +719,7 @@ class RunFolder:
         rules = raw.get("rules")
         if (
             not isinstance(counts, dict)
-            or set(counts) != set(DIGEST_SEVERITIES)
+            or set(counts) != set(SEVERITY_ORDER)
             or not all(isinstance(n, int) and n >= 0 for n in counts.values())
             or not isinstance(rules, list)
             or not all(isinstance(rule, str) for rule in rules)

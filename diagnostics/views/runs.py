@@ -14,7 +14,6 @@ import polars as pl
 
 from diagnostics.metrics import steady_steps
 from diagnostics.runs import (
-    DIGEST_SEVERITIES,
     DigestFix,
     FindingsDigest,
     RunFolder,
@@ -22,6 +21,7 @@ from diagnostics.runs import (
     RunListing,
     RunStatus,
 )
+from diagnostics.severity import SEVERITY_ORDER, order_findings
 from diagnostics.views.fmt import fmt_seconds, fmt_when
 
 # Streamlit markdown badges (colour and a Material icon) for statuses and severities;
@@ -111,8 +111,8 @@ def not_analysed(
 
 def findings_digest(findings: Iterable[Any]) -> FindingsDigest:
     """Counts by severity and the rule ids, worst first, of an analysis' findings."""
-    ordered = sorted(findings, key=lambda f: DIGEST_SEVERITIES.index(str(f.severity)))
-    counts = {severity: 0 for severity in DIGEST_SEVERITIES}
+    ordered = order_findings(findings)  # as the pages list them: the worst one first
+    counts = dict.fromkeys(SEVERITY_ORDER, 0)
     for finding in ordered:
         counts[str(finding.severity)] += 1
     fixes = tuple(
@@ -127,7 +127,7 @@ def findings_text(digest: FindingsDigest | None) -> str:
     """'1 high, 2 low' · 'none' · 'not analysed'."""
     if digest is None:
         return NOT_ANALYSED
-    parts = [f"{digest.counts[s]} {s}" for s in DIGEST_SEVERITIES if digest.counts.get(s)]
+    parts = [f"{digest.counts[s]} {s}" for s in SEVERITY_ORDER if digest.counts.get(s)]
     return ", ".join(parts) or "none"
 
 
