@@ -35,14 +35,14 @@ from typing import Any
 
 import torch
 
-from diagnostics.runs import RunFolder, RunWriter
+from diagnostics.runs import RunFolder
 from probe import session as sessions
 from probe.hooks import Hooks
 from probe.integrations import Integrations
 from probe.memory_snapshots import OutOfMemoryRecorded, SnapshotWindow
 from probe.profiler import ProfilerWindow
 from probe.session import Session, StepLimitReached
-from probe.wrapper_watch import WrapperWatch, orphan_outcome
+from probe.wrapper_watch import OrphanHeartbeat, WrapperWatch, orphan_outcome
 
 
 class Cancelled(BaseException):
@@ -146,8 +146,16 @@ class _Ending:
         self.run_dir, self.session, self.hooks, self.rank = run_dir, session, hooks, rank
         self.own_pid = os.getpid()
         self.integrations = Integrations(session.note)
-        self.watch = WrapperWatch()
+        # rank 0 writes an orphaned run's end, so it keeps the run alive until then
+        self.orphan_heartbeat = (
+            OrphanHeartbeat(run_dir, lambda: session.steps_done) if rank == 0 else None
+        )
+        self.watch = WrapperWatch(on_gone=self._wrapper_gone)
         self.done = False
+
+    def _wrapper_gone(self) -> None:
+        if self.orphan_heartbeat is not None:
+            self.orphan_heartbeat.start()
 
     def exit_now(self, code: int) -> None:
         """The script's ``os._exit(code)``: in its own process, its end is written first."""
@@ -182,21 +190,23 @@ class _Ending:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
         os._exit = _REAL_EXIT
         self.watch.stop()
+        # a script that prints ends on the dead wrapper's pipe (BrokenPipeError) before the
+        # watch's next look: the wrapper is asked for again here, however the script ended
+        orphaned = self.watch.gone or not self.watch.wrapper_alive()
+        if orphaned:
+            self._wrapper_gone()
         self.integrations.uninstall()
         self.hooks.uninstall()
         session.close()
         sessions.activate(None)
         self._notes(status)
         _summarise(session, self.hooks)
-        # a script that prints ends on the dead wrapper's pipe (BrokenPipeError) before the
-        # watch's next look: the wrapper is asked for again here, however the script ended
-        orphaned = self.watch.gone or not self.watch.wrapper_alive()
         if orphaned:
             reason = orphan_outcome(self.watch.wrapper_pid, status, reason, session.steps_done)
             status, code = "failed", code or 1
         session.records.write_status(status, reason, session.steps_done, exit_code=code)
-        if orphaned and self.rank == 0:
-            _end_the_run(self.run_dir, status, reason, session.steps_done)
+        if orphaned and self.orphan_heartbeat is not None:
+            self.orphan_heartbeat.end(status, reason, session.steps_done)
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()
@@ -298,14 +308,6 @@ def run(run_dir: Path) -> int:
             session.note(f"stopped after step {session.steps_done}: the --steps limit")
         code = ending.finish(status, reason, code)
     return code
-
-
-def _end_the_run(run_dir: Path, status: str, reason: str | None, step: int) -> None:
-    """What the wrapper writes at a run's end (status.json, the parquet copies), written
-    by rank 0 when no wrapper is left to write it."""
-    writer = RunWriter.reopen(run_dir)
-    writer.set_step(step)
-    writer.finalise(status, reason)  # type: ignore[arg-type]
 
 
 def _summarise(session: Session, hooks: Hooks) -> None:

@@ -12,18 +12,34 @@ moment a process dies, before anyone reaps it, so an unreaped wrapper still coun
 When it is gone the watch sends this process SIGTERM, which unwinds the script as a cancel
 does and keeps every record; the end is then the run's, written by rank 0
 (:func:`orphan_outcome`), since no wrapper is left to write it.
+
+Until that end is written, rank 0 also keeps the run's heartbeat (:class:`OrphanHeartbeat`):
+the wrapper's stopped with it, and a script that unwinds slowly (a checkpoint saved on the
+way out, a profiler trace exported on a loaded host) would otherwise read "dead" on the
+Runs page 15 s on while it is still writing its records (measured: a CI run on a loaded
+host read "dead" before the script's end came). The keeping is bounded: a script that
+catches the stop and trains on still reads dead once ``ORPHAN_HEARTBEAT_S`` has passed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from diagnostics.runs import HEARTBEAT_INTERVAL_S, RunWriter
 
 WRAPPER_PID_ENV = "PIPELINE_DOCTOR_WRAPPER_PID"
 CHECK_EVERY_S = 1.0
 # the script's process, then torchrun's agent between it and the wrapper
 _ANCESTORS_CHECKED = 2
+# how long rank 0 keeps an orphaned run's heartbeat while its script unwinds: the wrapper
+# itself gives a stopping script 20 s (probe.cli.STOP_GRACE_S); a loaded host, three times
+ORPHAN_HEARTBEAT_S = 60.0
 
 
 def _parent_of(pid: int) -> int | None:
@@ -43,9 +59,14 @@ class WrapperWatch:
     not. Inert when this process was not started by the wrapper (no environment variable)
     or on a system without /proc."""
 
-    def __init__(self, environ: dict[str, str] | None = None):
+    def __init__(
+        self,
+        environ: dict[str, str] | None = None,
+        on_gone: Callable[[], None] | None = None,
+    ):
         text = (os.environ if environ is None else environ).get(WRAPPER_PID_ENV, "")
         self.wrapper_pid = int(text) if text.isdigit() else None
+        self.on_gone = on_gone
         self.gone = False
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
@@ -76,11 +97,65 @@ class WrapperWatch:
         while not self._stopped.wait(CHECK_EVERY_S):
             if not self.wrapper_alive():
                 self.gone = True
+                if self.on_gone is not None:
+                    with contextlib.suppress(Exception):  # the stop matters more
+                        self.on_gone()
                 os.kill(os.getpid(), signal.SIGTERM)
                 return
 
     def stop(self) -> None:
         self._stopped.set()
+
+
+class OrphanHeartbeat:
+    """Rank 0's hold on an orphaned run's status.json: reopened (still running, at the
+    script's last step), its heartbeat refreshed as the wrapper's was, until :meth:`end`
+    writes the run's end through the same writer or ``bound_s`` passes. Thread-safe: the
+    watch's thread starts it, the main thread ends it."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        step: Callable[[], int],
+        interval_s: float = HEARTBEAT_INTERVAL_S / 2,
+        bound_s: float = ORPHAN_HEARTBEAT_S,
+    ):
+        self.run_dir, self._step = run_dir, step
+        self.interval_s, self.bound_s = interval_s, bound_s
+        self._lock = threading.Lock()
+        self._writer: RunWriter | None = None
+        self._ended = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        with self._lock:
+            if self._writer is not None or self._ended.is_set():
+                return
+            self._writer = RunWriter.reopen(self.run_dir)
+            self._beat()
+        self._thread = threading.Thread(target=self._run, name="orphan-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        assert self._writer is not None
+        self._writer.set_step(self._step())
+        with contextlib.suppress(OSError):  # a full disk: the end is what must be written
+            self._writer.heartbeat()
+
+    def _run(self) -> None:
+        stop_at = time.monotonic() + self.bound_s
+        while not self._ended.wait(self.interval_s) and time.monotonic() < stop_at:
+            with self._lock:
+                if not self._ended.is_set():
+                    self._beat()
+
+    def end(self, status: str, reason: str | None, step: int) -> None:
+        """The run's end, as the wrapper writes it (status.json, the parquet copies)."""
+        with self._lock:
+            self._ended.set()
+            writer = self._writer or RunWriter.reopen(self.run_dir)
+            writer.set_step(step)
+            writer.finalise(status, reason)  # type: ignore[arg-type]
 
 
 def orphan_outcome(wrapper_pid: int | None, status: str, reason: str | None, step: int) -> str:

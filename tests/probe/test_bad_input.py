@@ -5,6 +5,7 @@ Real subprocesses of ``python -m probe profile``; scripts under tests/scripts.
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -194,6 +195,51 @@ def test_a_killed_wrapper_stops_the_script_and_the_run_ends_failed_with_its_reco
         time.sleep(0.2)
     assert _ended(script_pid)
     assert (folder / "steps.parquet").exists()  # the end the wrapper would have written
+
+
+def test_a_killed_wrappers_run_stays_alive_while_its_script_unwinds_slowly(tmp_path):
+    """The wrapper's heartbeat dies with it: the script's process keeps it until its end is
+    written, so a slow unwinding (a checkpoint saved on the way out) never reads dead."""
+    runs = tmp_path / "runs"
+    cleanup_s = 6.0
+    command = profile_command(
+        runs,
+        *("--no-trace", str(SLOW_LOADER), "--steps", "500", "--sleep-ms", "0"),
+        *("--linger-s", "0.05", "--quiet", "--cleanup-s", str(cleanup_s)),
+    )
+    process = subprocess.Popen(
+        command, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        folder = _wait_for_steps(runs, 3, process)
+        process.kill()
+        killed_at = time.time()
+        process.communicate(timeout=60)
+        run = RunFolder(folder)
+        beats = []  # (heartbeat, pid) while the status file still says running
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            raw = json.loads((folder / "status.json").read_text())
+            if raw["status"] != "running":
+                break
+            beats.append((raw["heartbeat"], raw["pid"]))
+            time.sleep(0.2)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    script_pid = run.rank_statuses()[0]["pid"]
+    status = run.status()
+    assert status.status == "failed", status
+    assert status.reason.endswith(f"was stopped after step {status.step}"), status.reason
+    assert status.pid == script_pid
+    assert status.ended_at - killed_at >= cleanup_s - 1.5  # the unwinding took its time
+    # kept by the script's process while it unwound, not only as its end was written
+    kept = [
+        beat
+        for beat, pid in beats
+        if pid == script_pid and killed_at + 2.0 < beat < status.ended_at - 2.0
+    ]
+    assert len(kept) >= 2, (killed_at, status.ended_at, beats[-8:])
 
 
 def test_a_script_that_forks_keeps_its_own_steps_once_and_notes_the_copys(tmp_path):

@@ -2,7 +2,7 @@
 
 Written for the tests of ``pipeline-doctor profile``: nothing in it knows the instruments.
 Arguments: --steps N --batch-size B --num-workers W --sleep-ms S --hidden H
-[--exit-code C] [--fail] [--linger-s S]
+[--exit-code C] [--fail] [--linger-s S] [--cleanup-s S]
 """
 
 import argparse
@@ -38,6 +38,9 @@ def main():
     parser.add_argument("--linger-s", type=float, default=0.0)
     parser.add_argument("--hidden", type=int, default=16)
     parser.add_argument("--quiet", action="store_true", help="no line per step")
+    parser.add_argument(
+        "--cleanup-s", type=float, default=0.0, help="seconds spent on the way out, however it ends"
+    )
     args = parser.parse_args()
     torch.manual_seed(0)
     model = torch.nn.Sequential(
@@ -52,18 +55,21 @@ def main():
     loader = DataLoader(
         dataset, batch_size=args.batch_size, num_workers=args.num_workers, pin_memory=False
     )
-    for step, (x, y) in enumerate(loader, 1):
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        # the gradient norm as a test's oracle: summed by hand, not torch's norm helper
-        grad_norm = sum(float((p.grad**2).sum()) for p in model.parameters()) ** 0.5
-        optimizer.step()
-        if not args.quiet:
-            print(f"step {step} loss {loss.item():.6g} grad_norm {grad_norm:.6g}", flush=True)
-        if args.fail and step == 3:
-            raise ValueError("boom at step 3")
-        time.sleep(args.linger_s)
+    try:
+        for step, (x, y) in enumerate(loader, 1):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            # the gradient norm as a test's oracle: summed by hand, not torch's norm helper
+            grad_norm = sum(float((p.grad**2).sum()) for p in model.parameters()) ** 0.5
+            optimizer.step()
+            if not args.quiet:
+                print(f"step {step} loss {loss.item():.6g} grad_norm {grad_norm:.6g}", flush=True)
+            if args.fail and step == 3:
+                raise ValueError("boom at step 3")
+            time.sleep(args.linger_s)
+    finally:
+        time.sleep(args.cleanup_s)  # as a checkpoint saved on the way out would take
     if args.exit_code is not None:
         sys.exit(args.exit_code)
 
