@@ -5,9 +5,11 @@ Four tiny CPU runs (a one-layer model, 30 steps, one thread each) start at once.
 the profiler's window, three checkpoints and an epoch boundary with an evaluation, so the
 known causes of slow steps are all there to be left out, and so is the one from outside
 the job: four runs on two cores take the CPU from each other now and then, which each step
-record's ``cpu_wait_ms`` shows (a slow step that is mostly such waiting is left out). The stall (1.5 s every 5th batch)
-is a sleep, which CPU load on a shared machine does not stretch: it stays far above the
-noise of the other steps.
+record's ``cpu_wait_ms`` shows: the rule judges each step's own time, that waiting left
+out. The stall (1.5 s every 5th batch) is a sleep, which CPU load on a shared machine does
+not stretch: on its own time it stays far above the other steps, even when the host is so
+busy that their clock time comes near it (stop 34's CI: 50 -> 500 ms from step 15 on,
+tests/diagnostics/rules/test_step_time_outliers_loaded_host.py).
 
 The healthy runs load their batches in the training thread (``data.num_workers=0``), so
 that every delay a busy host causes them is the training thread's own wait for a CPU.

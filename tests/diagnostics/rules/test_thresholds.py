@@ -54,6 +54,16 @@ def test_json_file_and_mapping_override(tmp_path):
     assert load_thresholds(None) == Thresholds()
 
 
+def test_a_file_from_an_earlier_version_with_a_retired_threshold_still_loads(tmp_path):
+    """step_outlier_cpu_wait_share tuned what the rule now measures (each step's own time):
+    a thresholds file that set it is valid input, read with the rest of its values."""
+    path = tmp_path / "t.json"
+    path.write_text('{"step_outlier_cpu_wait_share": 0.3, "step_outlier_sigma": 4}')
+    loaded = load_thresholds(path)
+    assert loaded == dataclasses.replace(Thresholds(), step_outlier_sigma=4.0)
+    assert not hasattr(loaded, "step_outlier_cpu_wait_share")
+
+
 @pytest.mark.parametrize(
     ("text", "suffix", "message"),
     [
