@@ -17,7 +17,7 @@ from diagnostics import views
 from diagnostics.analyze import analyze
 from diagnostics.drilldown import DrillDown, load_drilldowns
 from diagnostics.errors import InputError
-from diagnostics.runs import FINDINGS_FILE, RunFolder
+from diagnostics.runs import FINDINGS_FILE, RunFolder, RunListing
 from diagnostics.trace.budget import Limits
 from diagnostics.views import RunFigures
 
@@ -75,6 +75,11 @@ def run_figures(run_path: Path) -> RunFigures:
     except OSError:
         digest_mtime = 0.0
     return _run_figures_cached(str(run_path), folder.mtime_key(), digest_mtime)
+
+
+def run_figures_of(run: RunListing) -> RunFigures:
+    """:func:`run_figures` of a listed run (diagnostics.views.calibration reads them so)."""
+    return run_figures(run.path)
 
 
 @st.cache_resource(max_entries=8, ttl=CACHE_TTL_S, show_spinner="Reading the trace…")

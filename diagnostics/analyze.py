@@ -24,8 +24,7 @@ from diagnostics.facts import (
     step_time_spread,
 )
 from diagnostics.facts.comm_ranks import CollectiveMatch
-from diagnostics.facts.device import identify_device
-from diagnostics.facts.mfu import mfu_facts
+from diagnostics.facts.mfu import mfu_facts, run_device_identity
 from diagnostics.facts.ranks import rank_collectives
 from diagnostics.facts.summary import overlap_summary
 from diagnostics.metrics import (
@@ -484,16 +483,6 @@ def summarise(
     return summary
 
 
-def _run_device_properties(env: dict[str, Any]) -> dict[str, Any]:
-    """The trainer's environment record (gpu_name, gpu_compute_capability "9.0") in
-    deviceProperties' terms, for a run recorded without a trace."""
-    props: dict[str, Any] = {"name": env["gpu_name"]}
-    major, _, minor = str(env.get("gpu_compute_capability") or "").partition(".")
-    if major.isdigit():
-        props["computeMajor"], props["computeMinor"] = int(major), int(minor or 0)
-    return props
-
-
 def _environment(
     run: RunData | None, primary: LoadedTrace | None, facts: TraceFacts | None
 ) -> dict[str, Any]:
@@ -532,8 +521,8 @@ def _environment(
             env["world_size"] = meta.distributed_info.get("world_size")
             env["backend"] = meta.distributed_info.get("backend")
     identity = facts.device_identity if facts is not None and facts.device == "cuda" else None
-    if identity is None and env["gpu_name"] and env["device"] == "cuda":
-        identity = identify_device([_run_device_properties(env)])
+    if identity is None:
+        identity = run_device_identity(env)
     if identity is not None:
         env["gpu_vendor"] = identity.vendor
         env["gpu_architecture"] = identity.architecture

@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 import streamlit as st
 
-from app_ui import session
+from app_ui import loaders, session
 from diagnostics import views
 from diagnostics.rules.docs import SECTIONS, rule_reference
 from diagnostics.runs import list_runs
@@ -33,7 +33,7 @@ st.table(
 )
 
 st.subheader("Calibration on this folder's re-runs", anchor="calibration")
-calibration = calibrate(list_runs(session.runs_dir()))
+calibration = calibrate(list_runs(session.runs_dir()), loaders.run_figures_of)
 st.caption(
     "Each finding predicts a saving; a re-run that applied its fix (Re-run with fix, or "
     "--parent-run-id with the same overrides) measured one, in median step time. Measured ÷ "

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from diagnostics.runs import HEARTBEAT_INTERVAL_S, RunWriter
+from diagnostics.runs import HEARTBEAT_INTERVAL_S, RunFolderError, RunWriter
 
 WRAPPER_PID_ENV = "PIPELINE_DOCTOR_WRAPPER_PID"
 CHECK_EVERY_S = 1.0
@@ -125,16 +125,17 @@ class OrphanHeartbeat:
         self._lock = threading.Lock()
         self._writer: RunWriter | None = None
         self._ended = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         with self._lock:
             if self._writer is not None or self._ended.is_set():
                 return
-            self._writer = RunWriter.reopen(self.run_dir)
+            try:
+                self._writer = RunWriter.reopen(self.run_dir)
+            except (RunFolderError, OSError):  # the script's own end comes first
+                return
             self._beat()
-        self._thread = threading.Thread(target=self._run, name="orphan-heartbeat", daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._run, name="orphan-heartbeat", daemon=True).start()
 
     def _beat(self) -> None:
         assert self._writer is not None

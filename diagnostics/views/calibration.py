@@ -12,7 +12,7 @@ first run was not analysed since its records changed are counted as such, not gu
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import polars as pl
@@ -53,17 +53,22 @@ class Calibration:
     unanalysed_parents: int  # re-runs whose first run has no current findings digest
 
 
+def _figures_from_folder(run: RunListing) -> RunFigures:
+    return run_figures(RunFolder(run.path))
+
+
 def calibrate(
-    listings: Iterable[RunListing], figures: Mapping[str, RunFigures] | None = None
+    listings: Iterable[RunListing],
+    read_figures: Callable[[RunListing], RunFigures] = _figures_from_folder,
 ) -> Calibration:
-    """The calibration of every rule with a re-run here. ``figures`` (by run id, as the runs
-    table reads them) are read from the folders where not given."""
+    """The calibration of every rule with a re-run here. ``read_figures``: a run's figures,
+    as the runs table reads them (the app passes its cached reader); each run's once."""
     runs = {run.run_id: run for run in listings if run.error is None}
-    known = dict(figures or {})
+    known: dict[str, RunFigures] = {}
 
     def figures_of(run: RunListing) -> RunFigures:
         if run.run_id not in known:
-            known[run.run_id] = run_figures(RunFolder(run.path))
+            known[run.run_id] = read_figures(run)
         return known[run.run_id]
 
     by_rule: dict[str, list[CalibrationPair]] = {}
