@@ -15,16 +15,24 @@ far more than the loader does (``--threads auto`` keeps the trainer's own choice
     .venv/bin/python bench/bench_fix.py                  # 40 steps, 1 round (~1-2 min)
     .venv/bin/python bench/bench_fix.py --steps 60 --rounds 3
     .venv/bin/python bench/bench_fix.py --script --rounds 3   # a user's script instead
+    .venv/bin/python bench/bench_fix.py --script run_clm --steps 30 --rounds 3
 
-``--script`` does the same for a user's own script under ``pipeline-doctor profile``
-(tests/scripts/slow_loader.py: 8 samples a batch, each sleeping 5 ms in ``__getitem__``, a
-3072-wide MLP, ``num_workers=0``), re-run with the finding's patch as ``--override``: the
-speed-up that tests/probe/test_rerun_with_fix.py proves the mechanism of.
+``--script`` does the same for a user's own script under ``pipeline-doctor profile``,
+re-run with the finding's patch as ``--override``, the script unedited:
+
+- ``slow_loader`` (the default): tests/scripts/slow_loader.py, 8 samples a batch, each
+  sleeping 5 ms in ``__getitem__``, a 3072-wide MLP, ``num_workers=0``; the speed-up that
+  tests/probe/test_rerun_with_fix.py proves the mechanism of.
+- ``run_clm``: transformers' public run_clm.py, unmodified (tests/scripts/third_party), with
+  the HF Trainer's default ``dataloader_num_workers=0``: 1,024 rows of 16-token blocks a
+  batch read from Arrow and collated on the training thread, a 1-layer 8-wide GPT-2 made
+  from a config; tests/probe/test_hf_trainer_rerun.py proves the mechanism.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import subprocess
 import sys
@@ -40,8 +48,9 @@ from diagnostics.result import AnalysisResult  # noqa: E402
 
 RULE = "too-few-workers"
 SCENARIO = "slow-loader"
-SCRIPT = REPO_ROOT / "tests" / "scripts" / "slow_loader.py"
-SCRIPT_ARGS = ["--batch-size", "8", "--sleep-ms", "5", "--hidden", "3072"]
+SLOW_LOADER = REPO_ROOT / "tests" / "scripts" / "slow_loader.py"
+RUN_CLM = REPO_ROOT / "tests" / "scripts" / "third_party" / "run_clm" / "run_clm.py"
+SCRIPTS = ("slow_loader", "run_clm")
 
 
 def patch_args(patch: dict[str, Any], flag: str = "--set") -> list[str]:
@@ -68,18 +77,44 @@ def run(runs_dir: Path, steps: int, threads: str, extra: list[str]) -> AnalysisR
     return analyze(done.stdout.strip().splitlines()[-1])
 
 
-def run_script(runs_dir: Path, steps: int, threads: str, extra: list[str]) -> AnalysisResult:
-    """slow_loader.py under ``python -m probe profile`` (no trace), ``extra`` its overrides."""
+def script_command(name: str, steps: int, folder: Path) -> tuple[list[str], dict[str, str]]:
+    """The script's path and arguments, and what its environment needs, made in ``folder``."""
+    if name == "slow_loader":
+        args = ["--steps", str(steps), "--batch-size", "8", "--sleep-ms", "5", "--hidden", "3072"]
+        return [str(SLOW_LOADER), *args], {}
+    from tests.probe.hf_fixtures import offline_env, write_corpus, write_tiny_model
+
+    block, batch = 16, 1024
+    model = folder / "model"
+    if not model.exists():
+        write_tiny_model(model, positions=block, width=8, layers=1, heads=1)
+        # 12 words a line: enough blocks for every step in one epoch
+        write_corpus(folder / "train.txt", lines=(steps * batch * block) // 12 + 1000)
+    args = [
+        "--config_name", str(model), "--tokenizer_name", str(model),
+        "--train_file", str(folder / "train.txt"), "--do_train",
+        "--output_dir", str(folder / "out"), "--max_steps", str(steps),
+        "--per_device_train_batch_size", str(batch), "--block_size", str(block),
+        "--report_to", "none", "--save_strategy", "no", "--use_cpu",
+    ]  # fmt: skip
+    return [str(RUN_CLM), *args], offline_env(folder)
+
+
+def run_script(
+    name: str, runs_dir: Path, steps: int, threads: str, extra: list[str]
+) -> AnalysisResult:
+    """The script under ``python -m probe profile`` (no trace), ``extra`` its overrides."""
     import os
 
-    env = dict(os.environ)
+    command, script_env = script_command(name, steps, runs_dir)
+    env = {**os.environ, **script_env}
     if threads != "auto":
         env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
     args = [
         sys.executable, "-m", "probe", "profile", "--runs-dir", str(runs_dir), "--no-trace",
-        *extra, str(SCRIPT), "--steps", str(steps), *SCRIPT_ARGS,
+        *extra, *command,
     ]  # fmt: skip
-    done = subprocess.run(args, cwd=REPO_ROOT, capture_output=True, text=True, env=env)
+    done = subprocess.run(args, cwd=runs_dir, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         sys.exit(f"error: profiled script failed: {done.stderr.strip().splitlines()[-1:]}")
     return analyze(done.stdout.strip().splitlines()[-1])
@@ -88,11 +123,13 @@ def run_script(runs_dir: Path, steps: int, threads: str, extra: list[str]) -> An
 def step_stats(result: AnalysisResult) -> dict[str, float]:
     steps = result.run.steps.slice(1)  # the first step forks the workers
     times = sorted(steps["step_time_ms"].to_list())
-    waits = steps["data_wait_ms"].to_list()
+    # a step whose batch the loader did not hand over (an HF Trainer's last) has no wait
+    timed = steps.drop_nulls("data_wait_ms")
+    waits, waited_steps = timed["data_wait_ms"].to_list(), timed["step_time_ms"].to_list()
     return {
         "median_ms": statistics.median(times),
         "p95_ms": times[min(len(times) - 1, int(round(0.95 * (len(times) - 1))))],
-        "wait_share_pct": 100.0 * sum(waits) / sum(times),
+        "wait_share_pct": 100.0 * sum(waits) / sum(waited_steps),
     }
 
 
@@ -102,11 +139,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--threads", default="1", help="torch threads for both runs, or auto")
     parser.add_argument(
-        "--script", action="store_true", help="a user's script under pipeline-doctor profile"
+        "--script",
+        nargs="?",
+        const="slow_loader",
+        choices=SCRIPTS,
+        help="a user's script under pipeline-doctor profile (default slow_loader)",
     )
     args = parser.parse_args(argv)
-    start, flag = (run_script, "--override") if args.script else (run, "--set")
-    subject = f"{SCRIPT.name} (pipeline-doctor profile)" if args.script else SCENARIO
+    if args.script:
+        start, flag = functools.partial(run_script, args.script), "--override"
+        subject = f"{args.script}.py (pipeline-doctor profile)"
+    else:
+        start, flag, subject = run, "--set", SCENARIO
 
     with tempfile.TemporaryDirectory(prefix="bench_fix_") as tmp:
         runs_dir = Path(tmp)

@@ -1,7 +1,7 @@
 """A tiny causal LM made locally for HF Trainer tests: no download, random weights.
 
 The tokenizer is a ``tokenizers`` WordLevel model over this module's own 40 words, saved
-as a ``PreTrainedTokenizerFast``; the model a 2-layer GPT-2 config 32 wide. Both are
+as a ``PreTrainedTokenizerFast``; the model a GPT-2 config, by default 2 layers 32 wide. Both are
 written with ``save_pretrained`` into a folder the test owns, and the training text into a
 ``train.txt`` beside them.
 """
@@ -28,7 +28,9 @@ def offline_env(home: Path) -> dict[str, str]:
     }
 
 
-def write_tiny_model(folder: Path, *, positions: int = 64) -> Path:
+def write_tiny_model(
+    folder: Path, *, positions: int = 64, width: int = 32, layers: int = 2, heads: int = 2
+) -> Path:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import GPT2Config, PreTrainedTokenizerFast
 
@@ -47,9 +49,9 @@ def write_tiny_model(folder: Path, *, positions: int = 64) -> Path:
     config = GPT2Config(
         vocab_size=len(vocab),
         n_positions=positions,
-        n_embd=32,
-        n_layer=2,
-        n_head=2,
+        n_embd=width,
+        n_layer=layers,
+        n_head=heads,
         bos_token_id=1,
         eos_token_id=1,
     )
