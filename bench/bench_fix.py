@@ -24,8 +24,8 @@ re-run with the finding's patch as ``--override``, the script unedited:
   sleeping 5 ms in ``__getitem__``, a 3072-wide MLP, ``num_workers=0``; the speed-up that
   tests/probe/test_rerun_with_fix.py proves the mechanism of.
 - ``run_clm``: transformers' public run_clm.py, unmodified (tests/scripts/third_party), with
-  the HF Trainer's default ``dataloader_num_workers=0``: 1,024 rows of 16-token blocks a
-  batch read from Arrow and collated on the training thread, a 1-layer 8-wide GPT-2 made
+  the HF Trainer's default ``dataloader_num_workers=0``: 2,048 rows of 16-token blocks a
+  batch read from Arrow and collated on the training thread, a 1-layer 32-wide GPT-2 made
   from a config; tests/probe/test_hf_trainer_rerun.py proves the mechanism.
 """
 
@@ -84,10 +84,10 @@ def script_command(name: str, steps: int, folder: Path) -> tuple[list[str], dict
         return [str(SLOW_LOADER), *args], {}
     from tests.probe.hf_fixtures import offline_env, write_corpus, write_tiny_model
 
-    block, batch = 16, 1024
+    block, batch = 16, 2048
     model = folder / "model"
     if not model.exists():
-        write_tiny_model(model, positions=block, width=8, layers=1, heads=1)
+        write_tiny_model(model, positions=block, width=32, layers=1, heads=1)
         # 12 words a line: enough blocks for every step in one epoch
         write_corpus(folder / "train.txt", lines=(steps * batch * block) // 12 + 1000)
     args = [

@@ -4,16 +4,20 @@ with its default ``dataloader_num_workers=0``, then re-run with its finding's pa
 back as ``--override``.
 
 Its pathology is real loading work on the training thread, none of it ours: each batch is
-1,024 rows of 16-token blocks read out of the Arrow table by ``datasets`` and collated by
-transformers' ``default_data_collator`` (about 19 ms a batch here), against a model small
-enough to make that count (a 1-layer, 8-wide GPT-2 from a config, random weights: about
-32 ms a step). Made here, nothing downloaded: the model and a WordLevel tokenizer
-(tests/probe/hf_fixtures.py) and 40,000 lines of 12 words, one epoch of 30 batches.
+2,048 rows of 16-token blocks read out of the Arrow table by ``datasets`` and collated by
+transformers' ``default_data_collator`` (about 45 ms a batch here), against a model small
+enough to make that count (a 1-layer, 32-wide GPT-2 from a config, random weights: about
+230 ms a step). Made here, nothing downloaded: the model and a WordLevel tokenizer
+(tests/probe/hf_fixtures.py) and 80,000 lines of 12 words, one epoch of 30 batches.
 
-Measured here: 51.5 ms a step with 37 % waiting, too-few-workers (high) with the patch
-``dataloader.num_workers=1``; the re-run 45.8 ms with 1.7 ms waiting, no finding. The
-worker's loading is CPU work on the second core, so how much faster the steps get is the
-host's to say (a loaded 2-core host can take it all back). This test proves the mechanism
+Measured here: 275 ms a step with 17 % waiting, too-few-workers with the patch
+``dataloader.num_workers=1``; the re-run 227 ms with 2.8 % waiting, no finding. Three of
+these tests at once on the 2 cores (as CI's three test workers run): 14-20 % waiting, then
+1.4-5.8 ms of 230-354 ms a step, no finding. The sizes are chosen for that margin: with
+1,024 rows and an 8-wide model the first run waited 37 % of a 52 ms step, but the re-run's
+few milliseconds of taking the batch off the worker's queue were 5.1-6.3 % of its step
+under that load, and the finding stayed. The worker's loading is CPU work on the second
+core, so how much faster the steps get is the host's to say. This test proves the mechanism
 on the public script: the finding, its fix in the script's own TrainingArguments, the
 re-run command as the user copies it, the override reaching the loader the Trainer builds,
 the finding gone and the wait off the training thread. The speed-up is measured in paired,
@@ -36,7 +40,7 @@ from tests.probe.hf_fixtures import offline_env, write_corpus, write_tiny_model
 from tests.probe.test_hf_trainer import SCRIPT, TRAIN_CALL_LINE
 from tests.run_timing import raise_priority
 
-BATCH, BLOCK, STEPS, LINES = 1024, 16, 30, 40_000
+BATCH, BLOCK, STEPS, LINES = 2048, 16, 30, 80_000
 
 
 def _profile(command: list[str], cwd, env) -> subprocess.CompletedProcess:
@@ -62,7 +66,7 @@ def _median_wait_ms(folder: RunFolder) -> float:
 
 @pytest.mark.slow
 def test_the_public_scripts_finding_as_override_removes_it_and_the_wait(tmp_path):
-    model = write_tiny_model(tmp_path / "model", positions=BLOCK, width=8, layers=1, heads=1)
+    model = write_tiny_model(tmp_path / "model", positions=BLOCK, width=32, layers=1, heads=1)
     corpus = write_corpus(tmp_path / "train.txt", lines=LINES)
     script_args = [
         "--config_name", str(model), "--tokenizer_name", str(model),
