@@ -103,6 +103,19 @@ def test_a_timeout_whose_stderr_shows_an_allocation_failure_is_the_memory_limit(
     assert "took longer than 5 s, the time limit" in str(plain)
 
 
+@pytest.mark.parametrize("code", [1, 127, None])
+def test_a_thread_whose_local_data_could_not_be_mapped_is_the_memory_limit(tmp_path, code):
+    """glibc's own words when a new thread's TLS cannot be mapped under the address-space
+    limit (a CI run of the test above ended so, read as "internal error in the analysis")."""
+    child = ChildLimits(memory_bytes=600 * MIB, timeout_s=5)
+    said = "Fatal Python error: ...\ncannot allocate memory for thread-local data: ABORT\n"
+    stopped = isolated._stopped(code, tmp_path, "large", child, said)
+    assert str(stopped).startswith("large: the analysis needed more than 600.0 MiB of memory")
+    # a bug's own message still reads as one
+    bug = isolated._stopped(1, tmp_path, "large", child, "KeyError: 'ts'\n")
+    assert str(bug) == "large: internal error in the analysis: KeyError: 'ts'"
+
+
 def _children_of(pid: int) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
