@@ -82,22 +82,9 @@ def script_command(name: str, steps: int, folder: Path) -> tuple[list[str], dict
     if name == "slow_loader":
         args = ["--steps", str(steps), "--batch-size", "8", "--sleep-ms", "5", "--hidden", "3072"]
         return [str(SLOW_LOADER), *args], {}
-    from tests.probe.hf_fixtures import offline_env, write_corpus, write_tiny_model
+    from tests.probe.hf_fixtures import offline_env, write_run_clm_proof
 
-    block, batch = 16, 2048
-    model = folder / "model"
-    if not model.exists():
-        write_tiny_model(model, positions=block, width=32, layers=1, heads=1)
-        # 12 words a line: enough blocks for every step in one epoch
-        write_corpus(folder / "train.txt", lines=(steps * batch * block) // 12 + 1000)
-    args = [
-        "--config_name", str(model), "--tokenizer_name", str(model),
-        "--train_file", str(folder / "train.txt"), "--do_train",
-        "--output_dir", str(folder / "out"), "--max_steps", str(steps),
-        "--per_device_train_batch_size", str(batch), "--block_size", str(block),
-        "--report_to", "none", "--save_strategy", "no", "--use_cpu",
-    ]  # fmt: skip
-    return [str(RUN_CLM), *args], offline_env(folder)
+    return [str(RUN_CLM), *write_run_clm_proof(folder, steps)], offline_env(folder)
 
 
 def run_script(

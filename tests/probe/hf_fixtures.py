@@ -66,3 +66,25 @@ def write_corpus(path: Path, lines: int, words_a_line: int = 12) -> Path:
     )
     path.write_text(text)
     return path
+
+
+# The re-run proof on transformers' run_clm.py (tests/probe/test_hf_trainer_rerun.py and
+# ``bench/bench_fix.py --script run_clm``): 2,048 rows of 16-token blocks a batch, read and
+# collated on the training thread, against a 1-layer, 32-wide GPT-2.
+PROOF_BATCH, PROOF_BLOCK = 2048, 16
+
+
+def write_run_clm_proof(folder: Path, steps: int) -> list[str]:
+    """The proof's model and corpus written into ``folder`` (one epoch of ``steps``
+    batches, 12 words a line), and run_clm.py's arguments for them."""
+    model = folder / "model"
+    if not model.exists():
+        write_tiny_model(model, positions=PROOF_BLOCK, width=32, layers=1, heads=1)
+        write_corpus(folder / "train.txt", lines=steps * PROOF_BATCH * PROOF_BLOCK // 12 + 1000)
+    return [
+        "--config_name", str(model), "--tokenizer_name", str(model),
+        "--train_file", str(folder / "train.txt"), "--do_train",
+        "--output_dir", str(folder / "out"), "--max_steps", str(steps),
+        "--per_device_train_batch_size", str(PROOF_BATCH), "--block_size", str(PROOF_BLOCK),
+        "--logging_steps", "10", "--report_to", "none", "--save_strategy", "no", "--use_cpu",
+    ]  # fmt: skip

@@ -8,7 +8,7 @@ Its pathology is real loading work on the training thread, none of it ours: each
 transformers' ``default_data_collator`` (about 45 ms a batch here), against a model small
 enough to make that count (a 1-layer, 32-wide GPT-2 from a config, random weights: about
 230 ms a step). Made here, nothing downloaded: the model and a WordLevel tokenizer
-(tests/probe/hf_fixtures.py) and 80,000 lines of 12 words, one epoch of 30 batches.
+(tests/probe/hf_fixtures.py) and one epoch's lines of 12 words for 30 batches.
 
 Measured here: 275 ms a step with 17 % waiting, too-few-workers with the patch
 ``dataloader.num_workers=1``; the re-run 227 ms with 2.8 % waiting, no finding. Three of
@@ -36,11 +36,11 @@ import pytest
 from diagnostics.analyze import analyze
 from diagnostics.runs import RunFolder
 from tests.probe.helpers import child_env, profile_command, run_folder
-from tests.probe.hf_fixtures import offline_env, write_corpus, write_tiny_model
+from tests.probe.hf_fixtures import offline_env, write_run_clm_proof
 from tests.probe.test_hf_trainer import SCRIPT, TRAIN_CALL_LINE
 from tests.run_timing import raise_priority
 
-BATCH, BLOCK, STEPS, LINES = 2048, 16, 30, 80_000
+STEPS = 30
 
 
 def _profile(command: list[str], cwd, env) -> subprocess.CompletedProcess:
@@ -66,15 +66,7 @@ def _median_wait_ms(folder: RunFolder) -> float:
 
 @pytest.mark.slow
 def test_the_public_scripts_finding_as_override_removes_it_and_the_wait(tmp_path):
-    model = write_tiny_model(tmp_path / "model", positions=BLOCK, width=32, layers=1, heads=1)
-    corpus = write_corpus(tmp_path / "train.txt", lines=LINES)
-    script_args = [
-        "--config_name", str(model), "--tokenizer_name", str(model),
-        "--train_file", str(corpus), "--do_train", "--output_dir", str(tmp_path / "out"),
-        "--max_steps", str(STEPS), "--per_device_train_batch_size", str(BATCH),
-        "--block_size", str(BLOCK), "--logging_steps", "10",
-        "--report_to", "none", "--save_strategy", "no", "--use_cpu",
-    ]  # fmt: skip
+    script_args = write_run_clm_proof(tmp_path, STEPS)
     env = {**child_env(), **offline_env(tmp_path)}
     runs = tmp_path / "runs"
     before = _profile(profile_command(runs, str(SCRIPT), *script_args), tmp_path, env)
