@@ -402,6 +402,32 @@ class Thresholds:
         minimum=1.0,
     )
 
+    # -- slow-matmul-shape ----------------------------------------------------------------
+    slow_matmul_min_slowdown_x: float = _t(
+        1.5,
+        "a GEMM signature counts as slow when its median call takes this many times as long "
+        "as the fastest GEMM of the same precision that did at least its FLOPs and bytes",
+        "ours: equal-work GEMMs in another orientation differ by 1.10-1.36x in the shared "
+        "H100/MI300X Qwen traces and the H200 runs; 1.43-1.56x (A100, resnet50) and 3.3x "
+        "where a dimension of 64 or less meets a long K; 1.5x is beyond the first",
+        minimum=1.0,
+    )
+    slow_matmul_min_saving_pct: float = _t(
+        5.0,
+        "share of the counted GEMMs' GPU time that running the slow GEMMs at the faster "
+        "ones' call time would save, above which it is reported, %",
+        "ours: as misshapen-matmul's share: below a twentieth of GEMM time the saving is "
+        "within a step's run-to-run noise",
+    )
+    slow_matmul_min_step_saving_pct: float = _t(
+        1.0,
+        "where the profiled steps' time is known, the same saving as a share of it must "
+        "also reach this, %",
+        "ours: in HTA's A100 rank 0 of 16 two GEMM shapes took 1.6x and 3.3x their equal-"
+        "work twins, 20 % of GEMM time, yet 0.04 % of its communication-bound steps: not "
+        "worth a user's change",
+    )
+
     @classmethod
     def field_docs(cls) -> list[tuple[str, Any, str, str]]:
         """(name, default, doc, source) for every threshold, in declaration order."""

@@ -19,6 +19,7 @@ from diagnostics.rules.optimizer_state_dominates import OptimizerStateDominates
 from diagnostics.rules.out_of_memory_cause import OutOfMemoryCause
 from diagnostics.rules.per_sample_lookups import PerSampleLookups
 from diagnostics.rules.rank_stragglers import RankStragglers
+from diagnostics.rules.slow_matmul_shape import SlowMatmulShape
 from diagnostics.rules.step_time_outliers import StepTimeOutliers
 from diagnostics.rules.tensor_cores_unused import TensorCoresUnused
 from diagnostics.rules.too_few_workers import TooFewWorkers
@@ -47,6 +48,7 @@ RULES: tuple[Rule, ...] = (
     LaunchBoundKernels(),
     TensorCoresUnused(),
     MisshapenMatmul(),
+    SlowMatmulShape(),
     MemoryNearCapacity(),
     StepTimeOutliers(),
     BatchTooSmall(),
