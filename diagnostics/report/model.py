@@ -244,6 +244,7 @@ MEASURED_SHARE_KEYS = {
     "exposed-communication": "exposed_pct",
     "host-device-sync": "sync_share_pct",  # GPU idle while the host waited in a sync
     "tensor-cores-unused": "cuda_core_gemm_pct",  # GEMMs on CUDA cores, share of GPU time
+    "slow-matmul-shape": "slow_gemm_pct_of_step_time",  # the slow GEMMs' time in the steps
 }
 
 

@@ -180,7 +180,10 @@ class SlowMatmulShape(Rule):
         saving_pct = 100.0 * saving_us / step_us if step_us > 0 else None
         if saving_pct is not None and saving_pct < thresholds.slow_matmul_min_step_saving_pct:
             return []
-        return [self._finding(inputs, trace, slow, gemm_us, saving_of_gemm, saving_pct)]
+        slow_of_step = 100.0 * sum(row["gpu_us"] for row in slow) / step_us if step_us > 0 else None
+        return [
+            self._finding(inputs, trace, slow, gemm_us, saving_of_gemm, saving_pct, slow_of_step)
+        ]
 
     def _finding(
         self,
@@ -190,6 +193,7 @@ class SlowMatmulShape(Rule):
         gemm_us: float,
         saving_of_gemm: float,
         saving_pct: float | None,
+        slow_of_step: float | None,
     ) -> Finding:
         shapes = [
             {
@@ -217,6 +221,8 @@ class SlowMatmulShape(Rule):
             "gemm_gpu_ms": r(gemm_us / 1000.0, 3),
             "slow_share_of_gemm_pct": r(share, 1),
             "saving_share_of_gemm_pct": r(saving_of_gemm, 1),
+            # the slow GEMMs' own GPU time over the profiled steps' time: the saving's bound
+            "slow_gemm_pct_of_step_time": r(slow_of_step, 2),
             "shapes": shown,
             "steps": step_range(trace.steps["step"]) if trace.steps.height else None,
             "chart": chart(

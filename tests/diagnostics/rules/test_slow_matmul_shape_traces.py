@@ -102,6 +102,8 @@ def test_an_a100_job_is_told_which_gemm_shapes_ran_slower_than_larger_ones():
     listed_ms = sum(s["saving_ms"] for s in shapes)
     assert finding.estimated_saving_pct >= round(100 * listed_ms * 1e3 / steps_us, 1) - 0.05
     assert finding.evidence["saving_share_of_gemm_pct"] >= 5.0
+    # never more than the slow GEMMs' own time in the steps
+    assert finding.estimated_saving_pct <= finding.evidence["slow_gemm_pct_of_step_time"]
     assert "preferred_blas_library" in finding.fix.code
 
 
