@@ -32,6 +32,9 @@ from diagnostics.facts.peaks import DevicePeak
 
 # rows of the signature and kernel tables the result JSON carries (the largest by GPU time)
 SUMMARY_ROWS = 20
+# elements per 16 bytes: NVIDIA's Tensor Core alignment ("Matrix Multiplication Background
+# User's Guide", Tensor Core Requirements: multiples of 8 for FP16, 16 for INT8/FP8)
+TENSOR_CORE_ALIGNMENT: dict[str, int] = {"bf16": 8, "fp16": 8, "fp8": 16}
 
 OP_ROOFLINE_SCHEMA: dict[str, pl.DataType] = {
     "op_id": pl.UInt32,
@@ -273,6 +276,28 @@ class RooflineFacts:
             "signatures": _finite_rows(self.signatures.head(top)),
             "kernels": _finite_rows(self.kernels.head(top)),
         }
+
+
+def timed_gemm_calls(calls: pl.DataFrame) -> pl.DataFrame:
+    """The counted GEMM calls (OP_ROOFLINE_SCHEMA) with GPU time and all three dimensions:
+    what the GEMM shape rules compare."""
+    return calls.filter(
+        pl.col("counted")
+        & (pl.col("kind") == "gemm")
+        & (pl.col("gpu_us") > 0)
+        & pl.col("gemm_m").is_not_null()
+        & pl.col("gemm_n").is_not_null()
+        & pl.col("gemm_k").is_not_null()
+    )
+
+
+def misaligned_dims(precision: str | None, m: int, n: int, k: int) -> list[str]:
+    """``["N=50257", ...]``: the dimensions off the precision's Tensor Core alignment; none
+    for a precision without one (fp32: TF32 or not is not in the shapes)."""
+    align = TENSOR_CORE_ALIGNMENT.get(precision or "")
+    if not align:
+        return []
+    return [f"{name}={size}" for name, size in (("M", m), ("N", n), ("K", k)) if size % align]
 
 
 def roofline_facts(index: TraceIndex, peak: DevicePeak | None) -> RooflineFacts | None:

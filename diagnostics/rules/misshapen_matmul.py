@@ -45,7 +45,13 @@ from typing import Any, ClassVar
 import polars as pl
 
 from diagnostics.facts.peaks import PEAKS
-from diagnostics.facts.roofline import OP_ROOFLINE_SCHEMA, RooflineFacts
+from diagnostics.facts.roofline import (
+    OP_ROOFLINE_SCHEMA,
+    TENSOR_CORE_ALIGNMENT,
+    RooflineFacts,
+    misaligned_dims,
+    timed_gemm_calls,
+)
 from diagnostics.model import AnalysisInputs
 from diagnostics.percent import pct
 from diagnostics.rules import examples as ex
@@ -53,9 +59,6 @@ from diagnostics.rules.base import Example, Finding, Fix, Need, Rule, Severity, 
 from diagnostics.rules.evidence import chart, cuda_trace, r, step_range
 from diagnostics.thresholds import Thresholds
 
-# elements per 16 bytes: NVIDIA's Tensor Core alignment ("Matrix Multiplication Background
-# User's Guide", Tensor Core Requirements: multiples of 8 for FP16, 16 for INT8/FP8)
-ALIGNMENT: dict[str, int] = {"bf16": 8, "fp16": 8, "fp8": 16}
 # the padding the guide recommends for the best efficiency (128 bytes: 64 elements in
 # 16-bit) and that nanoGPT (50,304) and Megatron-LM use for the vocabulary
 VOCAB_MULTIPLE = 64
@@ -78,15 +81,8 @@ model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=64)
 
 
 def _gemm_calls(roofline: RooflineFacts) -> pl.DataFrame:
-    """Counted GEMM calls with GPU time, dimensions and a precision that has an alignment."""
-    return roofline.calls.filter(
-        pl.col("counted")
-        & (pl.col("kind") == "gemm")
-        & (pl.col("gpu_us") > 0)
-        & pl.col("gemm_m").is_not_null()
-        & pl.col("gemm_n").is_not_null()
-        & pl.col("gemm_k").is_not_null()
-    )
+    """Counted GEMM calls with GPU time and dimensions."""
+    return timed_gemm_calls(roofline.calls)
 
 
 def _signatures(calls: pl.DataFrame) -> pl.DataFrame:
@@ -101,19 +97,16 @@ def _signatures(calls: pl.DataFrame) -> pl.DataFrame:
         .with_columns(
             (pl.col("flops") / pl.col("calls")).alias("flops_per_call"),
             (pl.col("flops") / (pl.col("gpu_us") / 1e6) / 1e12).alias("tflops_per_s"),
-            pl.col("precision").replace_strict(ALIGNMENT, default=None).alias("alignment"),
+            pl.col("precision")
+            .replace_strict(TENSOR_CORE_ALIGNMENT, default=None)
+            .alias("alignment"),
         )
         .sort(["gpu_us", "name", "shape"], descending=[True, False, False])
     )
 
 
 def _misaligned(row: dict[str, Any]) -> list[str]:
-    align = row["alignment"]
-    return [
-        f"{dim}={row[f'gemm_{dim.lower()}']}"
-        for dim in ("M", "N", "K")
-        if align and row[f"gemm_{dim.lower()}"] % align
-    ]
+    return misaligned_dims(row["precision"], row["gemm_m"], row["gemm_n"], row["gemm_k"])
 
 
 def _vocab_rows(inputs: AnalysisInputs) -> int | None:

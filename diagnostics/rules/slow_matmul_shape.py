@@ -44,7 +44,12 @@ import numpy as np
 import polars as pl
 
 from diagnostics.facts.peaks import PEAKS
-from diagnostics.facts.roofline import OP_ROOFLINE_SCHEMA, RooflineFacts
+from diagnostics.facts.roofline import (
+    OP_ROOFLINE_SCHEMA,
+    RooflineFacts,
+    misaligned_dims,
+    timed_gemm_calls,
+)
 from diagnostics.model import AnalysisInputs
 from diagnostics.percent import pct
 from diagnostics.rules import examples as ex
@@ -53,9 +58,6 @@ from diagnostics.rules.device_advice import device_advice
 from diagnostics.rules.evidence import chart, cuda_trace, r, step_range
 from diagnostics.thresholds import Thresholds
 
-# elements per 16 bytes (NVIDIA's Tensor Core alignment, as misshapen-matmul reads it): a
-# signature with a dimension off it is misshapen-matmul's, not this rule's
-_ALIGNMENT: dict[str, int] = {"bf16": 8, "fp16": 8, "fp8": 16}
 SHOWN = 10  # slow shapes listed in the evidence
 
 FIX_CODE = """\
@@ -76,14 +78,8 @@ torch.backends.cuda.preferred_blas_library("cublaslt")
 def _gemm_signatures(roofline: RooflineFacts) -> pl.DataFrame:
     """Counted GEMM calls with GPU time and dimensions, grouped by operator, shape,
     precision and batch: calls, FLOPs and bytes a call, total and median GPU time."""
-    calls = roofline.calls.filter(
-        pl.col("counted")
-        & (pl.col("kind") == "gemm")
-        & (pl.col("gpu_us") > 0)
-        & pl.col("gemm_m").is_not_null()
-        & pl.col("gemm_n").is_not_null()
-        & pl.col("gemm_k").is_not_null()
-        & pl.col("flops").is_not_null()
+    calls = timed_gemm_calls(roofline.calls).filter(
+        pl.col("flops").is_not_null()
         & pl.col("bytes").is_not_null()
         & pl.col("precision").is_not_null()
     )
@@ -102,8 +98,8 @@ def _gemm_signatures(roofline: RooflineFacts) -> pl.DataFrame:
 
 
 def _misaligned(row: dict[str, Any]) -> bool:
-    align = _ALIGNMENT.get(row["precision"])
-    return bool(align) and any(row[f"gemm_{d}"] % align for d in ("m", "n", "k"))
+    """Off its precision's Tensor Core alignment: misshapen-matmul's, not this rule's."""
+    return bool(misaligned_dims(row["precision"], row["gemm_m"], row["gemm_n"], row["gemm_k"]))
 
 
 def _outpaced(signatures: pl.DataFrame, min_slowdown: float) -> list[dict[str, Any]]:
