@@ -40,7 +40,6 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, ClassVar
 
-import numpy as np
 import polars as pl
 
 from diagnostics.facts.peaks import PEAKS
@@ -106,24 +105,38 @@ def _outpaced(signatures: pl.DataFrame, min_slowdown: float) -> list[dict[str, A
     """Each signature (not misaligned) with the fastest signature of its precision and batch
     that did at least its FLOPs and bytes a call, where its median call took at least
     ``min_slowdown`` times as long."""
-    rows = signatures.to_dicts()
-    if len(rows) < 2:
+    if signatures.height < 2:
         return []
-    flops = np.array([row["flops_per_call"] for row in rows], dtype=np.float64)
-    moved = np.array([row["bytes_per_call"] for row in rows], dtype=np.float64)
-    median = np.array([row["median_us"] for row in rows], dtype=np.float64)
-    kind = np.array([f"{row['precision']}/{row['gemm_batch']}" for row in rows])
+    indexed = signatures.with_row_index("row")
+    peers = indexed.select(
+        "precision",
+        "gemm_batch",
+        pl.col("row").alias("peer_row"),
+        pl.col("flops_per_call").alias("peer_flops"),
+        pl.col("bytes_per_call").alias("peer_bytes"),
+        pl.col("median_us").alias("peer_median_us"),
+    )
+    # one row per GEMM shape, so the pairs within a precision and batch are few; a polars
+    # join rather than numpy keeps numpy's import out of the analysis
+    fastest = (
+        indexed.select("row", "precision", "gemm_batch", "flops_per_call", "bytes_per_call")
+        .join(peers, on=["precision", "gemm_batch"])
+        .filter(
+            (pl.col("peer_row") != pl.col("row"))
+            & (pl.col("peer_flops") >= pl.col("flops_per_call"))
+            & (pl.col("peer_bytes") >= pl.col("bytes_per_call"))
+        )
+        .sort("peer_median_us", "peer_row")
+        .group_by("row", maintain_order=True)
+        .agg(pl.col("peer_row").first())
+    )
+    rows = signatures.to_dicts()
     found = []
-    for index, row in enumerate(rows):
+    for index, peer in fastest.sort("row").iter_rows():
+        row = rows[index]
         if _misaligned(row):
             continue
-        larger = (kind == kind[index]) & (flops >= flops[index]) & (moved >= moved[index])
-        larger[index] = False
-        if not larger.any():
-            continue
-        candidates = np.flatnonzero(larger)
-        peer = int(candidates[np.argmin(median[candidates])])
-        if median[index] >= min_slowdown * median[peer]:
+        if row["median_us"] >= min_slowdown * rows[peer]["median_us"]:
             found.append({**row, "peer": rows[peer]})
     return found
 

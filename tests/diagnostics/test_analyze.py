@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import polars as pl
@@ -329,3 +331,27 @@ def test_any_plausible_trace_analyses_to_strict_json_or_an_input_error(tmp_path_
         assert str(exc).startswith(f"{path}: ")
         return
     assert_summary_complete(result.to_json())
+
+
+def test_analysing_a_real_trace_never_imports_numpy():
+    """numpy's import is about a tenth of a second, a tenth of what a bare json.load of the
+    benchmark's trace takes (bench/bench_analyzer.py --quick): the analysis, every rule's
+    check included, keeps it out. A100 rank 3 of 8 is the trace where the GEMM shape rules
+    run their comparisons and slow-matmul-shape fires."""
+    trace = SHARED_TRACES / "hta_a100_rank3_of_8.json.gz"
+    code = (
+        "import sys\n"
+        "from diagnostics.analyze import analyze_files\n"
+        f"result = analyze_files([{str(trace)!r}])\n"
+        "print(sorted(f.rule for f in result.findings), 'numpy' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    fired, numpy_imported = done.stdout.strip().rsplit(" ", 1)
+    assert "slow-matmul-shape" in fired
+    assert numpy_imported == "False"
