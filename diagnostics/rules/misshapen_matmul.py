@@ -80,11 +80,6 @@ model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=64)
 """
 
 
-def _gemm_calls(roofline: RooflineFacts) -> pl.DataFrame:
-    """Counted GEMM calls with GPU time and dimensions."""
-    return timed_gemm_calls(roofline.calls)
-
-
 def _signatures(calls: pl.DataFrame) -> pl.DataFrame:
     """Calls grouped by operator, shape and precision: their FLOPs, GPU time and rate."""
     return (
@@ -124,7 +119,9 @@ def _vocab_rows(inputs: AnalysisInputs) -> int | None:
 def _has_gemm_shapes(inputs: AnalysisInputs) -> bool:
     trace = cuda_trace(inputs)
     return bool(
-        trace is not None and trace.roofline is not None and _gemm_calls(trace.roofline).height
+        trace is not None
+        and trace.roofline is not None
+        and timed_gemm_calls(trace.roofline.calls).height
     )
 
 
@@ -150,7 +147,7 @@ class MisshapenMatmul(Rule):
     def check(self, inputs: AnalysisInputs, thresholds: Thresholds) -> list[Finding]:
         trace = cuda_trace(inputs)
         assert trace is not None and trace.roofline is not None
-        signatures = _signatures(_gemm_calls(trace.roofline))
+        signatures = _signatures(timed_gemm_calls(trace.roofline.calls))
         gemm_us = float(signatures["gpu_us"].sum())
         rows = signatures.to_dicts()
         aligned = [s for s in rows if s["alignment"] and not _misaligned(s)]
