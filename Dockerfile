@@ -2,7 +2,7 @@
 # Targets: production (non-root, serves the app behind a sign-in), development (non-root;
 # adds the test tools and JupyterLab). docs/SECURITY.md. Every dependency is installed
 # before any code is copied, and the code is copied last, in one layer, from the `code`
-# stage: a code-only change rebuilds that layer and nothing else (docs/CI.md).
+# stage: a code-only change rebuilds that stage and layer and no pip install (docs/CI.md).
 FROM python:3.11-slim AS base
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -16,8 +16,12 @@ RUN useradd --create-home --uid 10001 doctor \
     && mkdir -p /data/runs \
     && chown -R doctor:doctor /data
 
-# The application's files, in one place for both targets.
-FROM scratch AS code
+# The application's files, in one place for both targets, compiled to bytecode here: the
+# image never writes .pyc files (PYTHONDONTWRITEBYTECODE), so without this every CLI run and
+# every analysis child would compile its ~110 modules from source first (0.1 s of a
+# 1.3 s analysis of a 54 MB trace). checked-hash: a source edited in place (JupyterLab, in the
+# development target) is seen, whatever the file times are.
+FROM base AS code
 COPY app.py /app/
 COPY pages /app/pages
 COPY app_ui /app/app_ui
@@ -26,6 +30,8 @@ COPY diagnostics /app/diagnostics
 COPY trainer /app/trainer
 COPY probe /app/probe
 COPY scripts/serve.py /app/scripts/serve.py
+RUN python -m compileall -q -j 0 --invalidation-mode checked-hash \
+    /app/app.py /app/pages /app/app_ui /app/diagnostics /app/trainer /app/probe /app/scripts
 
 FROM base AS production
 # Authlib: Streamlit's st.login (OpenID Connect) needs it when [auth] is configured.
