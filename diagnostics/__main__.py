@@ -208,11 +208,6 @@ def analyze_main(argv: Sequence[str]) -> int:
     except (UsageError, _LimitOptionError, OutputRefused) as exc:
         print_stderr(f"error: {exc}")
         return 2
-    if "polars" not in sys.modules and (os.cpu_count() or 1) <= 2:
-        # On two cores the loader's inflate thread has the second one; a second polars
-        # worker only adds hand-offs (measured on the large trace: ~3.5 % less wall and
-        # CPU time, 10 MB less RSS with one). POLARS_MAX_THREADS set by the user wins.
-        os.environ.setdefault("POLARS_MAX_THREADS", "1")
     # Imported after parsing so that usage errors stay instant.
     from diagnostics.errors import AnalysisBug, InputError
     from diagnostics.thresholds import ThresholdsError
