@@ -1,4 +1,5 @@
-"""Small Linux process controls for the analysis child and the rank pool's workers.
+"""Small Linux process controls for the analysis child, the rank pool's workers and the
+decode helper.
 
 Standard library only (ctypes, resource), so the CLI's parent and the app's server import it
 without paying for polars.
@@ -17,6 +18,14 @@ from typing import IO
 
 # prctl(2): deliver a signal to this process when the thread that started it ends
 _PR_SET_PDEATHSIG = 1
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, not the machine's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def address_space_limit() -> int | None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import replace
 from typing import Any
 
@@ -27,6 +30,7 @@ from diagnostics.facts.steps import find_steps
 from diagnostics.facts.sync_sites import sync_sites
 from diagnostics.facts.syncs import sync_per_step, sync_table
 from diagnostics.facts.trace_parts import TraceParts, trace_parts
+from diagnostics.process_limits import usable_cores
 from diagnostics.sources import TraceFacts
 
 # Some GPU work always predates the profiling window (launched before it started); warn only
@@ -87,16 +91,48 @@ def _parts_warnings(parts: TraceParts, index: TraceIndex) -> list[str]:
     return out
 
 
+class _Inline:
+    """A stand-in for the thread pool on one core: runs each fact as it is submitted."""
+
+    def submit(self, fact: Callable[..., Any], *args: Any) -> Future[Any]:
+        done: Future[Any] = Future()
+        try:
+            done.set_result(fact(*args))
+        except BaseException as exc:  # noqa: BLE001 - re-raised by result(), as in the pool
+            done.set_exception(exc)
+        return done
+
+
 def _one_rank(events: pl.DataFrame, metadata: Any, rank: int) -> TraceFacts:
     props, dist, version, meta_warnings, _ = _metadata(metadata)
     index = build_index(events)
     steps = find_steps(events, index)
+    # The facts below read the index and the steps and nothing of each other: two threads
+    # compute them (polars runs its queries without the GIL), the longest first. On the
+    # 54 MB trace: 0.25 s -> 0.20 s.
+    with ThreadPoolExecutor(2) if usable_cores() > 1 else nullcontext(_Inline()) as pool:
+        comms = pool.submit(comm_facts, events, index, steps)
+        precision = pool.submit(precision_facts, events, index)
+        operators = pool.submit(operator_table, index)
+        timeline = pool.submit(gpu_timeline, events)
+        idle = pool.submit(idle_gaps, events, index, steps)
+        breakdown = pool.submit(step_breakdown, events, steps, index)
+        gpu_future = pool.submit(gpu_utilization, index, steps)
+        kernels_future = pool.submit(kernel_table, index)
+        parts_future = pool.submit(trace_parts, events, index)
+        copies = pool.submit(copy_table, index)
+        memory_future = pool.submit(memory_curve, events)
+        syncs = pool.submit(sync_table, events, index)
+        launches = pool.submit(launch_table, index)
+        syncs_per_step = pool.submit(sync_per_step, events, index, steps)
+        half_dtypes = pool.submit(half_dtype_ops, events)
+        sites = pool.submit(sync_sites, events, index, steps)
     warnings = list(meta_warnings) + list(steps.warnings)
-    parts = trace_parts(events, index)
+    parts = parts_future.result()
     warnings.extend(_parts_warnings(parts, index))
-    memory = memory_curve(events)
-    gpu = gpu_utilization(index, steps)
-    kernels = kernel_table(index)
+    memory = memory_future.result()
+    gpu = gpu_future.result()
+    kernels = kernels_future.result()
     used = gpu["device"].drop_nulls().to_list() if gpu.height and "device" in gpu.columns else []
     identity = identify_device(
         props,
@@ -110,22 +146,22 @@ def _one_rank(events: pl.DataFrame, metadata: Any, rank: int) -> TraceFacts:
             "step", "start_us", "end_us", "dur_us", "host_start_us", "host_end_us", "gpu_events"
         ),
         steps_inferred=steps.inferred,
-        breakdown=step_breakdown(events, steps, index),
+        breakdown=breakdown.result(),
         gpu=gpu,
-        idle_gaps=idle_gaps(events, index, steps),
-        operators=operator_table(index),
+        idle_gaps=idle.result(),
+        operators=operators.result(),
         kernels=kernels,
-        copies=copy_table(index),
-        syncs=sync_table(events, index),
-        sync_per_step=sync_per_step(events, index, steps),
-        sync_sites=sync_sites(events, index, steps),
-        launches=launch_table(index),
+        copies=copies.result(),
+        syncs=syncs.result(),
+        sync_per_step=syncs_per_step.result(),
+        sync_sites=sites.result(),
+        launches=launches.result(),
         memory=memory,
         memory_peak=memory_peaks(memory, props),
-        op_half_dtypes=half_dtype_ops(events),
-        precision=precision_facts(events, index),
-        comms=comm_facts(events, index, steps),
-        gpu_timeline=gpu_timeline(events),
+        op_half_dtypes=half_dtypes.result(),
+        precision=precision.result(),
+        comms=comms.result(),
+        gpu_timeline=timeline.result(),
         parts=parts,
         device_properties=props,
         distributed=dist,
