@@ -208,6 +208,11 @@ def analyze_main(argv: Sequence[str]) -> int:
     except (UsageError, _LimitOptionError, OutputRefused) as exc:
         print_stderr(f"error: {exc}")
         return 2
+    if child is None and args.compare is None:
+        from diagnostics.trace.decode_helper import start_spare
+
+        # a large trace's decode helper starts now: its imports overlap this process's
+        start_spare(args.path)
     # Imported after parsing so that usage errors stay instant.
     from diagnostics.errors import AnalysisBug, InputError
     from diagnostics.thresholds import ThresholdsError

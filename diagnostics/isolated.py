@@ -377,6 +377,12 @@ def child_main(request_path: str) -> int:
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     error_path = request["error"]
     try:
+        one_file = request.get("paths") or [request.get("path")]
+        if len(one_file) == 1 and one_file[0] and not request.get("compare"):
+            from diagnostics.trace.decode_helper import start_spare
+
+            # a large trace's decode helper starts now: its imports overlap this child's
+            start_spare(one_file[0])
         from diagnostics.analyze import analyze, analyze_files
         from diagnostics.thresholds import ThresholdsError
 

@@ -27,7 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from diagnostics.errors import InputError
-from diagnostics.process_limits import address_space_limit, address_space_used, die_with_parent
+from diagnostics.process_limits import (
+    address_space_limit,
+    address_space_used,
+    die_with_parent,
+    usable_cores,
+)
 from diagnostics.sources import TraceFacts
 from diagnostics.trace.budget import Budget, Limits, SharedTotals
 from diagnostics.trace.schema import TraceMetadata
@@ -47,13 +52,6 @@ class RankDigest:
     facts: TraceFacts
     decompressed_bytes: int = 0  # what this file drew on the input's budget
     events: int = 0
-
-
-def usable_cores() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
 
 
 # A worker reading one real rank file maps 1.0-1.4 GB of address space (216k events: 1.4
@@ -96,7 +94,8 @@ def _digest(path: str, display: str, limits: Limits) -> RankDigest | tuple[str, 
 
     budget = Budget(limits, totals=_totals)
     try:
-        trace = load_trace_file(path, display_name=display, budget=budget)
+        # the pool already keeps every core busy: no decode helper per worker
+        trace = load_trace_file(path, display_name=display, budget=budget, parallel_decode=False)
         facts = compute_facts(trace.events, trace.metadata)
     except InputError as exc:  # sent back as text: exceptions with custom __init__ don't pickle
         return exc.source, exc.problem

@@ -21,7 +21,7 @@ import msgspec
 from diagnostics.trace.columns import Event
 
 _SAME_PHASE = {"x": "X", "I": "i", "m": "M"}
-_PAIRED = {"B", "E", *_SAME_PHASE}
+PAIRED_PHASES = {"B", "E", *_SAME_PHASE}  # what pair() rewrites or holds back
 UNMATCHED_END = "an 'E' (end) event with no open 'B' on its thread"
 UNMATCHED_BEGIN = "a 'B' (begin) event never ended on its thread"
 
@@ -36,7 +36,7 @@ class BeginEndPairs:
     def pair(self, events: list[Event]) -> list[Event]:
         """``events`` with each closed B/E pair as one X event (at its E's place) and
         open ``B`` events held back; events of other phases untouched."""
-        if not _PAIRED.intersection({event.ph for event in events}):
+        if not PAIRED_PHASES.intersection({event.ph for event in events}):
             return events  # the usual Kineto chunk: one set pass, no copy
         out: list[Event] = []
         for event in events:

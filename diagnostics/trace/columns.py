@@ -178,7 +178,7 @@ def _all_none(values: list[Any]) -> bool:
     return not values or (values[0] is None and values.count(None) == len(values))
 
 
-def _nulls(name: str, n: int) -> pl.Series:
+def null_column(name: str, n: int) -> pl.Series:
     # new_from_index is a plain fill (µs); pl.repeat runs a query per call
     return pl.Series(name, [None], dtype=RAW_SCHEMA[name]).new_from_index(0, n)
 
@@ -226,7 +226,7 @@ def _to_series(name: str, values: list[Any]) -> pl.Series:
         return _half_dtypes(values)
     if _all_none(values):
         # all absent (legacy keys in a modern trace): polars would scan for a first value
-        return _nulls(name, len(values))
+        return null_column(name, len(values))
     try:
         # ints and nulls (nearly every chunk) take polars' typed fast path
         return pl.Series(name, values, dtype=dtype)
@@ -247,7 +247,7 @@ def _ts_series(name: str, values: list[Any]) -> pl.Series:
     """Timestamps as Float64: integer chunks go through Int64 (5x faster than building a
     float column from Python ints); a chunk with a float in it takes the float path."""
     if _all_none(values):
-        return _nulls(name, len(values))
+        return null_column(name, len(values))
     try:
         return pl.Series(name, values, dtype=pl.Int64).cast(pl.Float64)
     except (OverflowError, TypeError, ValueError, pl.exceptions.PolarsError):
@@ -269,6 +269,14 @@ class TsClock:
         self.base_us: int | None = None
         self.decided = False
         self.lossy = 0
+
+    @classmethod
+    def with_base(cls, base_us: int | None) -> TsClock:
+        """A clock already decided by the file's first chunk (in the loading process)."""
+        clock = cls()
+        clock.decided = True
+        clock.base_us = base_us
+        return clock
 
     def decide(self, values: list[Any]) -> None:
         """Sets the base from the file's first chunk (all its rows, flows included)."""
@@ -384,7 +392,7 @@ def _arg_columns(events: list[Event], cats: pl.Series, names: pl.Series) -> list
         )
     )
     kinds = pl.DataFrame([cats.alias("cat"), names.alias("name")]).select(kind).to_series()
-    columns = {name: _nulls(name, n) for name in (*_ARG_FIELDS, *_DERIVED_FIELDS)}
+    columns = {name: null_column(name, n) for name in (*_ARG_FIELDS, *_DERIVED_FIELDS)}
     for value, fields in _KIND_FIELDS:
         mask = kinds == value
         if not mask.any():

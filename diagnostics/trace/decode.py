@@ -25,8 +25,8 @@ events are dropped, each counted with the reason msgspec gave.
 from __future__ import annotations
 
 import re
-from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +34,13 @@ import msgspec
 import polars as pl
 
 from diagnostics.errors import InputError
-from diagnostics.trace.begin_end import BeginEndPairs
+from diagnostics.trace.begin_end import PAIRED_PHASES, BeginEndPairs
+from diagnostics.trace.chunk_decode import (
+    EVENTS_DECODER,
+    RAW_LIST_DECODER,
+    DecodedChunk,
+    events_one_by_one,
+)
 from diagnostics.trace.columns import (
     RAW_EVENT_SCHEMA,
     RAW_FLOW_SCHEMA,
@@ -42,6 +48,7 @@ from diagnostics.trace.columns import (
     TsClock,
     columns,
 )
+from diagnostics.trace.decode_helper import SLOTS, DecodeHelper, can_help, take_spare
 
 # Text decoded per step. 4 MiB of Kineto JSON is ~15k events: big enough that per-chunk
 # overhead vanishes, small enough that a chunk's Structs stay a few tens of MB.
@@ -52,9 +59,6 @@ HEAD_LIMIT_BYTES = 64 << 20
 _MAX_CUT_TRIES = 16
 
 
-_EVENTS_DECODER = msgspec.json.Decoder(list[Event])
-_EVENT_DECODER = msgspec.json.Decoder(Event)
-_RAW_LIST_DECODER = msgspec.json.Decoder(list[msgspec.Raw])
 _RAW_DICT_DECODER = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _ANY_DECODER = msgspec.json.Decoder()
 
@@ -100,28 +104,31 @@ class DecodedTrace:
     skipped: Counter[str] = field(default_factory=Counter)
     ts_base_us: int | None = None  # subtracted from every ts (integers beyond 2^53)
     ts_lossy: int = 0  # fractional timestamps beyond 2^53: already rounded by float64
+    helper_chunks: int = 0  # chunks the helper process decoded (diagnostics.trace.decode_helper)
 
 
-def _one_line(message: str) -> str:
-    return " ".join(str(message).split())
+class _InTurnOnly(Exception):
+    """The chunk just decoded here, out of turn, would change what the chunks before it
+    (still with the helper) lead to: an error, the array's end, B/E pairing. It is done
+    again once they are settled."""
 
 
-_TYPE_ERROR = re.compile(
-    r"Expected `(?P<want>[^`]+)`, got `(?P<got>[^`]+)`( - at `\$\.?(?P<at>[^`]*)`)?"
-)
+@dataclass
+class _OutOfTurn:
+    """A chunk decoded (or being decoded by the helper) before the chunks ahead of it have
+    reached the sink; it keeps its text, so that it can be taken back."""
+
+    offset: int  # the position of its "[" in the decompressed text
+    text: bytes  # its events' text, between the "[" and the cut (b"" while with the helper)
+    chunk: DecodedChunk | None = None  # None while the helper has it
+    seq: int = 0
+    slot: int = 0  # the helper's slot holding its text, and the text's size there
+    size: int = 0
 
 
-def _reason(message: str) -> str:
-    """msgspec's "Expected `float | null`, got `str` - at `$.ts`" -> "ts is str, expected float"."""
-    message = _one_line(message)
-    match = _TYPE_ERROR.fullmatch(message)
-    if match is None:
-        return message
-    if not match["at"]:
-        return "not a JSON object"
-    # ts is typed int | float (ints stay exact); to a user both are just a number
-    want = match["want"].replace(" | null", "").replace("int | float", "float")
-    return f"{match['at']} is {match['got']}, expected {want}"
+# Chunks held out of turn before the loading process waits for the helper: bounds memory
+# when the helper falls behind (another process on its core).
+_MAX_OUT_OF_TURN = SLOTS + 2
 
 
 class _ArrayEnded(Exception):
@@ -134,7 +141,14 @@ class _ArrayEnded(Exception):
 class _Chunker:
     """Holds the undecoded text and turns complete events into column frames."""
 
-    def __init__(self, display: str, blocks: Iterator[bytes], chunk_bytes: int, sink: ChunkSink):
+    def __init__(
+        self,
+        display: str,
+        blocks: Iterator[bytes],
+        chunk_bytes: int,
+        sink: ChunkSink,
+        parallel: bool = False,
+    ):
         self.sink = sink
         self.display = display
         self.blocks = blocks
@@ -148,6 +162,12 @@ class _Chunker:
         self.clock = TsClock()
         self.pairs = BeginEndPairs()
         self.array_done = False  # the events array has ended; the rest is for tail()
+        # diagnostics.trace.decode_helper: started at the second chunk, when allowed
+        self.parallel = parallel
+        self.helper: DecodeHelper | None = None
+        self.out_of_turn: deque[_OutOfTurn] = deque()
+        self.seq = 0
+        self.helper_chunks = 0
 
     # -- reading ---------------------------------------------------------------------
     def more(self) -> bool:
@@ -271,13 +291,23 @@ class _Chunker:
         while not self.array_done:
             while len(self.buf) < self.chunk_bytes:
                 if not self.more():
-                    return
-            if not self.decode_prefix() and not self.array_done:
+                    break
+            else:
+                if self.decode_prefix() or self.array_done:
+                    continue
+                if self.out_of_turn:  # what follows judges the text: in turn only
+                    self.settle(wait=True)
+                    continue
                 self.squeeze_whitespace()
                 if len(self.buf) > self.stuck_bytes:
                     self.diagnose_stuck()
-                if not self.more():
-                    return
+                if self.more():
+                    continue
+            if not self.out_of_turn:
+                return
+            # the text has ended: the chunks out of turn are settled (one taken back
+            # refills the buffer, and the loop decodes it here)
+            self.settle(wait=True)
 
     @property
     def stuck_bytes(self) -> int:
@@ -307,30 +337,43 @@ class _Chunker:
             pos = close
 
     def decode_prefix(self) -> bool:
-        """Decodes events up to the last good cut; False when no cut was found yet."""
+        """Decodes events up to the last good cut (or hands them to the helper); False when
+        no cut was found yet."""
+        if self.out_of_turn:
+            self.settle(wait=len(self.out_of_turn) >= _MAX_OUT_OF_TURN)
+        if self.hand_over():
+            return True
         end = len(self.buf)
-        for _ in range(_MAX_CUT_TRIES):
-            cut = self.find_cut(end)
-            if cut is None:
-                return False
-            try:
-                decoded = self.decode_until(cut)
-            except _ArrayEnded as ended:
-                self.end_array(ended.at)
-                return True
-            if decoded:
-                self.buf[cut] = ord("[")  # the rest becomes a JSON array again
-                self.offset += cut
-                del self.buf[:cut]
-                return True
-            end = cut
+        try:
+            for _ in range(_MAX_CUT_TRIES):
+                cut = self.find_cut(end)
+                if cut is None:
+                    return False
+                try:
+                    decoded = self.decode_until(cut)
+                except _ArrayEnded as ended:
+                    self.end_array(ended.at)
+                    return True
+                if decoded:
+                    self.advance(cut)
+                    return True
+                end = cut
+        except _InTurnOnly:
+            self.settle(wait=True)
+            return True
         return False
+
+    def advance(self, cut: int) -> None:
+        self.buf[cut] = ord("[")  # the rest becomes a JSON array again
+        self.offset += cut
+        del self.buf[:cut]
 
     def decode_until(self, cut: int) -> bool:
         self.buf[cut] = ord("]")
         view = memoryview(self.buf)[: cut + 1]
+        skipped: Counter[str] = Counter()
         try:
-            events = _EVENTS_DECODER.decode(view)
+            events = EVENTS_DECODER.decode(view)
         except msgspec.ValidationError:
             events = None
         except msgspec.DecodeError as exc:
@@ -338,6 +381,8 @@ class _Chunker:
             # a failure before the cut is a real syntax error in the file.
             position = _BYTE_POS.search(str(exc))
             if position is not None and int(position.group(1)) < cut:
+                if self.out_of_turn:
+                    raise _InTurnOnly from None
                 if "trailing characters" in str(exc):
                     # the events array closed before the cut: what follows is the rest of
                     # the document (its other keys), not events
@@ -345,42 +390,133 @@ class _Chunker:
                     raise _ArrayEnded(int(position.group(1)) - 1) from None
                 raise self.invalid_json(str(exc)) from None
             return False
+        except RecursionError:
+            if self.out_of_turn:
+                raise _InTurnOnly from None
+            raise
         finally:
             view.release()
             self.buf[cut] = ord(",")
         if events is None:  # valid JSON? then only some events are bad
             text = bytes(self.buf[:cut]) + b"]"
             try:
-                raws = _RAW_LIST_DECODER.decode(text)
+                raws = RAW_LIST_DECODER.decode(text)
             except msgspec.DecodeError:
                 return False
-            events = self.decode_one_by_one(raws)
-        self.add(events)
+            events, skipped = events_one_by_one(raws)
+        kept = bytes(self.buf[1:cut]) if self.out_of_turn else None
+        self.add(events, skipped, kept)
         return True
 
-    def decode_one_by_one(self, raws: Iterable[msgspec.Raw]) -> list[Event]:
-        events = []
-        for raw in raws:
-            try:
-                events.append(_EVENT_DECODER.decode(raw))
-            except msgspec.ValidationError as exc:
-                self.skipped[_reason(str(exc))] += 1
-        return events
-
-    def add(self, events: list[Event]) -> None:
+    def add(self, events: list[Event], skipped: Counter[str], kept: bytes | None = None) -> None:
+        """Turns a chunk's events into columns here; ``kept``: its text, when chunks ahead
+        of it are still with the helper (it then waits for them, out of turn)."""
+        if PAIRED_PHASES.intersection({event.ph for event in events}):
+            self.parallel = False  # B/E pair across chunks: the helper would decline them
+            if kept is not None:
+                raise _InTurnOnly
         events = self.pairs.pair(events)
-        if not events:
-            return
-        frame, flows, names = columns(events, self.clock)
-        self.names.extend(names)
-        self.sink(frame, flows)
+        chunk = DecodedChunk(None, None, [], skipped, 0)
+        if events:
+            lossy = self.clock.lossy
+            chunk.frame, chunk.flows, chunk.names = columns(events, self.clock)
+            chunk.lossy, self.clock.lossy = self.clock.lossy - lossy, lossy
+        if kept is None:
+            self.to_sink(chunk)
+        else:
+            self.out_of_turn.append(_OutOfTurn(self.offset, kept, chunk))
+
+    def to_sink(self, chunk: DecodedChunk) -> None:
+        self.names.extend(chunk.names)
+        self.skipped.update(chunk.skipped)
+        self.clock.lossy += chunk.lossy
+        if chunk.frame is not None:
+            self.sink(chunk.frame, chunk.flows)
+
+    # -- the helper process ----------------------------------------------------------
+    def hand_over(self) -> bool:
+        """Gives the next chunk to the helper if it can take one now."""
+        if not self.parallel or not self.clock.decided:
+            return False  # the first chunk is decoded here: it decides the clock
+        if self.helper is None:
+            self.helper = take_spare()
+        if self.helper is None:
+            if not can_help():
+                self.parallel = False
+                return False
+            try:
+                self.helper = DecodeHelper()
+            except OSError:
+                self.parallel = False
+                return False
+        slot = self.helper.free_slot()
+        if slot is None:
+            return False
+        cut = self.find_cut(len(self.buf))
+        if cut is None:
+            return False
+        self.buf[cut] = ord("]")
+        view = memoryview(self.buf)[: cut + 1]
+        try:
+            handed = self.helper.submit(slot, self.seq + 1, view, self.clock.base_us)
+        finally:
+            view.release()
+            self.buf[cut] = ord(",")
+        if not handed:
+            return False
+        self.seq += 1
+        self.out_of_turn.append(_OutOfTurn(self.offset, b"", None, self.seq, slot, cut + 1))
+        self.advance(cut)
+        return True
+
+    def settle(self, wait: bool) -> None:
+        """Sinks, in file order, the chunks out of turn whose turn has come (with ``wait``,
+        all of them); a chunk the helper declined is taken back with all after it."""
+        while self.out_of_turn:
+            first = self.out_of_turn[0]
+            if first.chunk is None:
+                assert self.helper is not None
+                result = self.helper.next_result(wait)
+                if result is None:
+                    return
+                seq, chunk = result
+                assert seq == first.seq, (seq, first.seq)
+                if chunk is None:
+                    self.take_back()
+                    return
+                first.chunk = chunk
+                self.helper_chunks += 1
+            self.out_of_turn.popleft()
+            self.to_sink(first.chunk)
+
+    def take_back(self) -> None:
+        """The chunks out of turn, from the first, go back into the buffer and are decoded
+        here, in turn, with no helper for the rest of the file."""
+        first = self.out_of_turn[0]
+        assert self.helper is not None
+        texts = [  # a helper's chunk still has its text in its slot
+            self.helper.text_in(part.slot, part.size)[1:-1] if part.size else part.text
+            for part in self.out_of_turn
+        ]
+        self.out_of_turn.clear()
+        self.parallel = False
+        self.stop_helper()
+        # the buffer starts with the "[" put at the last cut, where a "," was
+        self.buf[0] = ord(",")
+        self.buf[:0] = b"[" + b",".join(texts)
+        self.offset = first.offset
+
+    def stop_helper(self) -> None:
+        if self.helper is not None:
+            self.helper.close()
+            self.helper = None
 
     def diagnose_stuck(self) -> None:
         """No cut decodes across several chunks: the JSON itself is broken; say where."""
         cut = self.find_cut(len(self.buf))
         text = bytes(self.buf[:cut]) + b"]" if cut is not None else bytes(self.buf)
         try:
-            _RAW_LIST_DECODER.decode(text)
+            RAW_LIST_DECODER.decode(text)
         except msgspec.DecodeError as exc:
             # still open (truncated) or closed with the document's rest after it (trailing
             # characters): the text is valid so far, one event is just that large
@@ -402,11 +538,12 @@ class _Chunker:
         """The events array ends before ``at``: its last events are decoded, and the
         buffer keeps what follows it for :meth:`tail`."""
         text = bytes(self.buf[:at])
+        skipped: Counter[str] = Counter()
         try:
-            events = _EVENTS_DECODER.decode(text)
+            events = EVENTS_DECODER.decode(text)
         except msgspec.ValidationError:
-            events = self.decode_one_by_one(_RAW_LIST_DECODER.decode(text))
-        self.add(events)
+            events, skipped = events_one_by_one(RAW_LIST_DECODER.decode(text))
+        self.add(events, skipped)
         self.offset += at
         del self.buf[:at]
         self.array_done = True
@@ -440,11 +577,12 @@ class _Chunker:
         raw_events = parts.pop("traceEvents")
         if bytes(raw_events) != text[15 : 15 + len(raw_events)]:
             raise self.twice()  # a later key replaced the list being read: half the events
+        skipped: Counter[str] = Counter()
         try:
-            events = _EVENTS_DECODER.decode(raw_events)
+            events = EVENTS_DECODER.decode(raw_events)
         except msgspec.ValidationError:
-            events = self.decode_one_by_one(_RAW_LIST_DECODER.decode(raw_events))
-        self.add(events)
+            events, skipped = events_one_by_one(RAW_LIST_DECODER.decode(raw_events))
+        self.add(events, skipped)
         return {key: _ANY_DECODER.decode(raw) for key, raw in parts.items()}
 
 
@@ -454,11 +592,14 @@ def decode_trace(
     *,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     sink: ChunkSink | None = None,
+    parallel: bool = False,
 ) -> DecodedTrace:
     """Decodes a Chrome trace (an object with ``traceEvents`` or a bare event list).
 
-    Each chunk's raw columns go to ``sink`` as soon as they are decoded; without a sink
-    they are collected into the returned ``frame`` and ``flows``.
+    Each chunk's raw columns go to ``sink`` as soon as they are decoded, in file order;
+    without a sink they are collected into the returned ``frame`` and ``flows``.
+    ``parallel``: from the second chunk on, a helper process (diagnostics.trace.
+    decode_helper) decodes chunks beside this one, on another core; the result is the same.
     """
     frames: list[pl.DataFrame] = []
     flow_frames: list[pl.DataFrame] = []
@@ -468,11 +609,12 @@ def decode_trace(
         if flows is not None:
             flow_frames.append(flows)
 
-    chunker = _Chunker(display, iter(blocks), chunk_bytes, sink or collect)
+    chunker = _Chunker(display, iter(blocks), chunk_bytes, sink or collect, parallel)
     try:
         mode = chunker.start()
         top = chunker.head() if mode == "object" else {}
         chunker.body()
+        chunker.stop_helper()
         top.update(chunker.tail(mode))
     except RecursionError:
         # msgspec stops at a fixed nesting depth; a trace never nests more than a few levels
@@ -481,6 +623,8 @@ def decode_trace(
             "nests JSON arrays or objects deeper than the decoder's recursion limit; "
             "not a Chrome trace",
         ) from None
+    finally:
+        chunker.stop_helper()
     top.pop("traceEvents", None)
     chunker.skipped.update(chunker.pairs.finish())
     return DecodedTrace(
@@ -495,4 +639,5 @@ def decode_trace(
         skipped=chunker.skipped,
         ts_base_us=chunker.clock.base_us,
         ts_lossy=chunker.clock.lossy,
+        helper_chunks=chunker.helper_chunks,
     )

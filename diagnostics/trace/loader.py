@@ -32,10 +32,9 @@ from diagnostics.trace.decode import DEFAULT_CHUNK_BYTES, decode_trace
 from diagnostics.trace.metadata_fields import checked_device_properties, checked_distributed_info
 from diagnostics.trace.normalise import TableBuilder
 from diagnostics.trace.schema import LoadedTrace, TraceMetadata
-from diagnostics.trace.source import iter_blocks, prefetch
+from diagnostics.trace.source import TRACE_SUFFIXES, iter_blocks, prefetch
 from diagnostics.trace.validate import check_times
 
-TRACE_SUFFIXES = (".json", ".json.gz")
 # "rank-3", "rank_3", "rank3" (HTA, torchrun layouts) or "worker3" (tb plugin samples)
 _RANK_IN_NAME = (
     re.compile(r"rank[-_]?(\d+)", re.IGNORECASE),
@@ -154,13 +153,16 @@ def load_trace_file(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     max_events: int = DEFAULT_MAX_EVENTS,
     budget: Budget | None = None,
+    parallel_decode: bool = True,
 ) -> LoadedTrace:
     """One Chrome-trace file -> its event table, metadata and flows.
 
     The rank is ``rank`` when given, else ``distributedInfo.rank``, else a number in the
     file name (``rank3``, ``rank-3``, ``worker3``), else 0 (with a note saying so).
     ``budget`` is shared by every file of one input; without it this file alone may use
-    ``max_decompressed_bytes`` and ``max_events``.
+    ``max_decompressed_bytes`` and ``max_events``. ``parallel_decode``: a file of more
+    than one chunk is decoded on two cores (diagnostics.trace.decode_helper); off where
+    the caller already runs one load per core (diagnostics.rank_pool).
     """
     path = Path(path)
     display = display_name or str(path)
@@ -178,6 +180,7 @@ def load_trace_file(
         display,
         chunk_bytes=chunk_bytes,
         sink=sink,
+        parallel=parallel_decode,
     )
     notes: list[str] = []
     distributed = checked_distributed_info(display, decoded.top.get("distributedInfo"))

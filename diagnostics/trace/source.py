@@ -42,6 +42,8 @@ __all__ = [
     "prefetch",
 ]
 
+# What a trace file's name ends with (in a folder of ranks; for an early decode helper).
+TRACE_SUFFIXES = (".json", ".json.gz")
 GZIP_MAGIC = b"\x1f\x8b"
 # Compressed bytes read per call, and the most decompressed bytes one block may carry.
 _READ_BYTES = 1 << 20

@@ -40,10 +40,10 @@ from typing import IO, BinaryIO
 
 from diagnostics.errors import InputError
 from diagnostics.trace.budget import ENV_MAX_DECOMPRESSED_MB, Limits, human_bytes
+from diagnostics.trace.source import TRACE_SUFFIXES
 from diagnostics.unpack.tar_stream import TarStream, member_text
 
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz")
-TRACE_SUFFIXES = (".json", ".json.gz")
 # CUDA memory snapshots travel in archives too; the restricted reader reads them after
 SNAPSHOT_SUFFIXES = (".pickle", ".pickle.gz")
 # Every member an archive may list (traces, folders, other files): enough for a few hundred

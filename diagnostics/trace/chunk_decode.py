@@ -1,0 +1,190 @@
+"""One chunk of a trace's event array -> raw columns, the same in either process.
+
+A chunk is a JSON array of whole events, cut from ``traceEvents`` by the loading process
+(diagnostics.trace.decode). :func:`decode_chunk` is what the helper process
+(diagnostics.trace.decode_helper) runs on it, and :func:`events_one_by_one` what both run
+when some events are malformed. The columns travel back as Arrow IPC, without the columns
+that are null throughout (most args are absent from most kinds of event: about two thirds
+of a chunk's columns), which the receiver makes again as nulls.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import struct
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import polars as pl
+
+from diagnostics.trace.begin_end import PAIRED_PHASES
+from diagnostics.trace.columns import Event, TsClock, columns, null_column
+from diagnostics.trace.decode_helper import (
+    DECLINED,
+    DECODED,
+    READY,
+    REPLY,
+    REQUEST,
+    SLOTS,
+    read_exactly,
+)
+
+EVENTS_DECODER = msgspec.json.Decoder(list[Event])
+_EVENT_DECODER = msgspec.json.Decoder(Event)
+RAW_LIST_DECODER = msgspec.json.Decoder(list[msgspec.Raw])
+_META_ENCODER = msgspec.msgpack.Encoder()
+_META_DECODER = msgspec.msgpack.Decoder()
+# the payload's head: bytes of the metadata, of the event columns, of the flow columns
+_PAYLOAD = struct.Struct("<QQQ")
+
+
+def one_line(message: str) -> str:
+    return " ".join(str(message).split())
+
+
+_TYPE_ERROR = re.compile(
+    r"Expected `(?P<want>[^`]+)`, got `(?P<got>[^`]+)`( - at `\$\.?(?P<at>[^`]*)`)?"
+)
+
+
+def skip_reason(message: str) -> str:
+    """msgspec's "Expected `float | null`, got `str` - at `$.ts`" -> "ts is str, expected float"."""
+    message = one_line(message)
+    match = _TYPE_ERROR.fullmatch(message)
+    if match is None:
+        return message
+    if not match["at"]:
+        return "not a JSON object"
+    # ts is typed int | float (ints stay exact); to a user both are just a number
+    want = match["want"].replace(" | null", "").replace("int | float", "float")
+    return f"{match['at']} is {match['got']}, expected {want}"
+
+
+def events_one_by_one(raws: list[msgspec.Raw]) -> tuple[list[Event], Counter[str]]:
+    """Each event decoded alone: the good ones, and a count of the others by reason."""
+    events: list[Event] = []
+    skipped: Counter[str] = Counter()
+    for raw in raws:
+        try:
+            events.append(_EVENT_DECODER.decode(raw))
+        except msgspec.ValidationError as exc:
+            skipped[skip_reason(str(exc))] += 1
+    return events, skipped
+
+
+@dataclass
+class DecodedChunk:
+    """One chunk's raw columns, as the loading process would have made them itself."""
+
+    frame: pl.DataFrame | None  # None: the chunk held no event rows
+    flows: pl.DataFrame | None
+    names: list[tuple[str, Any, Any, Any]]
+    skipped: Counter[str]
+    lossy: int  # fractional timestamps beyond 2^53 (TsClock.lossy)
+
+
+def decode_chunk(text: bytes, base_us: int | None) -> DecodedChunk | None:
+    """A chunk's text (a JSON array of whole events) -> its columns; None when it needs the
+    loading process (not one valid array, or B/E events, which pair across chunks)."""
+    try:
+        events = EVENTS_DECODER.decode(text)
+        skipped: Counter[str] = Counter()
+    except msgspec.ValidationError:
+        try:
+            raws = RAW_LIST_DECODER.decode(text)
+        except (msgspec.DecodeError, RecursionError):
+            return None
+        events, skipped = events_one_by_one(raws)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    if PAIRED_PHASES.intersection({event.ph for event in events}):
+        return None
+    if not events:
+        return DecodedChunk(None, None, [], skipped, 0)
+    clock = TsClock.with_base(base_us)
+    frame, flows, names = columns(events, clock)
+    return DecodedChunk(frame, flows, names, skipped, clock.lossy)
+
+
+def _ipc(frame: pl.DataFrame | None) -> tuple[bytes, list[str]]:
+    if frame is None:
+        return b"", []
+    nulls = [s.name for s in frame.iter_columns() if s.null_count() == s.len()]
+    out = io.BytesIO()
+    frame.drop(nulls).write_ipc(
+        out, compression="uncompressed", compat_level=pl.CompatLevel.newest()
+    )
+    return out.getvalue(), nulls
+
+
+def _frame(data: memoryview, order: list[str], nulls: list[str]) -> pl.DataFrame:
+    frame = pl.read_ipc(io.BytesIO(data))
+    if nulls:
+        frame = frame.with_columns(null_column(name, frame.height) for name in nulls)
+    return frame.select(order)
+
+
+def encode_chunk(chunk: DecodedChunk) -> bytes:
+    frame, frame_nulls = _ipc(chunk.frame)
+    flows, flow_nulls = _ipc(chunk.flows)
+    meta = _META_ENCODER.encode(
+        [
+            [list(n) for n in chunk.names],
+            dict(chunk.skipped),
+            chunk.lossy,
+            chunk.frame.columns if chunk.frame is not None else None,
+            frame_nulls,
+            chunk.flows.columns if chunk.flows is not None else None,
+            flow_nulls,
+        ]
+    )
+    return _PAYLOAD.pack(len(meta), len(frame), len(flows)) + meta + frame + flows
+
+
+def decode_payload(payload: bytes) -> DecodedChunk:
+    view = memoryview(payload)
+    meta_len, frame_len, flows_len = _PAYLOAD.unpack_from(view)
+    at = _PAYLOAD.size
+    names, skipped, lossy, frame_order, frame_nulls, flow_order, flow_nulls = _META_DECODER.decode(
+        view[at : at + meta_len]
+    )
+    at += meta_len
+    frame = None
+    if frame_order is not None:
+        frame = _frame(view[at : at + frame_len], frame_order, frame_nulls)
+    at += frame_len
+    flows = None
+    if flow_order is not None:
+        flows = _frame(view[at : at + flows_len], flow_order, flow_nulls)
+    return DecodedChunk(frame, flows, [tuple(n) for n in names], Counter(skipped), lossy)
+
+
+def main() -> None:
+    """The helper process: decode each chunk it is sent, until its input closes."""
+    from diagnostics.process_limits import die_with_parent
+
+    die_with_parent(int(sys.argv[1]))
+    fds = [int(fd) for fd in sys.argv[2:]]
+    texts, results = fds[:SLOTS], fds[SLOTS:]
+    requests, replies = sys.stdin.fileno(), sys.stdout.fileno()
+    os.write(replies, READY)
+    while True:
+        header = read_exactly(requests, REQUEST.size)
+        if header is None:
+            return
+        seq, slot, size, has_base, base_us = REQUEST.unpack(header)
+        status, size_out = DECLINED, 0
+        try:
+            chunk = decode_chunk(os.pread(texts[slot], size, 0), base_us if has_base else None)
+            if chunk is not None:
+                payload = encode_chunk(chunk)
+                os.pwrite(results[slot], payload, 0)
+                status, size_out = DECODED, len(payload)
+        except Exception:  # noqa: BLE001 - whatever it is, the loading process decodes it
+            status, size_out = DECLINED, 0
+        os.write(replies, REPLY.pack(seq, slot, status, size_out))

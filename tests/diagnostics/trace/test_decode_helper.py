@@ -1,0 +1,231 @@
+"""The decode helper process: every input decodes to exactly what the loading process alone
+makes of it, whatever the helper does (decodes, declines, dies), and no helper outlives
+its decode.
+
+Each test hands the decoder a helper that is already started and ready (a cold one takes
+~0.15 s to import polars, by when a small input is decoded), and checks that the helper
+really decoded chunks, or that the path named was really taken, so that no case passes
+with the helper idle.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+from pathlib import Path
+
+import pytest
+from polars.testing import assert_frame_equal
+
+from diagnostics.errors import InputError
+from diagnostics.trace import decode as decode_module
+from diagnostics.trace import decode_helper
+from diagnostics.trace.decode import DecodedTrace, decode_trace
+from diagnostics.trace.loader import load_trace_file
+
+SHARED = Path(__file__).resolve().parents[4] / "shared"
+REAL_TRACES = sorted((SHARED / "traces").glob("*.json.gz")) + sorted(
+    (SHARED / "gpu-runs").glob("**/*.pt.trace.json.gz")
+)
+SMALL_CHUNK = 64 << 10
+
+
+@pytest.fixture
+def helpers(monkeypatch):
+    """Makes every helper the decoder asks for ready before it is handed over; yields the
+    list of helpers started, to check on them afterwards."""
+    started: list[decode_helper.DecodeHelper] = []
+
+    def ready_helper() -> decode_helper.DecodeHelper:
+        helper = decode_helper.DecodeHelper()
+        started.append(helper)
+        deadline = time.monotonic() + 30
+        while helper.free_slot() is None:
+            assert helper.alive and time.monotonic() < deadline, "the helper never got ready"
+            time.sleep(0.005)
+        return helper
+
+    monkeypatch.setattr(decode_module, "take_spare", ready_helper)
+    return started
+
+
+def _blocks(text: bytes, size: int) -> list[bytes]:
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def decode(text: bytes, parallel: bool, chunk: int = SMALL_CHUNK, block: int = 4096):
+    return decode_trace(iter(_blocks(text, block)), "t.json", chunk_bytes=chunk, parallel=parallel)
+
+
+def assert_same(helped: DecodedTrace, alone: DecodedTrace) -> None:
+    assert_frame_equal(helped.frame, alone.frame)
+    assert_frame_equal(helped.flows, alone.flows)
+    assert helped.top == alone.top
+    assert helped.names == alone.names
+    assert helped.skipped == alone.skipped
+    assert (helped.ts_base_us, helped.ts_lossy) == (alone.ts_base_us, alone.ts_lossy)
+    assert alone.helper_chunks == 0
+
+
+def spy(monkeypatch, name: str) -> list[int]:
+    """Counts calls of _Chunker.<name>."""
+    calls: list[int] = []
+    real = getattr(decode_module._Chunker, name)
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(decode_module._Chunker, name, counted)
+    return calls
+
+
+def events_text(events: list[dict], **top) -> bytes:
+    """Kineto's layout: one event per line."""
+    lines = ",\n".join(json.dumps(event) for event in events)
+    head = "".join(f"{json.dumps(k)}: {json.dumps(v)}, " for k, v in top.items())
+    return ("{" + head + '"traceEvents": [\n' + lines + "\n]}").encode()
+
+
+def kernels(n: int, start: int = 0) -> list[dict]:
+    return [
+        {
+            "ph": "X",
+            "cat": "kernel" if i % 3 else "cpu_op",
+            "name": f"op_{i % 17}",
+            "pid": 1,
+            "tid": 7 + i % 2,
+            "ts": 1000 + 10 * i,
+            "dur": 5,
+            "args": {"correlation": i, "stream": 7, "Input Dims": [[i % 5, 3]]},
+        }
+        for i in range(start, start + n)
+    ]
+
+
+@pytest.mark.skipif(not decode_helper.can_help(), reason="needs two cores and memfd (Linux)")
+class TestSameResult:
+    def test_real_traces_exist(self):
+        # nine real traces from other projects and the twelve H200 runs: no silent skip
+        assert len(REAL_TRACES) >= 20, REAL_TRACES
+
+    @pytest.mark.parametrize("path", REAL_TRACES, ids=lambda p: p.name[:48])
+    def test_every_real_trace_decodes_the_same_with_the_helper(self, path, helpers):
+        text = gzip.decompress(path.read_bytes())
+        chunk = max(SMALL_CHUNK, len(text) // 24)  # a few dozen chunks each
+        helped = decode(text, parallel=True, chunk=chunk, block=1 << 16)
+        alone = decode(text, parallel=False, chunk=chunk, block=1 << 16)
+        assert_same(helped, alone)
+        assert helped.helper_chunks > 0
+        assert all(h.proc.poll() is not None for h in helpers)  # none left running
+
+    def test_the_loader_with_the_helper_builds_the_same_table(self, helpers):
+        large = SHARED / "traces" / "hta_v100_rank1_of_2_large.json.gz"
+        helped = load_trace_file(large, parallel_decode=True)
+        alone = load_trace_file(large, parallel_decode=False)
+        assert_frame_equal(helped.events, alone.events)
+        assert_frame_equal(helped.flows, alone.flows)
+        assert helped.metadata == alone.metadata
+        assert len(helpers) == 1 and helpers[0].proc.poll() is not None
+
+    def test_malformed_events_in_a_helpers_chunk_are_skipped_as_here(self, helpers):
+        events = kernels(3000)
+        for i in range(50, 3000, 97):
+            events[i]["ts"] = "soon"  # a string: the chunk is decoded event by event
+        text = events_text(events)
+        helped, alone = decode(text, True), decode(text, False)
+        assert_same(helped, alone)
+        assert helped.helper_chunks > 0
+        assert alone.skipped == {"ts is str, expected float": 31}
+
+    def test_timestamps_beyond_2_53_keep_the_files_base_in_the_helper(self, helpers):
+        events = kernels(3000)
+        for i, event in enumerate(events):
+            event["ts"] = 2**60 + 10 * i + (0.5 if i % 500 == 7 else 0)
+        text = events_text(events)
+        helped, alone = decode(text, True), decode(text, False)
+        assert_same(helped, alone)
+        assert helped.helper_chunks > 0
+        assert alone.ts_base_us == 2**60 and alone.ts_lossy == 6
+
+    def test_a_chunk_with_begin_end_events_is_taken_back(self, helpers, monkeypatch):
+        taken_back = spy(monkeypatch, "take_back")
+        # ~155 bytes an event, 64 KiB chunks: the first ~420 events are decoded here, the
+        # next two chunks go to the helper (both its slots are free): B/E pairs in them
+        events = kernels(600)
+        for i in range(600, 700, 2):
+            events.append({"ph": "B", "name": f"range_{i}", "pid": 1, "tid": 3, "ts": 10 * i})
+            events.append({"ph": "E", "pid": 1, "tid": 3, "ts": 10 * i + 4})
+        events += kernels(2400, start=700)
+        text = events_text(events)
+        helped, alone = decode(text, True), decode(text, False)
+        assert_same(helped, alone)
+        assert taken_back
+        assert alone.frame.filter(alone.frame["name"].str.starts_with("range_")).height == 50
+
+    def test_a_cut_inside_a_string_is_taken_back(self, helpers, monkeypatch):
+        taken_back = spy(monkeypatch, "take_back")
+        events = kernels(3000)
+        for event in events:
+            event["name"] = 'a"}, {"b'  # a cut candidate inside every name
+        text = events_text(events)
+        helped, alone = decode(text, True, block=997), decode(text, False, block=997)
+        assert_same(helped, alone)
+        assert taken_back
+
+    def test_the_array_ending_inside_a_helpers_chunk(self, helpers):
+        # ~600 KB after the array, full of "},{": the helper is handed the array's end
+        props = [{"id": i, "name": "H100", "padding": "x" * 64} for i in range(6000)]
+        text = events_text(kernels(3000))[:-1] + b', "deviceProperties": '
+        text += json.dumps(props).encode() + b"}"
+        helped, alone = decode(text, True), decode(text, False)
+        assert_same(helped, alone)
+        assert len(alone.top["deviceProperties"]) == 6000
+
+    def test_a_syntax_error_in_a_helpers_chunk_gives_the_same_message(self, helpers):
+        text = bytearray(events_text(kernels(3000)))
+        at = text.index(b'"dur": ', len(text) * 3 // 4)
+        text[at : at + 7] = b'"dur"# '  # a stray character where the colon was
+        with pytest.raises(InputError) as alone:
+            decode(bytes(text), False)
+        with pytest.raises(InputError) as helped:
+            decode(bytes(text), True)
+        assert str(helped.value) == str(alone.value)
+        assert "is not valid JSON" in str(alone.value)
+        assert helpers and all(h.proc.poll() is not None for h in helpers)
+
+    def test_a_helper_that_dies_leaves_the_result_unchanged(self, helpers, monkeypatch):
+        taken_back = spy(monkeypatch, "take_back")
+        real_submit = decode_helper.DecodeHelper.submit
+
+        def submit_then_die(self, slot, seq, text, base_us):
+            handed = real_submit(self, slot, seq, text, base_us)
+            if seq == 2:
+                self.proc.kill()  # killed (out of memory, a signal) with chunks in hand
+                self.proc.wait()
+            return handed
+
+        monkeypatch.setattr(decode_helper.DecodeHelper, "submit", submit_then_die)
+        text = events_text(kernels(4000))
+        helped, alone = decode(text, True), decode(text, False)
+        assert_same(helped, alone)
+        assert taken_back
+
+
+def test_a_spare_starts_only_for_a_large_trace_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(decode_helper, "can_help", lambda: True)
+    started: list[str] = []
+    monkeypatch.setattr(decode_helper, "DecodeHelper", lambda: started.append("x") or "helper")
+    small = tmp_path / "small.json.gz"
+    small.write_bytes(gzip.compress(b"[]"))
+    large_plain = tmp_path / "large.json"
+    large_plain.write_bytes(b" " * (decode_helper.SPARE_MIN_BYTES[False] + 1))
+    snapshot = tmp_path / "memory.pickle"
+    snapshot.write_bytes(b" " * (decode_helper.SPARE_MIN_BYTES[False] + 1))
+    for path in (small, snapshot, tmp_path, tmp_path / "missing.json"):
+        decode_helper.start_spare(path)
+        assert decode_helper.take_spare() is None, path
+    decode_helper.start_spare(large_plain)
+    assert decode_helper.take_spare() == "helper" and started == ["x"]
+    assert decode_helper.take_spare() is None  # handed out once
