@@ -183,8 +183,8 @@ def main() -> None:
             chunk = decode_chunk(os.pread(texts[slot], size, 0), base_us if has_base else None)
             if chunk is not None:
                 payload = encode_chunk(chunk)
-                os.pwrite(results[slot], payload, 0)
-                status, size_out = DECODED, len(payload)
+                if os.pwrite(results[slot], payload, 0) == len(payload):
+                    status, size_out = DECODED, len(payload)
         except Exception:  # noqa: BLE001 - whatever it is, the loading process decodes it
             status, size_out = DECLINED, 0
         os.write(replies, REPLY.pack(seq, slot, status, size_out))

@@ -69,24 +69,30 @@ class DecodeHelper:
     """The loading process's side: starts the helper and trades chunks with it."""
 
     def __init__(self) -> None:
-        self.texts = [os.memfd_create(f"trace-text-{i}") for i in range(SLOTS)]
-        self.results = [os.memfd_create(f"trace-columns-{i}") for i in range(SLOTS)]
-        root = str(Path(__file__).resolve().parents[2])
-        fds = [*self.texts, *self.results]
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                f"import sys; sys.path.insert(0, {root!r}); "
-                "from diagnostics.trace.chunk_decode import main; main()",
-                str(os.getpid()),
-                *map(str, fds),
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            pass_fds=fds,
-        )  # no preexec_fn (unsafe in a threaded parent): the helper ties itself to us
+        fds: list[int] = []
+        try:
+            fds.extend(os.memfd_create(f"trace-text-{i}") for i in range(SLOTS))
+            fds.extend(os.memfd_create(f"trace-columns-{i}") for i in range(SLOTS))
+            root = str(Path(__file__).resolve().parents[2])
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    f"import sys; sys.path.insert(0, {root!r}); "
+                    "from diagnostics.trace.chunk_decode import main; main()",
+                    str(os.getpid()),
+                    *map(str, fds),
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                pass_fds=fds,
+            )  # no preexec_fn (unsafe in a threaded parent): the helper ties itself to us
+        except OSError:
+            for fd in fds:
+                os.close(fd)
+            raise
+        self.texts, self.results = fds[:SLOTS], fds[SLOTS:]
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.requests = self.proc.stdin.fileno()
         self.replies = self.proc.stdout.fileno()
@@ -109,7 +115,8 @@ class DecodeHelper:
     def submit(self, slot: int, seq: int, text: memoryview, base_us: int | None) -> bool:
         """Hands the helper a chunk (a JSON array's text); False if it cannot take it."""
         try:
-            os.pwrite(self.texts[slot], text, 0)
+            if os.pwrite(self.texts[slot], text, 0) != len(text):
+                raise OSError("short write")
             os.write(
                 self.requests,
                 REQUEST.pack(seq, slot, len(text), base_us is not None, base_us or 0),
