@@ -53,6 +53,9 @@ from diagnostics.trace.decode_helper import SLOTS, DecodeHelper, can_help, take_
 # Text decoded per step. 4 MiB of Kineto JSON is ~15k events: big enough that per-chunk
 # overhead vanishes, small enough that a chunk's Structs stay a few tens of MB.
 DEFAULT_CHUNK_BYTES = 4 << 20
+# The first chunk is cut at the first block (or sooner): it decides the timestamp base
+# (TsClock), which the decode helper needs before it can take a chunk.
+FIRST_CHUNK_BYTES = 1 << 20
 # Metadata before "traceEvents" is a few KB in practice; past this the file is not a trace.
 HEAD_LIMIT_BYTES = 64 << 20
 # Earlier cut candidates tried before waiting for more text (a cut inside an event).
@@ -289,7 +292,10 @@ class _Chunker:
     def body(self) -> None:
         """Decodes complete events chunk by chunk while more text keeps arriving."""
         while not self.array_done:
-            while len(self.buf) < self.chunk_bytes:
+            target = self.chunk_bytes
+            if not self.clock.decided:
+                target = min(target, FIRST_CHUNK_BYTES)
+            while len(self.buf) < target:
                 if not self.more():
                     break
             else:
