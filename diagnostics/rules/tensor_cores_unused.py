@@ -101,9 +101,17 @@ def fix_code(advice: DeviceAdvice) -> str:
     return code
 
 
+_CLASSES = ("family", "unit", "precision")
+
+
 def coverage_of(trace: TraceFacts) -> KernelCoverage | None:
-    """Classified share of the kernel time, read from the names (not the table's columns)."""
-    kernels = trace.kernels.select("name", "calls", "device_us").with_columns(
+    """Classified share of the kernel time, by the kernel names: the facts' kernel table
+    carries their classes (facts.operators.kernel_table, the same expressions); a table
+    without them (the examples') is classified here."""
+    kernels = trace.kernels
+    if set(_CLASSES) <= set(kernels.columns):
+        return kernel_coverage(kernels.select("name", "calls", "device_us", *_CLASSES))
+    kernels = kernels.select("name", "calls", "device_us").with_columns(
         FAMILY.alias("family"), UNIT.alias("unit"), PRECISION.alias("precision")
     )
     return kernel_coverage(kernels)

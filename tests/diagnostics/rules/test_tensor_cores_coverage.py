@@ -3,8 +3,18 @@ of the kernel time, naming the kernels it could not read."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from diagnostics.facts.assemble import compute_facts
 from diagnostics.rules import examples as ex
 from diagnostics.rules.engine import run_rules
+from diagnostics.rules.tensor_cores_unused import coverage_of
+from diagnostics.trace.loader import load
+
+TRACES = Path(__file__).resolve().parents[4] / "shared" / "traces"
 
 # Real names the table does not know: an older Inductor kernel (hta_a100_rank0_of_16) and
 # cutlass's fp32 memory-efficient attention (H200 m768l6b256-fp32); 8 of 10 ms unknown.
@@ -39,3 +49,26 @@ def test_could_not_tell_below_the_classified_share():
 def test_a_lower_threshold_lets_the_rule_judge():
     outcome = run_rules(_inputs(), {"kernel_classified_min_pct": 10.0})
     assert "tensor-cores-unused" not in {s.rule for s in outcome.skipped}
+
+
+REAL = (
+    "hta_v100_rank1_of_2_large.json.gz",
+    "hta_a100_rank0_of_16.json.gz",
+    "tracelens_mi300x_qwen1.5-0.5b_infer_profmem.json.gz",
+    "tracelens_b200_vllm_moe_mxfp4_rank0_of_8.json.gz",
+    "tracelens_h100_qwen1.5-0.5b_infer_profmem.json.gz",
+)
+
+
+@pytest.mark.parametrize("name", REAL)
+def test_the_facts_classes_give_the_coverage_the_names_give(name):
+    # coverage_of reads the kernel table's family/unit/precision where the facts wrote them
+    # (classifying 27 families' regexes again cost 15 ms a call); on real traces that is
+    # the coverage the names alone give, unknown kernels and all
+    trace = compute_facts(load(TRACES / name).traces[0].events)
+    assert {"family", "unit", "precision"} <= set(trace.kernels.columns)
+    by_names = coverage_of(
+        replace(trace, kernels=trace.kernels.drop("family", "unit", "precision"))
+    )
+    assert coverage_of(trace) == by_names
+    assert by_names is not None and by_names.kernel_us > 0
