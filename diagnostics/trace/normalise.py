@@ -151,14 +151,23 @@ def _normalise_chunk(
     return events, flows, skipped, ignored
 
 
+# Up to this many rows the table is sorted whole, on every core (216k rows: 14 ms against 33
+# column by column); above, column by column, to hold one table and one column at most.
+SORT_WHOLE_MAX_ROWS = 1_000_000
+
+
 def _sorted_by_ts(chunks: list[pl.DataFrame]) -> pl.DataFrame:
     """The chunks as one table in time order (stable); ``chunks`` is emptied.
 
     ``DataFrame.sort`` would hold the unsorted and the sorted table at once. Here the
     caller hands over its only references (the list), and each unsorted column is dropped
     as soon as its sorted copy exists: the peak is one table plus one column, hundreds of
-    MB less at 1 GB of JSON.
+    MB less at 1 GB of JSON. A table of up to SORT_WHOLE_MAX_ROWS is sorted whole.
     """
+    if sum(chunk.height for chunk in chunks) <= SORT_WHOLE_MAX_ROWS:
+        table = pl.concat(chunks, rechunk=True)
+        chunks.clear()
+        return table.sort("ts", maintain_order=True)
     columns = pl.concat(chunks, rechunk=False).get_columns()
     chunks.clear()
     order = (

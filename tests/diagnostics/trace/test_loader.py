@@ -320,3 +320,24 @@ def test_a_broken_file_in_a_rank_folder_is_an_error(tmp_path):
     (folder / "rank1.json").write_text("{oops")
     with pytest.raises(InputError, match=r"rank1\.json: is not valid JSON"):
         load(folder)
+
+
+def test_a_table_sorted_whole_equals_one_sorted_column_by_column(monkeypatch):
+    # below SORT_WHOLE_MAX_ROWS the table is sorted in one go; above, column by column (to
+    # bound memory): the same rows in the same order either way, equal times included
+    from pathlib import Path
+
+    from polars.testing import assert_frame_equal
+
+    from diagnostics.trace import normalise
+
+    trace = (
+        Path(__file__).resolve().parents[4] / "shared" / "traces" / "hta_a100_rank3_of_8.json.gz"
+    )
+    whole = load_trace_file(trace, parallel_decode=False)
+    monkeypatch.setattr(normalise, "SORT_WHOLE_MAX_ROWS", 0)
+    by_column = load_trace_file(trace, parallel_decode=False)
+    assert_frame_equal(whole.events, by_column.events)
+    assert whole.events["ts"].is_sorted()
+    assert whole.events.height > 70_000
+    assert whole.events.select(pl.struct("ts").is_duplicated().any()).item()  # ties exist
