@@ -18,11 +18,8 @@ caller falls back to it.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,6 +114,12 @@ def digest_files(
     block. Under an address-space limit the workers share it (:func:`pool_plan`). Raises
     MemoryError when a worker dies under such a limit (polars aborts on a failed allocation).
     """
+    # imported here: the pool serves folders of POOL_MIN_FILES ranks or more, and these
+    # cost 9 ms of every other analysis's start-up
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
     limits = limits or Limits()
     context = multiprocessing.get_context("spawn")
     totals = totals or SharedTotals(context)
