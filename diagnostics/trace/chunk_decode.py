@@ -43,7 +43,7 @@ _META_DECODER = msgspec.msgpack.Decoder()
 _PAYLOAD = struct.Struct("<QQQ")
 
 
-def one_line(message: str) -> str:
+def _one_line(message: str) -> str:
     return " ".join(str(message).split())
 
 
@@ -52,9 +52,9 @@ _TYPE_ERROR = re.compile(
 )
 
 
-def skip_reason(message: str) -> str:
+def _skip_reason(message: str) -> str:
     """msgspec's "Expected `float | null`, got `str` - at `$.ts`" -> "ts is str, expected float"."""
-    message = one_line(message)
+    message = _one_line(message)
     match = _TYPE_ERROR.fullmatch(message)
     if match is None:
         return message
@@ -73,7 +73,7 @@ def events_one_by_one(raws: list[msgspec.Raw]) -> tuple[list[Event], Counter[str
         try:
             events.append(_EVENT_DECODER.decode(raw))
         except msgspec.ValidationError as exc:
-            skipped[skip_reason(str(exc))] += 1
+            skipped[_skip_reason(str(exc))] += 1
     return events, skipped
 
 
