@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 import polars as pl
 
 from diagnostics.facts import selectors as sel
-from diagnostics.facts.comms import CommKind, comm_kind_expr
+from diagnostics.facts.comms import CommKind, with_comm_kind
 from diagnostics.facts.intervals import clip_to, merge_intervals, total_length
 
 WINDOW_GPU_STEPS = "gpu_profiler_steps"  # the GPU-side ProfilerStep#N ranges
@@ -94,10 +94,10 @@ def gpu_timeline(events: pl.DataFrame) -> GpuTimeline | None:
         return None
     source, lo, hi = window
     gpu = (
-        events.filter(sel.GPU_CATS & sel.DURATION & pl.col("dur").is_not_null())
+        with_comm_kind(events.filter(sel.GPU_CATS & sel.DURATION & pl.col("dur").is_not_null()))
         .select(
             "cat",
-            (comm_kind_expr() == CommKind.GPU_KERNEL.value).fill_null(False).alias("_comm"),
+            (pl.col("_comm_kind") == CommKind.GPU_KERNEL.value).fill_null(False).alias("_comm"),
             pl.col("ts").alias("start_us"),
             sel.END_US,
         )
