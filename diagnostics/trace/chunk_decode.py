@@ -24,7 +24,7 @@ import polars as pl
 
 from diagnostics.trace.begin_end import PAIRED_PHASES
 from diagnostics.trace.columns import Event, TsClock, columns, null_column
-from diagnostics.trace.decode_helper import (
+from diagnostics.trace.helper_protocol import (
     DECLINED,
     DECODED,
     READY,

@@ -48,7 +48,8 @@ from diagnostics.trace.columns import (
     TsClock,
     columns,
 )
-from diagnostics.trace.decode_helper import SLOTS, DecodeHelper, can_help, take_spare
+from diagnostics.trace.decode_helper import DecodeHelper, can_help, take_spare
+from diagnostics.trace.helper_protocol import SLOTS
 
 # Text decoded per step. 4 MiB of Kineto JSON is ~15k events: big enough that per-chunk
 # overhead vanishes, small enough that a chunk's Structs stay a few tens of MB.

@@ -23,39 +23,27 @@ from __future__ import annotations
 
 import os
 import select
-import struct
 import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from diagnostics.trace.helper_protocol import (
+    DECODED,
+    READY,
+    REPLY,
+    REQUEST,
+    SLOTS,
+    read_exactly,
+)
 from diagnostics.trace.source import GZIP_MAGIC, TRACE_SUFFIXES
 
 if TYPE_CHECKING:
     from diagnostics.trace.chunk_decode import DecodedChunk
 
-# Chunks the helper may hold at once: one it decodes, one waiting, so it never idles.
-SLOTS = 2
-# parent -> helper: seq, slot, text bytes, whether a ts base is set, the base
-REQUEST = struct.Struct("<QQQQq")
-# helper -> parent: seq, slot, status, payload bytes
-REPLY = struct.Struct("<QQQQ")
-DECODED, DECLINED = 1, 2
-READY = b"R"
 # A file this large on disk (gzip: compressed) holds more than a chunk or two of JSON:
 # worth a helper. Smaller ones are decoded before a helper would be ready.
 SPARE_MIN_BYTES = {True: 1 << 20, False: 12 << 20}  # gzip?, plain
-
-
-def read_exactly(fd: int, n: int) -> bytes | None:
-    parts = []
-    while n:
-        part = os.read(fd, n)
-        if not part:
-            return None
-        parts.append(part)
-        n -= len(part)
-    return b"".join(parts)
 
 
 def can_help() -> bool:
