@@ -33,26 +33,30 @@ def empty_intervals(by: Sequence[str] = (), by_dtypes: Sequence[pl.DataType] = (
 def merge_intervals(frame: pl.DataFrame, by: Sequence[str] = ()) -> pl.DataFrame:
     """Union of the ranges in ``frame`` (per ``by`` key): disjoint, sorted by (by, start)."""
     by = list(by)
-    columns = [*by, START, END]
-    ranges = frame.select(columns).filter(pl.col(END) >= pl.col(START)).sort([*by, START])
-    if ranges.height == 0:
-        return ranges
     running_end = pl.col(END).cum_max()
     previous_end = pl.col("_run").shift(1)
     if by:
         running_end = running_end.over(by)
         previous_end = previous_end.over(by)
-    marked = ranges.with_columns(_run=running_end).with_columns(
-        _open=(pl.col(START) > previous_end).fill_null(True)
-    )
     # Rows are sorted by start, so a group's start is its first row's start, and its end
     # is the running maximum at its last row (the row before the next group opens; a new
     # key opens a group too): two filters instead of a group-by.
     last_in_group = pl.col("_open").shift(-1, fill_value=True)
-    return marked.select(
-        *(pl.col(key).filter(pl.col("_open")) for key in by),
-        pl.col(START).filter(pl.col("_open")),
-        pl.col("_run").filter(last_in_group).alias(END),
+    # one query, not one per step: the facts merge ~45 sets of ranges per trace, most of
+    # them small, where a query's fixed cost is most of the work
+    return (
+        frame.lazy()
+        .select(*by, START, END)
+        .filter(pl.col(END) >= pl.col(START))
+        .sort([*by, START])
+        .with_columns(_run=running_end)
+        .with_columns(_open=(pl.col(START) > previous_end).fill_null(True))
+        .select(
+            *(pl.col(key).filter(pl.col("_open")) for key in by),
+            pl.col(START).filter(pl.col("_open")),
+            pl.col("_run").filter(last_in_group).alias(END),
+        )
+        .collect(engine="in-memory")
     )
 
 
@@ -66,17 +70,20 @@ def union_of(frames: Sequence[pl.DataFrame], by: Sequence[str] = ()) -> pl.DataF
 
 
 def _coverage_before(
-    merged: pl.DataFrame, points: pl.DataFrame, time_col: str, out: str, by: Sequence[str]
-) -> pl.DataFrame:
-    """Adds ``out`` = length of the union ``merged`` lying before ``time_col`` of each row."""
+    merged: pl.LazyFrame, points: pl.LazyFrame, time_col: str, out: str, by: Sequence[str]
+) -> pl.LazyFrame:
+    """Adds ``out`` = length of the union ``merged`` lying before ``time_col`` of each row
+    (a plan: covered_between runs both of its ends as one query)."""
     by = list(by)
-    table = merged.sort([*by, START]).with_columns(
-        _len=pl.col(END) - pl.col(START),
-    )
     cum_before = pl.col("_len").cum_sum() - pl.col("_len")
     if by:
         cum_before = cum_before.over(by)
-    table = table.with_columns(_cum_before=cum_before).rename({START: "_m_start", END: "_m_end"})
+    table = (
+        merged.sort([*by, START])
+        .with_columns(_len=pl.col(END) - pl.col(START))
+        .with_columns(_cum_before=cum_before)
+        .rename({START: "_m_start", END: "_m_end"})
+    )
     joined = (
         points.with_row_index("_pt")
         .sort(time_col)
@@ -116,11 +123,16 @@ def covered_between(
     """
     if merged.height == 0 or queries.height == 0:
         return queries.with_columns(pl.lit(0.0).alias(out))
-    with_end = _coverage_before(merged, queries, end_col, "_cov_end", by)
-    with_both = _coverage_before(merged, with_end, start_col, "_cov_start", by)
-    return with_both.with_columns(
-        (pl.col("_cov_end") - pl.col("_cov_start")).clip(lower_bound=0.0).alias(out)
-    ).drop(["_cov_end", "_cov_start"])
+    table = merged.lazy()
+    with_end = _coverage_before(table, queries.lazy(), end_col, "_cov_end", by)
+    with_both = _coverage_before(table, with_end, start_col, "_cov_start", by)
+    return (
+        with_both.with_columns(
+            (pl.col("_cov_end") - pl.col("_cov_start")).clip(lower_bound=0.0).alias(out)
+        )
+        .drop(["_cov_end", "_cov_start"])
+        .collect(engine="in-memory")
+    )
 
 
 def total_length(merged: pl.DataFrame) -> float:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from diagnostics.facts.kernel_classes import CUDA_CORE_GEMM, FAMILY, PRECISION, TENSOR_CORE, UNIT
+from diagnostics.facts.kernel_classes import with_kernel_classes
 from diagnostics.facts.linking import TraceIndex
 
 OPERATORS_SCHEMA: dict[str, pl.DataType] = {
@@ -159,22 +159,15 @@ def kernel_table(index: TraceIndex) -> pl.DataFrame:
     kernels = index.gpu.filter(pl.col("cat") == "kernel")
     if kernels.height == 0:
         return pl.DataFrame(schema=KERNELS_SCHEMA)
+    table = kernels.group_by("name").agg(
+        pl.len().alias("calls"),
+        pl.col("dur_us").sum().alias("device_us"),
+        pl.col("dur_us").mean().alias("mean_us"),
+        pl.col("dur_us").min().alias("min_us"),
+        pl.col("dur_us").max().alias("max_us"),
+    )
     return (
-        kernels.group_by("name")
-        .agg(
-            pl.len().alias("calls"),
-            pl.col("dur_us").sum().alias("device_us"),
-            pl.col("dur_us").mean().alias("mean_us"),
-            pl.col("dur_us").min().alias("min_us"),
-            pl.col("dur_us").max().alias("max_us"),
-        )
-        .with_columns(
-            TENSOR_CORE.alias("tensor_core"),
-            CUDA_CORE_GEMM.alias("cuda_core_gemm"),
-            PRECISION.alias("precision"),
-            FAMILY.alias("family"),
-            UNIT.alias("unit"),
-        )
+        with_kernel_classes(table)
         .with_columns(
             (pl.col("precision") == "fp16").fill_null(False).alias("fp16"),
             (pl.col("precision") == "bf16").fill_null(False).alias("bf16"),

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from diagnostics.facts.intervals import merge_intervals
-from diagnostics.facts.kernel_classes import COMMUNICATION, MATMUL, PRECISION
+from diagnostics.facts.kernel_classes import COMMUNICATION, with_kernel_classes
 from diagnostics.facts.linking import TraceIndex
 from diagnostics.facts.selectors import CPU_OP, DURATION
 
@@ -159,15 +159,12 @@ def _classified_kernels(kernels: pl.DataFrame) -> pl.DataFrame:
     """The kernels with their name's precision and classes (``_matmul``, ``_comm``,
     ``_embedding``). The classes are regexes over the name: evaluated once per distinct
     name and joined back, since a trace repeats a few dozen names over millions of rows."""
-    names = (
-        kernels.select("name")
-        .unique()
-        .with_columns(
-            PRECISION.alias("precision"),
-            MATMUL.fill_null(False).alias("_matmul"),
-            COMMUNICATION.fill_null(False).alias("_comm"),
-            EMBEDDING_KERNEL.fill_null(False).alias("_embedding"),
-        )
+    names = with_kernel_classes(kernels.select("name").unique()).select(
+        "name",
+        "precision",
+        pl.col("matmul").fill_null(False).alias("_matmul"),
+        COMMUNICATION.fill_null(False).alias("_comm"),
+        EMBEDDING_KERNEL.fill_null(False).alias("_embedding"),
     )
     return kernels.join(names, on="name", how="left", nulls_equal=True)
 

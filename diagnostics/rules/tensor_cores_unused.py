@@ -40,7 +40,7 @@ from typing import Any, ClassVar
 import polars as pl
 
 from diagnostics.facts.coverage import KernelCoverage, kernel_coverage
-from diagnostics.facts.kernel_classes import CUDA_CORE_GEMM, FAMILY, PRECISION, TENSOR_CORE, UNIT
+from diagnostics.facts.kernel_classes import with_kernel_classes
 from diagnostics.model import AnalysisInputs
 from diagnostics.percent import pct
 from diagnostics.rules import examples as ex
@@ -101,20 +101,25 @@ def fix_code(advice: DeviceAdvice) -> str:
     return code
 
 
-_CLASSES = ("family", "unit", "precision")
+_CLASSES = ("family", "unit", "precision", "tensor_core", "cuda_core_gemm")
+
+
+def classified_kernels(trace: TraceFacts) -> pl.DataFrame:
+    """The kernel table with the classes of each name (facts/kernel_classes.py): the facts'
+    table carries them (facts.operators.kernel_table); one without them (the examples') is
+    classified here, by the names, whatever flags it was given."""
+    kernels = trace.kernels
+    if set(_CLASSES) <= set(kernels.columns):
+        return kernels
+    return with_kernel_classes(kernels)
 
 
 def coverage_of(trace: TraceFacts) -> KernelCoverage | None:
-    """Classified share of the kernel time, by the kernel names: the facts' kernel table
-    carries their classes (facts.operators.kernel_table, the same expressions); a table
-    without them (the examples') is classified here."""
-    kernels = trace.kernels
-    if set(_CLASSES) <= set(kernels.columns):
-        return kernel_coverage(kernels.select("name", "calls", "device_us", *_CLASSES))
-    kernels = kernels.select("name", "calls", "device_us").with_columns(
-        FAMILY.alias("family"), UNIT.alias("unit"), PRECISION.alias("precision")
+    """Classified share of the kernel time, by the kernel names."""
+    kernels = classified_kernels(trace)
+    return kernel_coverage(
+        kernels.select("name", "calls", "device_us", "family", "unit", "precision")
     )
-    return kernel_coverage(kernels)
 
 
 def _architecture_known(inputs: AnalysisInputs) -> bool:
@@ -166,7 +171,7 @@ class TensorCoresUnused(Rule):
         trace = cuda_trace(inputs)
         assert trace is not None
         identity = trace_device(trace)
-        kernels = trace.kernels
+        kernels = classified_kernels(trace)
         if kernels.height == 0:
             return []
         amd = identity.vendor == "amd"
@@ -182,10 +187,9 @@ class TensorCoresUnused(Rule):
             where = f"compute capability {major}.{minor}"
         unit = identity.matrix_unit
         advice = advice_for(identity)
-        # classified by name in one place (facts/kernel_classes.py), not by the table's flag
         flagged = kernels.with_columns(
-            TENSOR_CORE.alias("tc"),
-            CUDA_CORE_GEMM.alias("cuda_core"),
+            pl.col("tensor_core").alias("tc"),
+            pl.col("cuda_core_gemm").alias("cuda_core"),
             ELIGIBLE_KERNEL.alias("eligible"),
         )
         kernel_us = float(flagged["device_us"].sum())
