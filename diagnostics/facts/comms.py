@@ -48,7 +48,13 @@ import polars as pl
 
 from diagnostics.facts import selectors as sel
 from diagnostics.facts.comm_families import COMM_FAMILIES as _FAMILIES
-from diagnostics.facts.comm_families import CommPlace, comm_family_expr
+from diagnostics.facts.comm_families import (
+    COMM_KERNEL_NAME,
+    HOST_COLLECTIVE_NAME,
+    HOST_COMM_CATEGORIES,
+    CommPlace,
+    comm_family_expr,
+)
 from diagnostics.facts.intervals import clip_to, covered_between, merge_intervals, total_length
 from diagnostics.facts.linking import TraceIndex
 from diagnostics.facts.steps import Steps
@@ -73,13 +79,24 @@ def comm_kind_expr(name: str = "name", cat: str = "cat") -> pl.Expr:
 
 
 def with_comm_kind(frame: pl.DataFrame, alias: str = "_comm_kind") -> pl.DataFrame:
-    """``frame`` (name, cat, ...) with each row's ``comm_kind_expr`` value in ``alias``: the
-    classifier's regexes run once per distinct (name, cat), not once per row (a trace
-    repeats a few hundred pairs over all its events: 25 ms -> 5 ms on 151k events)."""
-    kinds = frame.select("name", "cat").unique().with_columns(comm_kind_expr().alias(alias))
-    return frame.join(
-        kinds, on=["name", "cat"], how="left", nulls_equal=True, maintain_order="left"
+    """``frame`` (name, cat, ...) with each row's ``comm_kind_expr`` value in ``alias``.
+
+    The kind is the GPU one for a ``kernel`` whose name a GPU family matches, the host one
+    for a ``cpu_op``/``user_annotation`` whose name a host family matches: the regexes run
+    once per distinct name, and each row is a membership test (a join on (name, cat) cost
+    twice as much: 7.7 -> 3 ms on 123k ranges)."""
+    names = frame.select(pl.col("name").unique().drop_nulls())
+    gpu_names = names.filter(COMM_KERNEL_NAME.fill_null(False))["name"].to_list()
+    host_names = names.filter(HOST_COLLECTIVE_NAME.fill_null(False))["name"].to_list()
+    name, cat = pl.col("name"), pl.col("cat")
+    kind = (
+        pl.when((cat == "kernel") & name.is_in(gpu_names))
+        .then(pl.lit(CommKind.GPU_KERNEL.value))
+        .when(cat.is_in(list(HOST_COMM_CATEGORIES)) & name.is_in(host_names))
+        .then(pl.lit(CommKind.HOST_OP.value))
+        .otherwise(pl.lit(None, pl.String))
     )
+    return frame.with_columns(kind.alias(alias))
 
 
 def comm_kind(name: str, cat: str) -> CommKind | None:

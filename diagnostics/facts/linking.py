@@ -183,7 +183,7 @@ def _sweep(ops: pl.DataFrame) -> pl.DataFrame:
         # Every operator opens and closes, so each thread's count returns to zero before
         # the next thread's rows begin: one running sum serves all threads.
         .with_columns(_open=(pl.col("_kind").cast(pl.Int64) * 2 - 1).cum_sum())
-        .collect()
+        .collect(engine="in-memory")
     )
 
 

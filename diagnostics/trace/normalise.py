@@ -91,6 +91,8 @@ def _normalise_chunk(
         other = checked.filter(~pl.col("_is_event") & ph.is_not_null() & (ph != META_PHASE))
         ignored.update(dict(other["ph"].value_counts().iter_rows()))
 
+    # in memory: a lazy query's default engine is the streaming one, whose start-up is
+    # most of a chunk's cost (37 -> 31 ms over the 54 MB trace's 14 chunks)
     events = (
         checked.lazy()
         .filter(pl.col("_is_event") & pl.col("_reason").is_null())
@@ -129,7 +131,7 @@ def _normalise_chunk(
             pl.col("fwd_thread_id"),
         )
         .cast(EVENT_SCHEMA)  # type: ignore[arg-type]
-        .collect()
+        .collect(engine="in-memory")
     )
 
     flows = None
