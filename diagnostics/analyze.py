@@ -11,7 +11,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
@@ -47,13 +47,7 @@ from diagnostics.rules.base import Skipped
 from diagnostics.rules.engine import run_rules
 from diagnostics.runs import RunFolder
 from diagnostics.severity import SEVERITY_ORDER
-from diagnostics.snapshot import (
-    SnapshotFacts,
-    SnapshotGrowth,
-    is_snapshot_file,
-    read_and_analyse_pair,
-    run_snapshots,
-)
+from diagnostics.snapshot import is_snapshot_file, read_and_analyse_pair, run_snapshots
 from diagnostics.sources import RunData, TraceFacts
 from diagnostics.trace.budget import DEFAULT_MAX_DECOMPRESSED_BYTES, DEFAULT_MAX_EVENTS, Limits
 from diagnostics.trace.loader import (
@@ -64,6 +58,10 @@ from diagnostics.trace.loader import (
     trace_files_in,
 )
 from diagnostics.trace.schema import LoadedTrace, TraceMetadata
+
+if TYPE_CHECKING:
+    from diagnostics.snapshot.analysis import SnapshotFacts
+    from diagnostics.snapshot.compare import SnapshotGrowth
 
 __all__ = [
     "DEFAULT_MAX_DECOMPRESSED_BYTES",

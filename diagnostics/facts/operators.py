@@ -57,22 +57,24 @@ def operator_instances(index: TraceIndex) -> pl.DataFrame:
                 for c in ("host_us", "host_self_us", "device_us", "device_total_us")
             )
         )
-    linked = index.gpu.filter(pl.col("op_id").is_not_null())
+    # one plan, not fourteen queries: its four aggregations run side by side
+    gpu, runtime, ops_plan = index.gpu.lazy(), index.runtime.lazy(), ops.lazy()
+    linked = gpu.filter(pl.col("op_id").is_not_null())
     self_device = linked.group_by("op_id").agg(pl.col("dur_us").sum().alias("device_us"))
     children = (
-        ops.filter(pl.col("parent_id").is_not_null())
+        ops_plan.filter(pl.col("parent_id").is_not_null())
         .group_by("parent_id")
         .agg(pl.col("dur_us").sum().alias("_children_us"))
         .rename({"parent_id": "op_id"})
     )
     own_calls = (
-        index.runtime.filter(pl.col("op_id").is_not_null())
+        runtime.filter(pl.col("op_id").is_not_null())
         .group_by("op_id")
         .agg(pl.col("dur_us").sum().alias("_calls_us"))
     )
     # Running GPU time launched per thread, by launching-call start.
     launched = (
-        index.gpu.filter(pl.col("rt_start_us").is_not_null())
+        gpu.filter(pl.col("rt_start_us").is_not_null())
         .group_by("rt_id")
         .agg(
             pl.col("rt_pid").first().alias("pid"),
@@ -85,7 +87,7 @@ def operator_instances(index: TraceIndex) -> pl.DataFrame:
         .select("pid", "tid", "_t", "_cum")
         .sort("_t")
     )
-    base = ops.select("op_id", "name", "pid", "tid", "start_us", "end_us", "dur_us")
+    base = ops_plan.select("op_id", "name", "pid", "tid", "start_us", "end_us", "dur_us")
     at_end = base.sort("end_us").join_asof(
         launched.rename({"_cum": "_cum_end"}),
         left_on="end_us",
@@ -131,6 +133,7 @@ def operator_instances(index: TraceIndex) -> pl.DataFrame:
             ),
         )
         .sort("op_id")
+        .collect(engine="in-memory")
     )
 
 

@@ -5,14 +5,17 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from diagnostics.runs import RunFolder
-from diagnostics.snapshot.analysis import SnapshotFacts, analyse_snapshot
-from diagnostics.snapshot.compare import SnapshotGrowth, compare_snapshots
 from diagnostics.snapshot.reader import is_snapshot_file, read_snapshot
 from diagnostics.trace.budget import BudgetExceeded, human_bytes
 
-__all__ = ["SnapshotFacts", "SnapshotGrowth", "is_snapshot_file", "read_and_analyse_pair"]
+if TYPE_CHECKING:
+    from diagnostics.runs import RunFolder
+    from diagnostics.snapshot.analysis import SnapshotFacts
+    from diagnostics.snapshot.compare import SnapshotGrowth
+
+__all__ = ["is_snapshot_file", "read_and_analyse_pair", "run_snapshots"]
 
 
 def read_and_analyse_pair(
@@ -23,6 +26,11 @@ def read_and_analyse_pair(
 ) -> tuple[SnapshotFacts, SnapshotGrowth | None]:
     """One snapshot analysed, or two: the second analysed and compared with the first
     (before, after). The byte cap holds for the files together."""
+    # imported here: every trace analysis imports this package (the rules' snapshot examples
+    # live in it) and most never read a snapshot; the analysis is 8 ms of imports
+    from diagnostics.snapshot.analysis import analyse_snapshot
+    from diagnostics.snapshot.compare import compare_snapshots
+
     names = list(display_names) if display_names is not None else [str(p) for p in paths]
     if not 1 <= len(paths) <= 2:
         raise ValueError("one snapshot, or two to compare")

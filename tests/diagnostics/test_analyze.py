@@ -333,17 +333,20 @@ def test_any_plausible_trace_analyses_to_strict_json_or_an_input_error(tmp_path_
     assert_summary_complete(result.to_json())
 
 
-def test_analysing_a_real_trace_never_imports_numpy():
+def test_analysing_a_real_trace_never_imports_numpy_or_the_snapshot_analysis():
     """numpy's import is about a tenth of a second, a tenth of what a bare json.load of the
     benchmark's trace takes (bench/bench_analyzer.py --quick): the analysis, every rule's
-    check included, keeps it out. A100 rank 3 of 8 is the trace where the GEMM shape rules
-    run their comparisons and slow-matmul-shape fires."""
+    check included, keeps it out. So with the memory-snapshot analysis (8 ms of imports),
+    which a trace never needs although the rules' snapshot examples live beside it. A100
+    rank 3 of 8 is the trace where the GEMM shape rules run their comparisons and
+    slow-matmul-shape fires."""
     trace = SHARED_TRACES / "hta_a100_rank3_of_8.json.gz"
     code = (
         "import sys\n"
         "from diagnostics.analyze import analyze_files\n"
         f"result = analyze_files([{str(trace)!r}])\n"
-        "print(sorted(f.rule for f in result.findings), 'numpy' in sys.modules)"
+        "print(sorted(f.rule for f in result.findings), 'numpy' in sys.modules,"
+        " 'diagnostics.snapshot.analysis' in sys.modules)"
     )
     done = subprocess.run(
         [sys.executable, "-c", code],
@@ -352,6 +355,7 @@ def test_analysing_a_real_trace_never_imports_numpy():
         check=True,
         cwd=Path(__file__).resolve().parents[2],
     )
-    fired, numpy_imported = done.stdout.strip().rsplit(" ", 1)
+    fired, numpy_imported, snapshot_analysis_imported = done.stdout.strip().rsplit(" ", 2)
     assert "slow-matmul-shape" in fired
     assert numpy_imported == "False"
+    assert snapshot_analysis_imported == "False"
