@@ -68,7 +68,7 @@ from probe.step_values import (
     host_step_record,
     step_record,
 )
-from probe.steps import RssReader, cuda_memory
+from probe.steps import RssReader, RunQueueWait, cuda_memory
 from probe.system import NullSampler, make_sampler
 
 
@@ -135,6 +135,8 @@ class _OpenStep:
     begin_event: Any = None  # CUDA event at the step's start (the previous step's end)
     optimizer_event: Any = None
     recorded: dict[str, Any] | None = None  # probe.record(...)
+    # the training thread's run-queue wait at the step's start (probe.steps.RunQueueWait)
+    waited_ns: int | None = None
 
 
 class Session:
@@ -159,6 +161,9 @@ class Session:
         self.training_thread = threading.get_ident()
         self._lock = threading.Lock()  # the sampler thread notes too
         self._rss = RssReader()
+        # each step's wait for a CPU (cpu_wait_ms): read on the training thread only, whose
+        # /proc/thread-self/schedstat it opens on its first read
+        self._run_queue = RunQueueWait()
         self.device: torch.device | None = None
         self._cuda = False  # device is a CUDA device: set with it, read several times a step
         # "batches", "optimizer", "backward" or "explicit" once known
@@ -329,10 +334,13 @@ class Session:
 
     def _ensure_open(self, now: float) -> _OpenStep:
         if self._open is None:
-            self._open = _OpenStep(begin=now)
+            self._open = _OpenStep(begin=now, waited_ns=self._cpu_waited_ns())
             if self._cuda:
                 self._open.begin_event = self._event()
         return self._open
+
+    def _cpu_waited_ns(self) -> int | None:
+        return self._run_queue.read() if self.on_training_thread() else None
 
     def _event(self) -> Any:
         event = torch.cuda.Event(enable_timing=True)
@@ -627,6 +635,12 @@ class Session:
         # the token-weighted mean padded length: tokens x (6N + 12·L·H·Q·seq_len) is then the
         # sum of the micro-batches' model FLOPs, each over its own length
         seq_len = step.token_length_sum / step.tokens if step.tokens else None
+        waited_ns = self._cpu_waited_ns()
+        cpu_wait_ms = (
+            (waited_ns - step.waited_ns) / 1e6
+            if waited_ns is not None and step.waited_ns is not None
+            else None
+        )
         row = (
             self.steps_done,
             "batches" if self.mode == "batches" else "train",
@@ -640,6 +654,7 @@ class Session:
             optimizer_ms,
             step.tokens,
             seq_len,
+            cpu_wait_ms,
         )
         if self._cuda:
             record = dict(zip(HOST_FIELDS, row, strict=True))

@@ -148,6 +148,9 @@ HOST_FIELDS = (
     "optimizer_ms",
     "tokens",
     "seq_len",
+    # the training thread's wait for a CPU over the step (probe.steps.RunQueueWait): the
+    # part of a slow step another process or thread caused (step-time-outliers)
+    "cpu_wait_ms",
 )
 CUDA_MEMORY = ("cuda_allocated_bytes", "cuda_reserved_bytes", "cuda_peak_bytes")
 # a step's key-value store reads (probe/key_values.py), once the script reads a store
@@ -166,7 +169,7 @@ def host_step_record(
     compare the two)."""
     (
         step, phase, wall_time, batch, rss, profiled, marks, data_ms, step_ms, optimizer_ms,
-        tokens, seq_len,
+        tokens, seq_len, cpu_wait_ms,
     ) = row  # fmt: skip
     compute_ms = None
     if data_ms is not None:
@@ -181,6 +184,7 @@ def host_step_record(
         "h2d_ms": None,
         "compute_ms": compute_ms,
         "optimizer_ms": optimizer_ms,
+        "cpu_wait_ms": cpu_wait_ms,
         "loss": loss,
         "grad_norm": norm,
         "amp_scale": scale,
@@ -220,6 +224,7 @@ def step_record(
         "h2d_ms": None,  # the copy is inside the user's code: not told apart
         "compute_ms": compute_ms,
         "optimizer_ms": optimizer_ms,
+        "cpu_wait_ms": host.get("cpu_wait_ms"),
         "loss": values.get("loss"),
         "grad_norm": values.get("grad_norm"),
         "amp_scale": values.get("amp_scale"),

@@ -257,7 +257,7 @@ print('lmdb' in sys.modules, READS.active, [type(b).__name__ for b in batches])
 def test_both_record_paths_carry_the_store_fields_and_only_when_given():
     from probe.step_values import HOST_FIELDS, host_step_record, step_record
 
-    row = (3, "train", 100.0, 256, 1 << 20, False, None, 1.0, 1.5, 0.1, None, None)
+    row = (3, "train", 100.0, 256, 1 << 20, False, None, 1.0, 1.5, 0.1, None, None, 0.2)
     store = {"store_reads": 256, "store_keys": 256, "store_read_ms": 0.4}
     cpu = host_step_record(row, 0.5, 2.0, None, store)
     cpu_without = host_step_record(row, 0.5, 2.0, None)

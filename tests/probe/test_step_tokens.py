@@ -100,7 +100,7 @@ def test_a_mapping_that_fails_to_read_has_no_tokens_and_raises_nothing():
 def test_both_record_paths_carry_tokens_and_seq_len_in_one_order():
     from probe.step_values import HOST_FIELDS, host_step_record, step_record
 
-    row = (3, "train", 100.0, 4, 1 << 20, False, None, 1.0, 1.5, 0.1, 17, 103 / 17)
+    row = (3, "train", 100.0, 4, 1 << 20, False, None, 1.0, 1.5, 0.1, 17, 103 / 17, 0.2)
     cpu = host_step_record(row, 0.5, 2.0, None)
     # the CUDA path: the host's figures completed by step_record
     cuda = step_record(dict(zip(HOST_FIELDS, row, strict=True)), {}, host_clock=False)

@@ -7,18 +7,15 @@ the queue's order and flush rules, which are the same on both devices.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from probe.deferred import PendingSteps
 from probe.steps import HostStepClock, Resolved, run_queue_wait_ns
+from tests.cpu_contention import one_core_beside_a_busy_rival, spin
 
 
 class Later:
@@ -111,31 +108,6 @@ def test_host_clock_times_add_up():
     assert times["step_time_ms"] == pytest.approx(times["data_wait_ms"] + parts, abs=0.05)
 
 
-def _spin(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-
-
-@contextlib.contextmanager
-def _one_core_beside_a_busy_rival() -> Iterator[None]:
-    """This process and a busy-looping one pinned to the same core, the rival running."""
-    before = os.sched_getaffinity(0)
-    core = min(before)
-    os.sched_setaffinity(0, {core})
-    rival = subprocess.Popen(
-        [sys.executable, "-c", "import time\nend = time.time() + 20\nwhile time.time() < end: pass"]
-    )
-    try:
-        os.sched_setaffinity(rival.pid, {core})
-        _spin(0.05)  # let the rival get going
-        yield
-    finally:
-        rival.kill()
-        rival.wait()
-        os.sched_setaffinity(0, before)
-
-
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux CPU affinity")
 def test_host_clock_counts_the_time_another_process_had_the_cpu():
     """Two busy processes on one core: about half of the step the training thread is
@@ -143,12 +115,12 @@ def test_host_clock_counts_the_time_another_process_had_the_cpu():
     # decided by the host, not by the function under test: a run_queue_wait_ns that failed
     # to read the file skipped this test before
     _schedstat_waited_ns()
-    with _one_core_beside_a_busy_rival():
+    with one_core_beside_a_busy_rival():
         clock = HostStepClock()
         clock.begin()
         for mark in ("fetched", "start", "copied"):
             clock.mark(mark)
-        _spin(0.4)  # wall time: the rival takes about half of it
+        spin(0.4)  # wall time: the rival takes about half of it
         clock.mark("computed")
         times = clock.finish()
     # wide margins: the scheduler shares the core about evenly, the machine is noisy
@@ -163,12 +135,12 @@ def test_an_evaluations_wait_for_a_cpu_is_set_aside_with_its_time():
     ~150 ms after a contended evaluation recorded up to 300 ms of waiting for a CPU (the
     gate's twins, steps 7), more than it lasted."""
     _schedstat_waited_ns()
-    with _one_core_beside_a_busy_rival():
+    with one_core_beside_a_busy_rival():
         clock = HostStepClock()
         clock.begin()
         clock.mark("fetched")
         with clock.set_aside():
-            _spin(0.4)  # the evaluation, on the contended core: ~0.2 s waiting
+            spin(0.4)  # the evaluation, on the contended core: ~0.2 s waiting
         for mark in ("start", "copied", "computed"):
             clock.mark(mark)
         time.sleep(0.05)  # the step itself sleeps: it waits for no CPU
