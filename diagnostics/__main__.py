@@ -213,6 +213,9 @@ def analyze_main(argv: Sequence[str]) -> int:
 
         # a large trace's decode helper starts now: its imports overlap this process's
         start_spare(args.path)
+        from diagnostics.startup import import_analyser
+
+        import_analyser()
     # Imported after parsing so that usage errors stay instant.
     from diagnostics.errors import AnalysisBug, InputError
     from diagnostics.thresholds import ThresholdsError

@@ -383,6 +383,9 @@ def child_main(request_path: str) -> int:
 
             # a large trace's decode helper starts now: its imports overlap this child's
             start_spare(one_file[0])
+        from diagnostics.startup import import_analyser
+
+        import_analyser()
         from diagnostics.analyze import analyze, analyze_files
         from diagnostics.thresholds import ThresholdsError
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tomllib
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
@@ -509,6 +508,8 @@ def load_thresholds(
         raise ThresholdsError(f"{path}: cannot read ({exc.strerror or exc})") from None
     try:
         if path.suffix.lower() == ".toml":
+            import tomllib  # here: 3 ms of every analysis's imports, for a file few give
+
             values = tomllib.loads(raw.decode("utf-8"))
         elif path.suffix.lower() == ".json":
             values = json.loads(raw)
