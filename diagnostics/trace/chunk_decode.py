@@ -27,10 +27,12 @@ from diagnostics.trace.columns import Event, TsClock, columns, null_column
 from diagnostics.trace.helper_protocol import (
     DECLINED,
     DECODED,
+    HAS_BASE,
     READY,
     REPLY,
     REQUEST,
     SLOTS,
+    STRICT,
     read_exactly,
 )
 
@@ -88,13 +90,16 @@ class DecodedChunk:
     lossy: int  # fractional timestamps beyond 2^53 (TsClock.lossy)
 
 
-def decode_chunk(text: bytes, base_us: int | None) -> DecodedChunk | None:
+def decode_chunk(text: bytes, base_us: int | None, strict: bool = False) -> DecodedChunk | None:
     """A chunk's text (a JSON array of whole events) -> its columns; None when it needs the
-    loading process (not one valid array, or B/E events, which pair across chunks)."""
+    loading process (not one valid array, B/E events, which pair across chunks, or with
+    ``strict`` a malformed event)."""
     try:
         events = EVENTS_DECODER.decode(text)
         skipped: Counter[str] = Counter()
     except msgspec.ValidationError:
+        if strict:
+            return None
         try:
             raws = RAW_LIST_DECODER.decode(text)
         except (msgspec.DecodeError, RecursionError):
@@ -177,10 +182,14 @@ def main() -> None:
         header = read_exactly(requests, REQUEST.size)
         if header is None:
             return
-        seq, slot, size, has_base, base_us = REQUEST.unpack(header)
+        seq, slot, size, flags, base_us = REQUEST.unpack(header)
         status, size_out = DECLINED, 0
         try:
-            chunk = decode_chunk(os.pread(texts[slot], size, 0), base_us if has_base else None)
+            chunk = decode_chunk(
+                os.pread(texts[slot], size, 0),
+                base_us if flags & HAS_BASE else None,
+                strict=bool(flags & STRICT),
+            )
             if chunk is not None:
                 payload = encode_chunk(chunk)
                 if os.pwrite(results[slot], payload, 0) == len(payload):

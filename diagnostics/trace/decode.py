@@ -55,7 +55,7 @@ from diagnostics.trace.helper_protocol import SLOTS
 # overhead vanishes, small enough that a chunk's Structs stay a few tens of MB.
 DEFAULT_CHUNK_BYTES = 4 << 20
 # The first chunk is cut at the first block (or sooner): it decides the timestamp base
-# (TsClock), which the decode helper needs before it can take a chunk.
+# (TsClock), which the decode helper needs with every chunk it takes.
 FIRST_CHUNK_BYTES = 1 << 20
 # Metadata before "traceEvents" is a few KB in practice; past this the file is not a trace.
 HEAD_LIMIT_BYTES = 64 << 20
@@ -63,6 +63,13 @@ HEAD_LIMIT_BYTES = 64 << 20
 _MAX_CUT_TRIES = 16
 
 
+class _Stamp(msgspec.Struct, gc=False):
+    """An event's timestamp alone (Event.ts): the first chunk's decide the file's clock."""
+
+    ts: int | float | None = None
+
+
+_STAMPS_DECODER = msgspec.json.Decoder(list[_Stamp])
 _RAW_DICT_DECODER = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _ANY_DECODER = msgspec.json.Decoder()
 
@@ -172,6 +179,9 @@ class _Chunker:
         self.out_of_turn: deque[_OutOfTurn] = deque()
         self.seq = 0
         self.helper_chunks = 0
+        # the clock was decided from the first chunk's timestamps alone, and that chunk went
+        # to the helper: if it comes back undecoded, the decision is made again here
+        self.clock_from_stamps = False
 
     # -- reading ---------------------------------------------------------------------
     def more(self) -> bool:
@@ -442,12 +452,22 @@ class _Chunker:
 
     # -- the helper process ----------------------------------------------------------
     def hand_over(self) -> bool:
-        """Gives the next chunk to the helper if it can take one now."""
-        if not self.parallel or not self.clock.decided:
-            return False  # the first chunk is decoded here: it decides the clock
+        """Gives the next chunk to the helper if it can take one now.
+
+        The first chunk decides the file's clock. When the helper is ready for it, the
+        clock is decided here from the chunk's timestamps alone (a decode of one field, a
+        tenth of the chunk's full decode) and the chunk goes to the helper, strictly: a
+        malformed event in it (which a full decode here would have left out of the
+        decision) or B/E events send it back, and it is decoded here as if never handed.
+        """
+        if not self.parallel:
+            return False
+        first = not self.clock.decided
         if self.helper is None:
             self.helper = take_spare()
         if self.helper is None:
+            if first:
+                return False  # a helper started now could not take it before it is decoded
             if not can_help():
                 self.parallel = False
                 return False
@@ -465,15 +485,30 @@ class _Chunker:
         self.buf[cut] = ord("]")
         view = memoryview(self.buf)[: cut + 1]
         try:
-            handed = self.helper.submit(slot, self.seq + 1, view, self.clock.base_us)
+            if first and not self.decide_clock(view):
+                return False
+            handed = self.helper.submit(slot, self.seq + 1, view, self.clock.base_us, first)
         finally:
             view.release()
             self.buf[cut] = ord(",")
         if not handed:
+            if first:
+                self.clock = TsClock()
             return False
+        self.clock_from_stamps |= first
         self.seq += 1
         self.out_of_turn.append(_OutOfTurn(self.offset, b"", None, self.seq, slot, cut + 1))
         self.advance(cut)
+        return True
+
+    def decide_clock(self, chunk: memoryview) -> bool:
+        """Decides the clock from the first chunk's timestamps; False if the chunk is not
+        one valid array of events (a cut inside a string): it is then decoded here."""
+        try:
+            stamps = _STAMPS_DECODER.decode(chunk)
+        except (msgspec.DecodeError, RecursionError):
+            return False
+        self.clock.decide([stamp.ts for stamp in stamps])
         return True
 
     def settle(self, wait: bool) -> None:
@@ -508,6 +543,8 @@ class _Chunker:
         self.out_of_turn.clear()
         self.parallel = False
         self.stop_helper()
+        if self.clock_from_stamps and first.seq == 1:
+            self.clock = TsClock()  # the first chunk again: it decides the clock here
         # the buffer starts with the "[" put at the last cut, where a "," was
         self.buf[0] = ord(",")
         self.buf[:0] = b"[" + b",".join(texts)

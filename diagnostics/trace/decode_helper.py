@@ -30,10 +30,12 @@ from typing import TYPE_CHECKING
 
 from diagnostics.trace.helper_protocol import (
     DECODED,
+    HAS_BASE,
     READY,
     REPLY,
     REQUEST,
     SLOTS,
+    STRICT,
     read_exactly,
 )
 from diagnostics.trace.source import GZIP_MAGIC, TRACE_SUFFIXES
@@ -100,15 +102,16 @@ class DecodeHelper:
             return None
         return next((slot for slot in range(SLOTS) if slot not in self.busy), None)
 
-    def submit(self, slot: int, seq: int, text: memoryview, base_us: int | None) -> bool:
-        """Hands the helper a chunk (a JSON array's text); False if it cannot take it."""
+    def submit(
+        self, slot: int, seq: int, text: memoryview, base_us: int | None, strict: bool = False
+    ) -> bool:
+        """Hands the helper a chunk (a JSON array's text); False if it cannot take it.
+        ``strict``: the helper declines the chunk if any event in it is malformed."""
+        flags = (HAS_BASE if base_us is not None else 0) | (STRICT if strict else 0)
         try:
             if os.pwrite(self.texts[slot], text, 0) != len(text):
                 raise OSError("short write")
-            os.write(
-                self.requests,
-                REQUEST.pack(seq, slot, len(text), base_us is not None, base_us or 0),
-            )
+            os.write(self.requests, REQUEST.pack(seq, slot, len(text), flags, base_us or 0))
         except OSError:  # the helper died (killed, out of memory): the caller decodes
             self.alive = False
             return False

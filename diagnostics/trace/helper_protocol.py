@@ -9,8 +9,11 @@ import struct
 
 # Chunks the helper may hold at once: one it decodes, one waiting, so it never idles.
 SLOTS = 2
-# parent -> helper: seq, slot, text bytes, whether a ts base is set, the base
+# parent -> helper: seq, slot, text bytes, flags (below), the ts base
 REQUEST = struct.Struct("<QQQQq")
+# a ts base is set (else the file has none); decline a chunk with any malformed event
+# (the first chunk, whose clock the loading process decided from its timestamps alone)
+HAS_BASE, STRICT = 1, 2
 # helper -> parent: seq, slot, status, payload bytes
 REPLY = struct.Struct("<QQQQ")
 DECODED, DECLINED = 1, 2

@@ -149,6 +149,61 @@ class TestSameResult:
         assert helped.helper_chunks > 0
         assert alone.ts_base_us == 2**60 and alone.ts_lossy == 6
 
+    def test_the_first_chunk_goes_to_a_ready_helper_with_the_clock_decided_here(
+        self, helpers, monkeypatch
+    ):
+        decided = spy(monkeypatch, "decide_clock")
+        handed: list[tuple[int, int | None, bool]] = []
+        real_submit = decode_helper.DecodeHelper.submit
+
+        def submit(self, slot, seq, text, base_us, strict=False):
+            handed.append((seq, base_us, strict))
+            return real_submit(self, slot, seq, text, base_us, strict)
+
+        monkeypatch.setattr(decode_helper.DecodeHelper, "submit", submit)
+        events = kernels(3000)
+        for i, event in enumerate(events):
+            event["ts"] = 2**60 + 10 * i
+        text = events_text(events)
+        helped, alone = decode(text, True), decode(text, False)
+        assert_same(helped, alone)
+        assert decided == [1]
+        # the first chunk went first, strictly, with the base its timestamps decided
+        assert handed[0] == (1, 2**60, True)
+        assert all(not strict for _, _, strict in handed[1:])
+        assert helped.ts_base_us == 2**60
+
+    def test_a_malformed_event_sends_the_first_chunk_back_and_the_clock_is_decided_again(
+        self, helpers, monkeypatch
+    ):
+        taken_back = spy(monkeypatch, "take_back")
+        events = kernels(3000)
+        for i, event in enumerate(events):
+            event["ts"] = 2**60 + 10 * i
+        # the first event has the smallest timestamp and a malformed field: a full decode
+        # leaves it out, so the file's base is the second event's; its timestamp alone
+        # would have made the base its own
+        events[0]["dur"] = "long"
+        text = events_text(events)
+        helped, alone = decode(text, True), decode(text, False)
+        assert_same(helped, alone)
+        assert taken_back
+        assert alone.ts_base_us == 2**60 + 10
+        assert alone.skipped == {"dur is str, expected float": 1}
+
+    def test_begin_end_events_send_the_first_chunk_back(self, helpers, monkeypatch):
+        taken_back = spy(monkeypatch, "take_back")
+        events = [{"ph": "B", "name": "range", "pid": 1, "tid": 3, "ts": 2**60 + 5}]
+        events += [{"ph": "E", "pid": 1, "tid": 3, "ts": 2**60 + 9}]
+        events += kernels(3000)
+        for i, event in enumerate(events[2:]):
+            event["ts"] = 2**60 + 10 * i
+        text = events_text(events)
+        helped, alone = decode(text, True), decode(text, False)
+        assert_same(helped, alone)
+        assert taken_back
+        assert alone.frame.filter(alone.frame["name"] == "range").height == 1
+
     def test_a_chunk_with_begin_end_events_is_taken_back(self, helpers, monkeypatch):
         taken_back = spy(monkeypatch, "take_back")
         # ~155 bytes an event, 64 KiB chunks: the first ~420 events are decoded here, the
@@ -199,8 +254,8 @@ class TestSameResult:
         taken_back = spy(monkeypatch, "take_back")
         real_submit = decode_helper.DecodeHelper.submit
 
-        def submit_then_die(self, slot, seq, text, base_us):
-            handed = real_submit(self, slot, seq, text, base_us)
+        def submit_then_die(self, slot, seq, text, base_us, strict=False):
+            handed = real_submit(self, slot, seq, text, base_us, strict)
             if seq == 2:
                 self.proc.kill()  # killed (out of memory, a signal) with chunks in hand
                 self.proc.wait()
