@@ -456,7 +456,7 @@ class _Chunker:
 
         The first chunk decides the file's clock. When the helper is ready for it, the
         clock is decided here from the chunk's timestamps alone (a decode of one field, a
-        tenth of the chunk's full decode) and the chunk goes to the helper, strictly: a
+        fifth of the chunk's full decode) and the chunk goes to the helper, strictly: a
         malformed event in it (which a full decode here would have left out of the
         decision) or B/E events send it back, and it is decoded here as if never handed.
         """
