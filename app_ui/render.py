@@ -27,6 +27,7 @@ from diagnostics.severity import order_findings
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
 
 if TYPE_CHECKING:
+    from diagnostics.progress import WorkDone
     from diagnostics.result import AnalysisResult
 
 
@@ -40,6 +41,23 @@ def chart(fig: Any, key: str, *, compact: bool = False) -> None:
             margin={"t": 40, "b": 90},
         )
     st.plotly_chart(fig, config=PLOTLY_CONFIG, key=key)
+
+
+class ProgressBar:
+    """A bar drawn from a long analysis's progress reports (diagnostics.progress), where
+    it is created; it appears at the first report and :meth:`clear` removes it."""
+
+    def __init__(self) -> None:
+        self._slot = st.empty()
+        self._bar: Any = None
+
+    def __call__(self, work: WorkDone) -> None:
+        if self._bar is None:
+            self._bar = self._slot.progress(0.0)
+        self._bar.progress(work.fraction, text=md_text(work.text()))
+
+    def clear(self) -> None:
+        self._slot.empty()
 
 
 def card_grid(count: int) -> list[Any]:

@@ -19,6 +19,7 @@ from diagnostics.errors import InputError
 from diagnostics.facts import (
     breakdown_pct,
     compute_facts,
+    compute_rank_facts,
     idle_breakdown_pct,
     rank_summary,
     step_time_spread,
@@ -35,6 +36,7 @@ from diagnostics.metrics import (
     steady_steps,
 )
 from diagnostics.model import AnalysisInputs
+from diagnostics.progress import ProgressCallback
 from diagnostics.rank_pool import POOL_MIN_FILES, digest_files, ranks_are_distinct
 from diagnostics.result import (
     BREAKDOWN_KEYS,
@@ -48,7 +50,7 @@ from diagnostics.rules.engine import run_rules
 from diagnostics.runs import RunFolder
 from diagnostics.severity import SEVERITY_ORDER
 from diagnostics.snapshot import is_snapshot_file, read_and_analyse_pair, run_snapshots
-from diagnostics.sources import RunData, TraceFacts
+from diagnostics.sources import RankFacts, RunData, TraceFacts
 from diagnostics.trace.budget import DEFAULT_MAX_DECOMPRESSED_BYTES, DEFAULT_MAX_EVENTS, Limits
 from diagnostics.trace.loader import (
     LoadedInput,
@@ -78,10 +80,12 @@ def analyze(
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
     max_events: int = DEFAULT_MAX_EVENTS,
     thresholds: Any = None,
+    progress: ProgressCallback | None = None,
 ) -> AnalysisResult:
     """A trace file (.json/.json.gz), a folder of per-rank traces, or a run folder.
 
     The byte and event budgets hold for the whole input (all files of a folder together).
+    ``progress`` hears of each rank file of a many-rank folder as it is analysed.
     """
     folder = Path(path)
     if folder.is_file() and is_snapshot_file(folder):
@@ -96,6 +100,7 @@ def analyze(
             max_decompressed_bytes,
             max_events,
             thresholds,
+            progress,
         )
         if many is not None:
             return many
@@ -135,23 +140,29 @@ def _analyze_many(
     max_bytes: int,
     max_events: int,
     thresholds: Any,
+    progress: ProgressCallback | None = None,
 ) -> AnalysisResult | None:
     """Many rank files through the process pool (diagnostics.rank_pool): only the primary
     rank's events are held here. None when the files are too few or their ranks need the
     sequential loader's numbering."""
     if len(files) < POOL_MIN_FILES:
         return None
-    digests = digest_files(files, names, Limits(max_bytes, max_events))
+    digests = digest_files(files, names, Limits(max_bytes, max_events), progress=progress)
     if not ranks_are_distinct(digests):
         return None
     order = sorted(range(len(digests)), key=lambda i: digests[i].metadata.rank)
     first = order[0]
-    primary = load_trace_file(
-        files[first],
-        display_name=names[first],
-        max_decompressed_bytes=max_bytes,
-        max_events=max_events,
-    )
+    shipped = digests[first].primary
+    if shipped is not None:  # rank 0's worker sent its trace and facts back
+        primary, primary_facts = shipped
+    else:
+        primary = load_trace_file(
+            files[first],
+            display_name=names[first],
+            max_decompressed_bytes=max_bytes,
+            max_events=max_events,
+        )
+        primary_facts = compute_facts(primary.events, primary.metadata)
     metadata = tuple(digests[i].metadata for i in order)
     loaded = LoadedInput(
         kind="trace" if kind == "trace" else "ranks",
@@ -164,6 +175,7 @@ def _analyze_many(
     return analyze_loaded(
         loaded,
         thresholds=thresholds,
+        primary_facts=primary_facts,
         rank_facts=tuple(digests[i].facts for i in order),
         rank_metadata=metadata,
     )
@@ -176,6 +188,7 @@ def analyze_files(
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
     max_events: int = DEFAULT_MAX_EVENTS,
     thresholds: Any = None,
+    progress: ProgressCallback | None = None,
 ) -> AnalysisResult:
     """Uploaded trace files, one per rank (or several windows of one rank).
 
@@ -189,7 +202,14 @@ def analyze_files(
     if len(names) != len(files):
         raise ValueError("display_names must name every path")
     many = _analyze_many(
-        files, names, "ranks", ", ".join(names), max_decompressed_bytes, max_events, thresholds
+        files,
+        names,
+        "ranks",
+        ", ".join(names),
+        max_decompressed_bytes,
+        max_events,
+        thresholds,
+        progress,
     )
     if many is not None:
         return many
@@ -214,7 +234,8 @@ def analyze_loaded(
     loaded: LoadedInput,
     *,
     thresholds: Any = None,
-    rank_facts: tuple[TraceFacts, ...] | None = None,
+    primary_facts: TraceFacts | None = None,
+    rank_facts: tuple[RankFacts, ...] | None = None,
     rank_metadata: tuple[TraceMetadata, ...] | None = None,
     snapshot: SnapshotFacts | None = None,
     growth: SnapshotGrowth | None = None,
@@ -222,19 +243,22 @@ def analyze_loaded(
     """Facts, rules and summary for an input the loader has read (and a memory snapshot
     with its growth from an earlier one, when given).
 
-    ``rank_facts``/``rank_metadata`` (by rank, the primary first): every rank's facts
-    computed elsewhere (diagnostics.rank_pool); ``loaded.traces`` then holds the primary
-    rank only."""
+    ``primary_facts``, ``rank_facts`` and ``rank_metadata`` (by rank, the primary first):
+    the facts computed elsewhere (diagnostics.rank_pool), ``loaded.traces`` then holding
+    the primary rank only. Otherwise the primary trace's facts are computed here, and of
+    the other traces only the part the per-rank table reads."""
+    primary: LoadedTrace | None = loaded.traces[0] if loaded.traces else None
+    if primary_facts is None and primary is not None:
+        primary_facts = compute_facts(primary.events, primary.metadata)
     if rank_facts is None:
-        rank_facts = tuple(compute_facts(t.events, t.metadata) for t in loaded.traces)
+        others = (compute_rank_facts(t.events, t.metadata) for t in loaded.traces[1:])
+        rank_facts = (RankFacts.of(primary_facts), *others) if primary_facts else ()
     if rank_metadata is None:
         rank_metadata = tuple(t.metadata for t in loaded.traces)
-    facts: TraceFacts | None = rank_facts[0] if rank_facts else None
-    primary: LoadedTrace | None = loaded.traces[0] if loaded.traces else None
+    facts = primary_facts
     match = rank_collectives(rank_facts) if len(rank_facts) > 1 else None
     if facts is not None and len(rank_facts) > 1:
         facts = replace(facts, ranks=rank_summary(rank_facts, match))
-        rank_facts = (facts, *rank_facts[1:])
     environment = _environment(loaded.run, primary, facts)
     step_map = (
         trace_run_steps(facts.steps, loaded.run.steps, primary.metadata.clock_offset_s)
@@ -388,7 +412,7 @@ def _comm_summary(facts: TraceFacts | None) -> dict[str, Any]:
 def summarise(
     loaded: LoadedInput,
     facts: TraceFacts | None,
-    rank_facts: Sequence[TraceFacts] = (),
+    rank_facts: Sequence[RankFacts] = (),
     metrics: KeyMetrics | None = None,
     match: CollectiveMatch | None = None,
 ) -> dict[str, Any]:

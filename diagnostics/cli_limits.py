@@ -154,7 +154,8 @@ def analyse(
     """``diagnostics.analyze.analyze`` in this process (``child`` None) or in the bounded
     child. In the child's case this process never imports the analyser's frames before the
     result is in, so it stays small whatever the input. ``compare``: a second memory
-    snapshot (``path`` the first), analysed as a pair (growth by site)."""
+    snapshot (``path`` the first), analysed as a pair (growth by site). A long analysis's
+    progress goes to stderr (diagnostics.progress.StderrProgress)."""
     if compare is not None:
         from diagnostics.errors import InputError
         from diagnostics.snapshot.reader import is_snapshot_file
@@ -166,17 +167,30 @@ def analyse(
                     "analyze --compare takes two CUDA memory snapshots (.pickle, .pickle.gz); "
                     "for traces and runs use report --compare",
                 )
-    if child is None:
-        from diagnostics.analyze import analyze, analyze_snapshots
+    from diagnostics.progress import StderrProgress
 
-        if compare is not None:
-            return analyze_snapshots(
-                [path, compare], max_bytes=limits["max_decompressed_bytes"], thresholds=thresholds
-            )
-        return analyze(path, **limits, thresholds=thresholds)
-    from diagnostics.isolated import analyze_isolated
-    from diagnostics.trace.budget import Limits
+    progress = StderrProgress()  # a many-rank folder takes a while: say how far it has got
+    try:
+        if child is None:
+            from diagnostics.analyze import analyze, analyze_snapshots
 
-    return analyze_isolated(
-        path, limits=Limits(**limits), child=child, thresholds=thresholds, compare=compare
-    )
+            if compare is not None:
+                return analyze_snapshots(
+                    [path, compare],
+                    max_bytes=limits["max_decompressed_bytes"],
+                    thresholds=thresholds,
+                )
+            return analyze(path, **limits, thresholds=thresholds, progress=progress)
+        from diagnostics.isolated import analyze_isolated
+        from diagnostics.trace.budget import Limits
+
+        return analyze_isolated(
+            path,
+            limits=Limits(**limits),
+            child=child,
+            thresholds=thresholds,
+            compare=compare,
+            progress=progress,
+        )
+    finally:
+        progress.close()

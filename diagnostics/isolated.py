@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -44,6 +45,7 @@ from diagnostics.limit_values import (
     limit_from_env,
 )
 from diagnostics.process_limits import KeptOutput, address_space_limit, die_with_parent_preexec
+from diagnostics.progress import ProgressCallback, ProgressFile, read_progress
 from diagnostics.trace.budget import Limits, human_bytes
 
 if TYPE_CHECKING:
@@ -77,6 +79,8 @@ _CHILD_JEMALLOC_CONF = "background_thread:false"
 # What is kept of the child's stderr (its first and last bytes): enough for the marker of
 # an allocation failure or the last line of a crash, never the whole of a looping writer.
 _STDERR_KEEP_BYTES = 16 * 1024
+# How often the parent reads the child's progress file while it waits
+PROGRESS_POLL_S = 0.25
 # Exit codes of the child besides 0 (result written) and signals.
 _EXIT_INPUT, _EXIT_MEMORY, _EXIT_RECURSION, _EXIT_BUG = 2, 3, 4, 1
 # What a child that ran out of address space may say on its way out (compared in lower
@@ -151,6 +155,7 @@ def analyze_files_isolated(
     display_names: Sequence[str] | None = None,
     limits: Limits | None = None,
     child: ChildLimits | None = None,
+    progress: ProgressCallback | None = None,
 ) -> AnalysisResult:
     """``diagnostics.analyze.analyze_files`` in a child process with bounded memory and time.
 
@@ -165,7 +170,7 @@ def analyze_files_isolated(
         "paths": [str(Path(p).resolve()) for p in paths],
         "display_names": names,
     }
-    return _isolated(request, source, limits, child)
+    return _isolated(request, source, limits, child, progress)
 
 
 def analyze_upload_isolated(
@@ -176,6 +181,7 @@ def analyze_upload_isolated(
     store: str | os.PathLike[str],
     limits: Limits | None = None,
     child: ChildLimits | None = None,
+    progress: ProgressCallback | None = None,
 ) -> UploadSet:
     """``diagnostics.upload_analysis.analyse_upload_files`` in the bounded child: every
     trace of an upload is loaded there, never in the server, which gets back the identities,
@@ -188,7 +194,7 @@ def analyze_upload_isolated(
         "upload": {"mode": mode, "store": str(Path(store).resolve())},
     }
     source = names[0] if len(names) == 1 else ", ".join(names)
-    return cast("UploadSet", _isolated(request, source, limits, child))
+    return cast("UploadSet", _isolated(request, source, limits, child, progress))
 
 
 def analyze_isolated(
@@ -198,6 +204,7 @@ def analyze_isolated(
     child: ChildLimits | None = None,
     thresholds: str | None = None,
     compare: str | os.PathLike[str] | None = None,
+    progress: ProgressCallback | None = None,
 ) -> AnalysisResult:
     """``diagnostics.analyze.analyze`` (a file, a folder of ranks, a run folder) in a child
     process with bounded memory and time; errors as for :func:`analyze_files_isolated`.
@@ -206,7 +213,7 @@ def analyze_isolated(
     request = {"path": str(path), "thresholds": str(thresholds) if thresholds else None}
     if compare is not None:
         request["compare"] = str(compare)
-    return _isolated(request, str(path), limits, child)
+    return _isolated(request, str(path), limits, child, progress)
 
 
 class _Slots:
@@ -244,7 +251,10 @@ def _isolated(
     source: str,
     limits: Limits | None,
     child: ChildLimits | None,
+    progress: ProgressCallback | None = None,
 ) -> AnalysisResult:
+    """Runs the child on ``request``; ``progress`` hears what the child reports, read from
+    its progress file while this process waits."""
     try:
         limits = limits or Limits.from_env()
         child = child or ChildLimits.from_env()
@@ -269,9 +279,10 @@ def _isolated(
                 "memory_bytes": child.memory_bytes,
                 "result": str(work / "result.pickle"),
                 "error": str(work / "error.json"),
+                "progress": str(work / "progress.json") if progress is not None else None,
             }
             (work / "request.json").write_text(json.dumps(request), encoding="utf-8")
-            code, stderr = _run_child(work, child.timeout_s)
+            code, stderr = _run_child(work, child.timeout_s, progress)
             if code == 0:
                 with (work / "result.pickle").open("rb") as handle:
                     return pickle.load(handle)  # written by our own child, never by a user
@@ -331,9 +342,12 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def _run_child(work: Path, timeout_s: float) -> tuple[int | None, str]:
+def _run_child(
+    work: Path, timeout_s: float, progress: ProgressCallback | None = None
+) -> tuple[int | None, str]:
     """Runs the child on work/request.json: (its exit code, or None after the timeout; what
-    it wrote to stderr, bounded)."""
+    it wrote to stderr, bounded). While it runs, what it reports in work/progress.json goes
+    to ``progress``."""
     process = subprocess.Popen(
         [sys.executable, "-m", "diagnostics.isolated", str(work / "request.json")],
         stdin=subprocess.DEVNULL,
@@ -348,7 +362,7 @@ def _run_child(work: Path, timeout_s: float) -> tuple[int | None, str]:
     stderr = KeptOutput(process.stderr, _STDERR_KEEP_BYTES)
     code: int | None = None
     try:
-        code = process.wait(timeout=timeout_s)
+        code = _wait(process, timeout_s, work / "progress.json", progress)
     except subprocess.TimeoutExpired:
         pass
     finally:
@@ -359,6 +373,34 @@ def _run_child(work: Path, timeout_s: float) -> tuple[int | None, str]:
     text = stderr.text()
     process.stderr.close()
     return code, text
+
+
+def _wait(
+    process: subprocess.Popen[bytes],
+    timeout_s: float,
+    progress_file: Path,
+    progress: ProgressCallback | None,
+) -> int:
+    """The child's exit code; raises TimeoutExpired after ``timeout_s``. With ``progress``,
+    the child's progress file is read every PROGRESS_POLL_S and each change passed on."""
+    if progress is None:
+        return process.wait(timeout=timeout_s)
+    deadline = time.monotonic() + timeout_s
+    seen = None
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            code = process.wait(timeout=max(0.0, min(PROGRESS_POLL_S, left)))
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                raise
+            code = None
+        reported = read_progress(progress_file)
+        if reported is not None and reported != seen:
+            seen = reported
+            progress(reported)
+        if code is not None:
+            return code
 
 
 # -- the child ---------------------------------------------------------------------------
@@ -393,6 +435,7 @@ def child_main(request_path: str) -> int:
             "max_decompressed_bytes": int(request["max_decompressed_bytes"]),
             "max_events": int(request["max_events"]),
         }
+        progress = ProgressFile(request["progress"]) if request.get("progress") else None
         if "upload" in request:
             from diagnostics.upload_analysis import analyse_upload_files
 
@@ -402,10 +445,14 @@ def child_main(request_path: str) -> int:
                 mode=request["upload"]["mode"],
                 store=request["upload"]["store"],
                 limits=Limits(**budgets),
+                progress=progress,
             )
         elif "paths" in request:
             result = analyze_files(
-                request["paths"], display_names=request["display_names"], **budgets
+                request["paths"],
+                display_names=request["display_names"],
+                progress=progress,
+                **budgets,
             )
         elif request.get("compare"):
             from diagnostics.analyze import analyze_snapshots
@@ -416,7 +463,9 @@ def child_main(request_path: str) -> int:
                 thresholds=request.get("thresholds"),
             )
         else:
-            result = analyze(request["path"], thresholds=request.get("thresholds"), **budgets)
+            result = analyze(
+                request["path"], thresholds=request.get("thresholds"), progress=progress, **budgets
+            )
         out = Path(request["result"])
         tmp = out.with_suffix(".tmp")
         with tmp.open("wb") as handle:

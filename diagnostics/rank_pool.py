@@ -1,9 +1,11 @@
 """Many rank files analysed in parallel, with memory bounded by the workers, not the ranks.
 
-Each rank file is loaded and reduced to its facts (``TraceFacts``: small frames of a few
-thousand rows, with the compact collective table the cross-rank matching needs) in a worker
-process; only the facts come back. The parent never holds more than one rank's event table
-(the primary rank's, which the rules read), so peak memory is about (workers + 1) traces,
+Each rank file is loaded and reduced to the facts the per-rank table and the cross-rank
+matching read (``RankFacts``: small frames of a few thousand rows, with the compact
+collective table) in a worker process; only those come back. Rank 0's worker also computes
+its full facts and sends its event table back with them: it is the primary rank, whose
+events the rules read, and the parent need not load it a second time. The parent never holds
+more than that one rank's event table, so peak memory is about (workers + 1) traces,
 whatever the number of ranks. Workers are a process pool sized to the usable cores (at most
 ``MAX_POOL_WORKERS``); they are started with ``spawn`` (no fork of a parent that may run
 threads, e.g. the app). The input's byte and event budgets hold for all workers together
@@ -30,9 +32,10 @@ from diagnostics.process_limits import (
     die_with_parent,
     usable_cores,
 )
-from diagnostics.sources import TraceFacts
+from diagnostics.progress import Counter, ProgressCallback
+from diagnostics.sources import RankFacts, TraceFacts
 from diagnostics.trace.budget import Budget, Limits, SharedTotals
-from diagnostics.trace.schema import TraceMetadata
+from diagnostics.trace.schema import LoadedTrace, TraceMetadata
 
 # Below this many files the pool's start-up (a second or so of imports per worker) costs
 # more than it saves.
@@ -41,14 +44,19 @@ POOL_MIN_FILES = 4
 # pool is capped as well as sized to the cores: on a 128-core node 8 workers keep the peak
 # near 4 GB for such traces while still parsing 8 at once.
 MAX_POOL_WORKERS = 8
+# The rank whose worker sends back its whole trace and full facts: the primary rank when the
+# ranks are 0..N-1, as every launcher numbers them. Otherwise the parent loads the lowest.
+PRIMARY_RANK = 0
 
 
 @dataclass(frozen=True)
 class RankDigest:
     metadata: TraceMetadata
-    facts: TraceFacts
+    facts: RankFacts
     decompressed_bytes: int = 0  # what this file drew on the input's budget
     events: int = 0
+    # PRIMARY_RANK's file only: its trace and full facts (the parent's analysis input)
+    primary: tuple[LoadedTrace, TraceFacts] | None = None
 
 
 # A worker reading one real rank file maps 1.0-1.4 GB of address space (216k events: 1.4
@@ -86,17 +94,22 @@ def pool_plan(workers: int, address_space: int | None, used: int) -> tuple[int, 
 
 
 def _digest(path: str, display: str, limits: Limits) -> RankDigest | tuple[str, str]:
-    from diagnostics.facts import compute_facts
+    from diagnostics.facts import compute_facts, compute_rank_facts
     from diagnostics.trace.loader import load_trace_file
 
     budget = Budget(limits, totals=_totals)
+    primary = None
     try:
         # the pool already keeps every core busy: no decode helper per worker
         trace = load_trace_file(path, display_name=display, budget=budget, parallel_decode=False)
-        facts = compute_facts(trace.events, trace.metadata)
+        if trace.metadata.rank == PRIMARY_RANK:
+            full = compute_facts(trace.events, trace.metadata)
+            facts, primary = RankFacts.of(full), (trace, full)
+        else:
+            facts = compute_rank_facts(trace.events, trace.metadata)
     except InputError as exc:  # sent back as text: exceptions with custom __init__ don't pickle
         return exc.source, exc.problem
-    return RankDigest(trace.metadata, facts, budget.bytes_read, budget.events_read)
+    return RankDigest(trace.metadata, facts, budget.bytes_read, budget.events_read, primary)
 
 
 def digest_files(
@@ -105,6 +118,7 @@ def digest_files(
     limits: Limits | None = None,
     workers: int | None = None,
     totals: SharedTotals | None = None,
+    progress: ProgressCallback | None = None,
 ) -> list[RankDigest]:
     """Every file's digest, in the files' order; raises the first file's InputError.
 
@@ -113,11 +127,12 @@ def digest_files(
     over a limit is refused in whichever worker reads it, and the others stop at their next
     block. Under an address-space limit the workers share it (:func:`pool_plan`). Raises
     MemoryError when a worker dies under such a limit (polars aborts on a failed allocation).
+    ``progress`` hears of each file as its worker finishes it.
     """
     # imported here: the pool serves folders of POOL_MIN_FILES ranks or more, and these
     # cost 9 ms of every other analysis's start-up
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
 
     limits = limits or Limits()
@@ -125,6 +140,8 @@ def digest_files(
     totals = totals or SharedTotals(context)
     workers = max(1, min(workers or min(usable_cores(), MAX_POOL_WORKERS), len(files)))
     workers, worker_space = pool_plan(workers, address_space_limit(), address_space_used())
+    counter = Counter("rank files analysed", len(files), progress)
+    counter.start()
     with ProcessPoolExecutor(
         max_workers=workers,
         mp_context=context,
@@ -134,19 +151,24 @@ def digest_files(
         futures = [
             pool.submit(_digest, str(f), name, limits) for f, name in zip(files, names, strict=True)
         ]
-        digests = []
         try:
+            for future in as_completed(futures):
+                if isinstance(future.result(), tuple):  # a refused file: the rest is not read
+                    pool.shutdown(wait=True, cancel_futures=True)
+                    break
+                counter.one_done()
+            # the first refused file in the files' order, whichever worker ended first
             for future in futures:
-                result = future.result()
-                if isinstance(result, tuple):
-                    raise InputError(*result)
-                digests.append(result)
-        except (InputError, BrokenProcessPool) as exc:
+                if future.done() and not future.cancelled():
+                    result = future.result()
+                    if isinstance(result, tuple):
+                        raise InputError(*result)
+        except BrokenProcessPool:
             pool.shutdown(wait=True, cancel_futures=True)
-            if isinstance(exc, BrokenProcessPool) and worker_space is not None:
+            if worker_space is not None:
                 raise MemoryError(f"a rank worker died under {worker_space} bytes") from None
             raise
-    return digests
+    return [future.result() for future in futures]
 
 
 def ranks_are_distinct(digests: Sequence[RankDigest]) -> bool:

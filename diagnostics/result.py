@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from diagnostics.metrics import KeyMetrics
 from diagnostics.rules.base import Finding, Skipped
-from diagnostics.sources import RunData, TraceFacts
+from diagnostics.sources import RankFacts, RunData, TraceFacts
 
 if TYPE_CHECKING:
     from diagnostics.snapshot.analysis import SnapshotFacts
@@ -173,8 +173,9 @@ class AnalysisResult:
     environment: dict[str, Any] = field(default_factory=dict)
     # informational lines (how an input was read: rank numbering, label pids, ...)
     notes: tuple[str, ...] = ()
-    # every rank's facts, by rank, when several ranks were analysed (facts is among them)
-    rank_facts: tuple[TraceFacts, ...] = ()
+    # every rank's part of the facts the per-rank table reads (RankFacts), by rank, when
+    # several ranks were analysed (the primary's full facts are ``facts``)
+    rank_facts: tuple[RankFacts, ...] = ()
     # the headline numbers every view quotes (diagnostics.metrics), computed once
     metrics: KeyMetrics | None = None
     # a CUDA memory snapshot analysed, and its growth from an earlier one (docs/MEMORY.md)

@@ -1,7 +1,9 @@
 """What the analysis reads from its two sources: one trace's facts and one run folder's data.
 
 ``TraceFacts`` is built once per trace by ``diagnostics.facts.compute_facts`` from the event
-table; ``RunData`` once per run folder through ``diagnostics.runs.RunFolder``. Each frame's
+table; ``RankFacts``, the part of them the cross-rank summary reads, by
+``diagnostics.facts.compute_rank_facts`` for every rank but the primary one; ``RunData`` once
+per run folder through ``diagnostics.runs.RunFolder``. Each frame's
 columns are listed beside it, with units in the names. Fields may be added; none renamed.
 """
 
@@ -120,6 +122,24 @@ class TraceFacts:
             if "computeMajor" in props:
                 return int(props["computeMajor"]), int(props.get("computeMinor", 0))
         return None
+
+
+@dataclass(frozen=True)
+class RankFacts:
+    """What the per-rank table and the cross-rank collective matching read of one rank
+    (diagnostics.facts.ranks): the same frames as in its TraceFacts, nothing else computed.
+    The primary rank has full TraceFacts; the others of a many-rank input only these."""
+
+    rank: int
+    device: Literal["cuda", "cpu"]
+    steps: pl.DataFrame  # as TraceFacts.steps
+    breakdown: pl.DataFrame  # as TraceFacts.breakdown
+    gpu: pl.DataFrame  # as TraceFacts.gpu
+    comms: CommFacts | None = None  # as TraceFacts.comms
+
+    @classmethod
+    def of(cls, facts: TraceFacts) -> RankFacts:
+        return cls(facts.rank, facts.device, facts.steps, facts.breakdown, facts.gpu, facts.comms)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ import polars as pl
 from diagnostics.analyze import analyze_files
 from diagnostics.drilldown import DrillDown, build_drilldown
 from diagnostics.errors import InputError
+from diagnostics.progress import Counter, ProgressCallback
 from diagnostics.snapshot.reader import is_snapshot_file
 from diagnostics.trace.budget import Budget, Limits
 from diagnostics.trace.loader import load_trace_file
@@ -211,12 +212,13 @@ def analyse_upload_files(
     mode: Mode | None,
     store: str | Path,
     limits: Limits | None = None,
+    progress: ProgressCallback | None = None,
 ) -> UploadSet:
     """The upload's identities, and unless the files disagree with no ``mode`` given, its
     analysis (one for all files as ranks, or one per file) with a drill-down per file whose
     event table is under ``store``. Archives among ``paths`` (by their display names) are
     unpacked first, into folders beside them. Raises InputError; budgets hold for all files
-    together.
+    together. ``progress`` hears of each file read, then of each rank file analysed.
     """
     from diagnostics.unpack.archives import unpack_archives
     from diagnostics.unpack.names import MAX_UPLOAD_FILES
@@ -234,12 +236,15 @@ def analyse_upload_files(
         return _with_snapshots(paths, names, snapshots, mode, store, limits)
     budget = Budget(limits)
     rows, drills = [], []
+    read = Counter("files read", len(paths), progress if len(paths) > 1 else None)
+    read.start()
     for i, (path, name) in enumerate(zip(paths, names, strict=True)):
         trace = load_trace_file(path, display_name=name, budget=budget)
         rows.append(identity(name, trace))
         # built while the trace is loaded anyway; dropped if the question is asked
         drills.append(build_drilldown(trace, name).stored(Path(store), f"file-{i}"))
         del trace
+        read.one_done()
     reasons = mismatches(rows)
     table = identity_table(rows)
     if reasons and mode is None:
@@ -251,7 +256,7 @@ def analyse_upload_files(
     chosen: Mode = mode or "ranks"
     if chosen == "ranks":
         label = "all files as ranks of one job" if len(names) > 1 else names[0]
-        result = analyze_files(list(paths), display_names=names, **budgets)
+        result = analyze_files(list(paths), display_names=names, progress=progress, **budgets)
         results = (UploadResult(label, result, tuple(drills)),)
     else:
         results = tuple(

@@ -67,10 +67,16 @@ if cached is None or cached[0] != (key, mode):
     if cached is not None:  # replaced: its step folder goes with it
         release(cached[1])
     with st.spinner(f"Analysing {len(files)} trace file{'s' if len(files) > 1 else ''}…"):
+        bar = render.ProgressBar()  # many files: each read, then each rank analysed
         try:
-            cached = ((key, mode), analyse_upload_set(files, analyze_upload_isolated, mode), None)
+            cached = (
+                (key, mode),
+                analyse_upload_set(files, analyze_upload_isolated, mode, progress=bar),
+                None,
+            )
         except InputError as exc:
             cached = ((key, mode), None, str(exc))
+        bar.clear()
     st.session_state["upload_analysis"] = cached
     st.session_state["saved_upload_dir"] = None
 _, upload_set, error = cached

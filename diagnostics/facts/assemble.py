@@ -31,11 +31,20 @@ from diagnostics.facts.sync_sites import sync_sites
 from diagnostics.facts.syncs import sync_per_step, sync_table
 from diagnostics.facts.trace_parts import TraceParts, trace_parts
 from diagnostics.process_limits import usable_cores
-from diagnostics.sources import TraceFacts
+from diagnostics.sources import RankFacts, TraceFacts
 
 # Some GPU work always predates the profiling window (launched before it started); warn only
 # when a large share cannot be traced back to its launch.
 UNLINKED_WARN_SHARE = 0.25
+STEP_COLUMNS = (
+    "step",
+    "start_us",
+    "end_us",
+    "dur_us",
+    "host_start_us",
+    "host_end_us",
+    "gpu_events",
+)
 
 
 def _metadata(
@@ -142,9 +151,7 @@ def _one_rank(events: pl.DataFrame, metadata: Any, rank: int) -> TraceFacts:
     )
     return TraceFacts(
         device="cuda" if parts.ran_on_gpu else "cpu",
-        steps=steps.frame.select(
-            "step", "start_us", "end_us", "dur_us", "host_start_us", "host_end_us", "gpu_events"
-        ),
+        steps=steps.frame.select(*STEP_COLUMNS),
         steps_inferred=steps.inferred,
         breakdown=breakdown.result(),
         gpu=gpu,
@@ -174,6 +181,35 @@ def _one_rank(events: pl.DataFrame, metadata: Any, rank: int) -> TraceFacts:
     )
 
 
+def _single_rank(events: pl.DataFrame, metadata: Any) -> int | None:
+    """The rank of a table that holds one (None: it holds several)."""
+    meta_rank = _metadata(metadata)[4]
+    ranks = events["rank"].unique().drop_nulls().to_list() if events.height else []
+    if len(ranks) > 1:
+        return None
+    return int(ranks[0]) if ranks else int(meta_rank or 0)
+
+
+def compute_rank_facts(events: pl.DataFrame, metadata: Any = None) -> RankFacts:
+    """The part of ``compute_facts`` the cross-rank summary reads (RankFacts), computed
+    alone: for the ranks of a many-rank input other than the primary one, whose operators,
+    kernels, precision, idle gaps and the rest are never read (half the facts' time)."""
+    rank = _single_rank(events, metadata)
+    if rank is None:  # several ranks in one table: the primary's, as compute_facts gives
+        return RankFacts.of(compute_facts(events, metadata))
+    index = build_index(events)
+    steps = find_steps(events, index)
+    parts = trace_parts(events, index)
+    return RankFacts(
+        rank=rank,
+        device="cuda" if parts.ran_on_gpu else "cpu",
+        steps=steps.frame.select(*STEP_COLUMNS),
+        breakdown=step_breakdown(events, steps, index),
+        gpu=gpu_utilization(index, steps),
+        comms=comm_facts(events, index, steps),
+    )
+
+
 def compute_facts(events: pl.DataFrame, metadata: Any = None) -> TraceFacts:
     """Every derived fact of a trace's event table (diagnostics.trace.schema.EVENT_SCHEMA).
 
@@ -182,12 +218,10 @@ def compute_facts(events: pl.DataFrame, metadata: Any = None) -> TraceFacts:
     table should hold one rank; if it holds several, each is analysed on its own and the
     lowest rank's facts are returned with ``ranks`` summarising all of them.
     """
-    meta_rank = _metadata(metadata)[4]
-    ranks = events["rank"].unique().drop_nulls().sort().to_list() if events.height else []
-    if len(ranks) <= 1:
-        rank = int(ranks[0]) if ranks else int(meta_rank or 0)
-        if meta_rank is not None and not ranks:
-            rank = int(meta_rank)
+    rank = _single_rank(events, metadata)
+    if rank is not None:
         return _one_rank(events, metadata, rank)
+    ranks = events["rank"].unique().drop_nulls().sort().to_list()
     per_rank = [_one_rank(events.filter(pl.col("rank") == r), metadata, int(r)) for r in ranks]
-    return replace(per_rank[0], ranks=rank_summary(per_rank, rank_collectives(per_rank)))
+    parts = [RankFacts.of(facts) for facts in per_rank]
+    return replace(per_rank[0], ranks=rank_summary(parts, rank_collectives(parts)))

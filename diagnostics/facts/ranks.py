@@ -16,7 +16,7 @@ import polars as pl
 from diagnostics.facts.comm_ranks import CollectiveMatch, match_collectives
 
 if TYPE_CHECKING:
-    from diagnostics.sources import TraceFacts
+    from diagnostics.sources import RankFacts
 
 RANKS_SCHEMA: dict[str, pl.DataType] = {
     "rank": pl.Int64,
@@ -68,14 +68,14 @@ def _per_step_ms(breakdown: pl.DataFrame, column: str) -> float | None:
     return float(breakdown[column].mean()) / 1000.0
 
 
-def _compute_ms(fact: TraceFacts) -> float | None:
+def _compute_ms(fact: RankFacts) -> float | None:
     comms = fact.comms
     if comms is not None and comms.per_step.height:
         return float(comms.per_step["compute_us"].mean()) / 1000.0
     return _per_step_ms(fact.breakdown, "kernel_us" if fact.device == "cuda" else "cpu_exec_us")
 
 
-def _comm_columns(fact: TraceFacts) -> dict[str, float | None]:
+def _comm_columns(fact: RankFacts) -> dict[str, float | None]:
     comms = fact.comms
     if comms is None or comms.per_step.height == 0:
         return {
@@ -90,7 +90,7 @@ def _comm_columns(fact: TraceFacts) -> dict[str, float | None]:
     }
 
 
-def rank_summary(facts: Sequence[TraceFacts], match: CollectiveMatch | None = None) -> pl.DataFrame:
+def rank_summary(facts: Sequence[RankFacts], match: CollectiveMatch | None = None) -> pl.DataFrame:
     """One row per rank, RANKS_SCHEMA's columns; ``match`` (facts.comm_ranks) fills the
     cross-rank columns (comm wait, late arrivals)."""
     rows = []
@@ -145,7 +145,7 @@ def rank_summary(facts: Sequence[TraceFacts], match: CollectiveMatch | None = No
     return frame.select(list(RANKS_SCHEMA)).cast(RANKS_SCHEMA).sort("rank")
 
 
-def rank_collectives(facts: Sequence[TraceFacts]) -> CollectiveMatch | None:
+def rank_collectives(facts: Sequence[RankFacts]) -> CollectiveMatch | None:
     """Cross-rank matching of the ranks' collective tables (facts.comm_ranks)."""
     tables = {f.rank: f.comms.collectives for f in facts if f.comms is not None}
     steps = [float(f.steps["dur_us"].mean()) for f in facts if f.steps.height]

@@ -29,6 +29,7 @@ import polars as pl
 
 from diagnostics.errors import InputError
 from diagnostics.printable import printable
+from diagnostics.progress import ProgressCallback
 from diagnostics.trace.budget import Limits
 from diagnostics.unpack.archives import (
     ARCHIVE_SUFFIXES,
@@ -184,6 +185,7 @@ def analyse_upload_set(
     mode: Mode | None = None,
     temp_root: str | Path | None = None,
     store_root: str | Path | None = None,
+    progress: ProgressCallback | None = None,
 ) -> UploadSet:
     """Writes the upload to a private temporary folder (always removed) and has
     ``analyse`` unpack its archives within the input's byte budget, identify the files and
@@ -193,7 +195,7 @@ def analyse_upload_set(
     wait for ``mode`` (nothing is analysed meanwhile). ``analyse`` is
     diagnostics.isolated.analyze_upload_isolated on the page (a bounded child);
     diagnostics.upload_analysis.analyse_upload_files runs the same in process. Raises
-    InputError.
+    InputError. ``progress`` hears of each file read and each rank file analysed.
     """
     check_names([name for name, _ in files])
     try:
@@ -209,7 +211,7 @@ def analyse_upload_set(
     try:
         paths = write_uploads(files, folder)
         names = [name for name, _ in files]
-        done = analyse(paths, display_names=names, mode=mode, store=store)
+        done = analyse(paths, display_names=names, mode=mode, store=store, progress=progress)
         return done
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -50,8 +50,8 @@ def test_under_a_small_memory_limit_the_child_aborts_without_a_jemalloc_stall(mo
     said = []
     real_run_child = isolated._run_child
 
-    def run_child(work, timeout_s):  # the real child; only its stderr is kept for the test
-        code, stderr = real_run_child(work, timeout_s)
+    def run_child(work, timeout_s, *progress):  # the real child; its stderr kept for the test
+        code, stderr = real_run_child(work, timeout_s, *progress)
         said.append(stderr)
         return code, stderr
 

@@ -86,3 +86,24 @@ def union_us(ranges) -> float:
         else:
             current[1] = max(current[1], end)
     return total + (current[1] - current[0] if current else 0.0)
+
+
+# a real rank (69k events, 14.7 MiB of JSON): the cheapest real one to read several times
+SMALL_REAL_RANK = SHARED_TRACES / "hta_v100_ns_timestamps.pt.trace.json.gz"
+
+
+def write_rank_copies(folder: Path, ranks: list[int], source: Path = SMALL_REAL_RANK) -> list[Path]:
+    """Copies of one real trace as the given ranks (``distributedInfo.rank``; the files are
+    named partN, so the rank is read from the file, not its name)."""
+    import msgspec
+
+    with gzip.open(source, "rb") as handle:
+        doc = msgspec.json.decode(handle.read())
+    files = []
+    for rank in ranks:
+        doc["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": len(ranks)}
+        path = folder / f"part{rank}.json.gz"
+        with gzip.open(path, "wb", compresslevel=1) as out:
+            out.write(msgspec.json.encode(doc))
+        files.append(path)
+    return files

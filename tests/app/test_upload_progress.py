@@ -1,0 +1,61 @@
+"""AppTest: a long upload draws a progress bar from the bounded child's reports (each file
+read, then each rank file analysed) and removes it once the analysis is in."""
+
+from __future__ import annotations
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from app_ui import render
+from tests.app.test_pages import open_page
+from tests.diagnostics.trace.helpers import write_rank_copies
+
+
+def _bar_script() -> None:
+    from app_ui.render import ProgressBar
+    from diagnostics.progress import WorkDone
+
+    bar = ProgressBar()
+    bar(WorkDone("rank files analysed", 0, 4, 0.0))
+    bar(WorkDone("rank files analysed", 3, 4, 1.2))
+
+
+def test_the_bar_shows_the_latest_report():
+    at = AppTest.from_function(_bar_script).run()
+    [bar] = at.get("progress")
+    assert bar.proto.value == 75
+    assert bar.proto.text == "3 of 4 rank files analysed (75 %, 1 s)"
+
+
+@pytest.fixture
+def four_rank_uploads(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIPELINE_DOCTOR_RUNS_DIR", str(tmp_path / "runs"))
+    return write_rank_copies(tmp_path, [0, 1, 2, 3])
+
+
+def test_four_rank_files_draw_a_bar_from_the_childs_reports_then_remove_it(
+    four_rank_uploads, monkeypatch
+):
+    drawn = []
+    real_call = render.ProgressBar.__call__
+
+    def recorded(self, work):
+        drawn.append((work.what, work.done, work.total))
+        real_call(self, work)
+
+    monkeypatch.setattr(render.ProgressBar, "__call__", recorded)
+    at = open_page("pages/4_Upload_trace.py")
+    at.file_uploader[0].set_value(
+        [(p.name, p.read_bytes(), "application/gzip") for p in four_rank_uploads]
+    )
+    at.run(timeout=240)
+    assert not at.exception and not at.error
+    # the child's file is read every 0.25 s, so counts may be passed over, but not the last
+    phases = [what for what, _, _ in drawn]
+    assert phases == sorted(phases, key=["files read", "rank files analysed"].index)
+    assert "files read" in phases and drawn[-1] == ("rank files analysed", 4, 4)
+    assert [d for d in drawn if d[0] == "files read"] == sorted(
+        d for d in drawn if d[0] == "files read"
+    )
+    assert at.get("progress") == []  # removed once the analysis is in
+    assert any("Findings" in h.value for h in at.subheader)

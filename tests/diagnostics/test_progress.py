@@ -1,0 +1,130 @@
+"""Progress of a long analysis: counted per rank file in the pool, printed on stderr by the
+CLI, passed from the bounded child to its parent, and reported by the upload's two phases."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+import diagnostics.progress as progress_module
+from diagnostics.__main__ import main
+from diagnostics.isolated import analyze_isolated
+from diagnostics.progress import ProgressFile, StderrProgress, WorkDone, read_progress
+from diagnostics.upload_analysis import analyse_upload_files
+from tests.diagnostics.trace.helpers import write_rank_copies
+
+
+@pytest.fixture(scope="module")
+def four_ranks(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("four")
+    write_rank_copies(folder, [0, 1, 2, 3])
+    return folder
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_text_says_how_many_of_how_many_and_the_time():
+    work = WorkDone("rank files analysed", 16, 64, 5.2)
+    assert work.text() == "16 of 64 rank files analysed (25 %, 5 s)"
+    assert work.fraction == 0.25
+    assert WorkDone("files read", 0, 0, 0.0).fraction == 1.0  # nothing to do is done
+
+
+def test_off_a_terminal_quick_work_prints_nothing_and_long_work_a_line_now_and_then():
+    clock, out = Clock(), io.StringIO()
+    shown = StderrProgress(out, clock=clock)
+    shown(WorkDone("rank files analysed", 1, 64, 1.0))
+    clock.now += progress_module.SHOWN_AFTER_S - 0.1
+    shown(WorkDone("rank files analysed", 2, 64, 1.9))
+    assert out.getvalue() == ""  # under SHOWN_AFTER_S: quick work says nothing
+    clock.now += 0.2
+    shown(WorkDone("rank files analysed", 3, 64, 2.1))
+    clock.now += 1.0
+    shown(WorkDone("rank files analysed", 4, 64, 3.1))  # within LINE_EVERY_S: not printed
+    clock.now += progress_module.LINE_EVERY_S
+    shown(WorkDone("rank files analysed", 20, 64, 8.1))
+    clock.now += 0.5
+    shown(WorkDone("rank files analysed", 64, 64, 8.6))  # the last one always
+    shown.close()
+    assert out.getvalue().splitlines() == [
+        "3 of 64 rank files analysed (5 %, 2 s)",
+        "20 of 64 rank files analysed (31 %, 8 s)",
+        "64 of 64 rank files analysed (100 %, 9 s)",
+    ]
+
+
+def test_on_a_terminal_one_line_is_rewritten_and_cleared_at_the_end():
+    clock, out = Clock(), Terminal()
+    shown = StderrProgress(out, clock=clock)
+    clock.now += progress_module.SHOWN_AFTER_S
+    shown(WorkDone("rank files analysed", 1, 4, 2.0))
+    shown(WorkDone("rank files analysed", 2, 4, 2.5))
+    shown.close()
+    assert out.getvalue() == (
+        "\r\033[K1 of 4 rank files analysed (25 %, 2 s)"
+        "\r\033[K2 of 4 rank files analysed (50 %, 2 s)"
+        "\r\033[K"
+    )
+    assert "\n" not in out.getvalue()  # nothing left above the answer or an error line
+
+
+def test_the_progress_file_holds_the_latest_report_and_anything_else_reads_as_none(tmp_path):
+    path = tmp_path / "progress.json"
+    assert read_progress(path) is None  # nothing written yet
+    write = ProgressFile(path)
+    write(WorkDone("files read", 1, 3, 0.5))
+    write(WorkDone("files read", 2, 3, 1.0))
+    assert read_progress(path) == WorkDone("files read", 2, 3, 1.0)
+    for garbage in ("", "[1, 2]", '{"what": "x"}', json.dumps({"what": "x", "done": "a"})):
+        path.write_text(garbage)
+        assert read_progress(path) is None
+
+
+def test_the_cli_prints_a_long_analysiss_progress_on_stderr(four_ranks, monkeypatch, capsys):
+    monkeypatch.setattr(progress_module, "SHOWN_AFTER_S", 0.0)
+    assert main(["analyze", str(four_ranks)]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["source"]["ranks"] == [0, 1, 2, 3]
+    lines = captured.err.splitlines()
+    assert lines[0] == "0 of 4 rank files analysed (0 %, 0 s)"
+    assert lines[-1].startswith("4 of 4 rank files analysed (100 %, ")
+
+
+def test_the_bounded_childs_progress_reaches_its_parent(four_ranks):
+    reports: list[WorkDone] = []
+    result = analyze_isolated(four_ranks, progress=reports.append)
+    assert result.source["ranks"] == [0, 1, 2, 3]
+    assert reports, "no progress came back from the child"
+    done = [r.done for r in reports]
+    assert done == sorted(done) and reports[-1] == WorkDone(
+        "rank files analysed", 4, 4, reports[-1].elapsed_s
+    )
+
+
+def test_an_upload_reports_its_files_read_then_its_ranks_analysed(four_ranks, tmp_path):
+    reports: list[WorkDone] = []
+    files = sorted(four_ranks.iterdir())
+    analyse_upload_files(
+        files,
+        display_names=[f.name for f in files],
+        mode=None,
+        store=tmp_path,
+        progress=reports.append,
+    )
+    assert [(r.what, r.done) for r in reports] == [
+        *(("files read", n) for n in range(5)),
+        *(("rank files analysed", n) for n in range(5)),
+    ]
