@@ -55,3 +55,27 @@ def test_the_collectives_are_there_to_match() -> None:
     alone = compute_rank_facts(events, metadata)
     assert alone.comms is not None and alone.comms.collectives.height > 0
     assert alone.rank == 3 and alone.device == "cuda"
+
+
+def test_a_cpu_trace_is_a_cpu_ranks_facts(tmp_path):
+    # a real torch.profiler CPU trace: no GPU work, so the device and the compute column
+    # come from the CPU side
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    from diagnostics.trace.loader import load_trace_file
+
+    x, w = torch.randn(64, 64), torch.randn(64, 64)
+    path = tmp_path / "cpu.json"
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        schedule=schedule(wait=0, warmup=1, active=3, repeat=1),
+    ) as prof:
+        for _ in range(4):
+            (x @ w).relu().sum().item()
+            prof.step()
+    prof.export_chrome_trace(str(path))
+    loaded = load_trace_file(path)
+    alone = compute_rank_facts(loaded.events, loaded.metadata)
+    _same(alone, RankFacts.of(compute_facts(loaded.events, loaded.metadata)), "cpu")
+    assert alone.device == "cpu" and alone.steps.height == 3 and alone.comms is None
