@@ -177,6 +177,10 @@ def _schemas() -> dict[str, dict[str, pl.DataType]]:
         # sample (same unit); what is left of cpu_percent is other processes' (null: unknown)
         "trainer_cpu_percent": pl.Float64,
         "workers_cpu_percent": pl.Float64,
+        # of other processes' CPU, the part that yields to the training process (lower
+        # priority, weighed by CFS's weights) since the previous scan; scanned once a second,
+        # null on the other samples and where unknown (probe/system.py)
+        "lower_priority_cpu_percent": pl.Float64,
         "trainer_rss_bytes": pl.Int64,
         "workers_rss_bytes": pl.Int64,  # sum over live DataLoader worker processes (USS-free RSS)
         "worker_count": pl.Int64,

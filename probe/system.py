@@ -12,6 +12,16 @@ pages twice, and under ``mprof run`` also counts the sampler's own process; a gr
 worker figure is also a different diagnosis (per-worker copies, e.g. Python lists touched
 by refcounts) from a growing trainer figure. Proportional or unique set sizes would avoid
 the shared-page question entirely but cost a full ``smaps`` walk per worker per tick.
+
+How other processes' CPU is told apart: what the host used less the training process and its
+workers is other processes'; of that, the part used by processes at a lower priority than
+the training process (``lower_priority_cpu_percent``) is not taken from a worker of the job,
+because CFS shares a contended core in proportion to each thread's weight (the kernel's
+``sched_prio_to_weight``): a nice-0 busy loop beside a job at nice -15 keeps 1024 / 29154 of
+what it used, a nice-19 one beside a nice-0 job 15 / 1024. Each process's figure is weighed
+by ``1 - min(1, its weight / the job's)``; real-time ones never yield. It takes reading every
+visible ``/proc/<pid>/stat`` (about 15 us each), so it is done once a second, not each tick;
+processes in other containers are not visible and count as not yielding.
 """
 
 from __future__ import annotations
@@ -21,11 +31,24 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import psutil
 
 Sink = Callable[[dict[str, Any]], None]
+# the kernel's sched_prio_to_weight, nice -20 to 19: CFS's share of a contended core
+NICE_WEIGHTS = (
+    (88761, 71755, 56483, 46273, 36291, 29154, 23254, 18705, 14949, 11916)
+    + (9548, 7620, 6100, 4904, 3906, 3121, 2501, 1991, 1586, 1277)
+    + (1024, 820, 655, 526, 423, 335, 272, 215, 172, 137)
+    + (110, 87, 70, 56, 45, 36, 29, 23, 18, 15)
+)
+# SCHED_IDLE's weight (WEIGHT_IDLEPRIO), whatever the nice
+IDLE_WEIGHT = 3
+SCHED_IDLE = 5
+# the priority scan reads every process's stat file: at most once in this many seconds
+PRIORITY_SCAN_INTERVAL_S = 1.0
 NoteSink = Callable[[str], None]
 
 
@@ -41,6 +64,85 @@ def child_pids(pid: int) -> list[int]:
         with contextlib.suppress(psutil.Error):
             return [child.pid for child in psutil.Process(pid).children()]
         return []
+
+
+@dataclass(frozen=True)
+class ProcessCpu:
+    """One process's CPU seconds so far and its CFS weight (None: real-time, never yields)."""
+
+    cpu_seconds: float
+    weight: int | None
+
+
+def read_process_cpu(pid: int, clock_ticks: float) -> ProcessCpu | None:
+    """From ``/proc/<pid>/stat``; None where the process is gone or unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            data = handle.read()
+        # the command name may hold spaces and parentheses: the fields start after the last ")"
+        fields = data[data.rindex(b")") + 2 :].split()
+        cpu_seconds = (int(fields[11]) + int(fields[12])) / clock_ticks
+        priority, nice, policy = int(fields[15]), int(fields[16]), int(fields[38])
+    except (OSError, ValueError, IndexError):
+        return None
+    if priority < 0:  # real-time: -1 - its rt priority
+        return ProcessCpu(cpu_seconds, None)
+    if policy == SCHED_IDLE:
+        return ProcessCpu(cpu_seconds, IDLE_WEIGHT)
+    return ProcessCpu(cpu_seconds, NICE_WEIGHTS[min(max(nice, -20), 19) + 20])
+
+
+def yielding_share(weight: int | None, job_weight: int) -> float:
+    """The part of a process's CPU a thread of the job would take from it on a contended
+    core: none at the job's weight or above, nearly all far below it."""
+    if weight is None:
+        return 0.0
+    return 1.0 - min(1.0, weight / job_weight)
+
+
+class PriorityScan:
+    """Other processes' CPU that yields to the job: each visible process's CPU since the
+    previous scan, weighed by ``yielding_share``, summed (100 = one core)."""
+
+    def __init__(self, job_pid: int) -> None:
+        self._job_pid = job_pid
+        self._clock_ticks = float(os.sysconf("SC_CLK_TCK"))
+        self._cpu_then: dict[int, float] = {}
+        self._scan_then: float | None = None
+
+    def due(self, now: float) -> bool:
+        return self._scan_then is None or now - self._scan_then >= PRIORITY_SCAN_INTERVAL_S
+
+    def scan(self, job_pids: set[int], now: float) -> float | None:
+        """The yielding CPU % since the previous scan; None on the first, or where ``/proc``
+        cannot be listed or the job's own priority read."""
+        job = read_process_cpu(self._job_pid, self._clock_ticks)
+        try:
+            names = os.listdir("/proc")
+        except OSError:
+            return None
+        if job is None:
+            return None
+        cpu_now: dict[int, float] = {}
+        yielded_s = 0.0
+        for name in names:
+            if not name.isdigit() or int(name) in job_pids:
+                continue
+            pid = int(name)
+            process = read_process_cpu(pid, self._clock_ticks)
+            if process is None:
+                continue
+            cpu_now[pid] = process.cpu_seconds
+            if job.weight is None:
+                continue  # a real-time job: nothing is weighed against it
+            # a process first seen now started since the previous scan: all its CPU is new
+            used = max(0.0, process.cpu_seconds - self._cpu_then.get(pid, 0.0))
+            yielded_s += used * yielding_share(process.weight, job.weight)
+        then, self._cpu_then = self._scan_then, cpu_now
+        self._scan_then = now
+        if then is None or now <= then:
+            return None
+        return 100.0 * yielded_s / (now - then) if job.weight is not None else 0.0
 
 
 class Nvml:
@@ -113,6 +215,7 @@ class SystemSampler(NullSampler):
         # CPU seconds each process had used at the previous tick, and when that was
         self._cpu_seconds_then: dict[int, float] = {}
         self._tick_then: float | None = None
+        self._priority_scan = PriorityScan(self._pid)
         self.samples_taken = 0
 
     def start(self) -> None:
@@ -172,12 +275,19 @@ class SystemSampler(NullSampler):
     def sample(self, nvml: Nvml) -> list[dict[str, Any]]:
         workers_rss, worker_count, workers_cpu = self._workers_usage()
         trainer_cpu_pct, workers_cpu_pct = self._cpu_percents(workers_cpu)
+        now = time.monotonic()
+        lower_priority_pct = None
+        if self._priority_scan.due(now):
+            job_pids = {self._pid, os.getpid(), *workers_cpu}
+            lower_priority_pct = self._priority_scan.scan(job_pids, now)
         host = {
             "wall_time": time.time(),
             # summed over cores: 100 = one core fully busy, 100 x cores = the whole host
             "cpu_percent": float(sum(psutil.cpu_percent(percpu=True))),
             "trainer_cpu_percent": trainer_cpu_pct,
             "workers_cpu_percent": workers_cpu_pct,
+            # of other processes' CPU, what yields to the job (once a second; else null)
+            "lower_priority_cpu_percent": lower_priority_pct,
             "trainer_rss_bytes": self._process.memory_info().rss,
             "workers_rss_bytes": workers_rss,
             "worker_count": worker_count,
@@ -191,6 +301,7 @@ class SystemSampler(NullSampler):
             self._note(f"NVML unavailable ({nvml.reason}): samples carry no GPU figures")
         psutil.cpu_percent(percpu=True)  # primes the counters: the first call returns 0
         self._cpu_percents(self._workers_usage()[2])  # and ours, over the same interval
+        self._priority_scan.scan({self._pid, os.getpid()}, time.monotonic())
         next_tick = time.monotonic() + self._interval_s
         try:
             while not self._stop.wait(max(0.0, next_tick - time.monotonic())):

@@ -30,7 +30,10 @@ How to fix
     or what it measured using once the loading is in workers) and those other processes
     used (medians of the system samples, which split the host's CPU into the training
     process's, its workers' and the rest; where they do not, the text says other processes
-    were not recorded). Only the CPU part of a worker's time counts when the storage latency
+    were not recorded). Of other processes' use, what processes of a lower priority used
+    is left out, weighed as the scheduler weighs them: a worker of the job takes that CPU
+    from them (a nice-19 indexer beside a nice-0 job, a nice-0 build beside a job raised
+    to nice -15). Only the CPU part of a worker's time counts when the storage latency
     is known from the config or measured (a worker sleeping on I/O does not occupy a core),
     and never above SageMaker's 200% of cores. Keep workers alive between epochs with
     ``persistent_workers=True``.
@@ -101,11 +104,13 @@ loader = DataLoader(
 @dataclass(frozen=True)
 class CoresInUse:
     """Cores busy outside the DataLoader workers, medians over the run's system samples:
-    other processes (the host's CPU less the training process's and its workers') and the
-    training process itself."""
+    other processes (the host's CPU less the training process's and its workers', less
+    what of it yields to the job) and the training process itself. ``lower_priority``:
+    other processes' CPU that yields to the job (None where the samples do not say)."""
 
     other_processes: float
     training_process: float
+    lower_priority: float | None = None
 
 
 def cores_in_use(run: RunData | None) -> CoresInUse | None:
@@ -126,7 +131,28 @@ def cores_in_use(run: RunData | None) -> CoresInUse | None:
     ).clip(lower_bound=0.0).median() / 100.0
     trainer = pl.col("trainer_cpu_percent").median() / 100.0
     row = ticks.select(other.alias("other"), trainer.alias("trainer")).row(0)
-    return CoresInUse(other_processes=float(row[0]), training_process=float(row[1]))
+    other_cores, training_cores = float(row[0]), float(row[1])
+    lower = _lower_priority_cores(run.samples)
+    if lower is None:
+        return CoresInUse(other_processes=other_cores, training_process=training_cores)
+    # a worker of the job takes those cores from the processes below it: they are free
+    return CoresInUse(
+        other_processes=max(0.0, other_cores - lower),
+        training_process=training_cores,
+        lower_priority=min(lower, other_cores),
+    )
+
+
+def _lower_priority_cores(samples: pl.DataFrame) -> float | None:
+    """Median of the priority scans (one a second), in cores; None with too few of them."""
+    if "lower_priority_cpu_percent" not in samples.columns:
+        return None
+    scans = samples.filter(pl.col("lower_priority_cpu_percent").is_not_null()).unique(
+        "wall_time", keep="first", maintain_order=True
+    )
+    if scans.height < MIN_CPU_TICKS:
+        return None
+    return float(scans["lower_priority_cpu_percent"].median()) / 100.0
 
 
 def recommend_workers(
@@ -207,9 +233,15 @@ def _cap_text(
     if in_use is None:
         cores_text = f"{cores} CPU cores (other processes' use not recorded)"
     else:
+        lower = in_use.lower_priority
+        yielding = (
+            f" ({lower:.1f} more used by processes of a lower priority, which yield to it)"
+            if lower is not None and lower >= 0.05
+            else ""
+        )
         cores_text = (
             f"{cores} CPU cores, {in_use.other_processes:.1f} of them busy with other "
-            f"processes and {main:.1f} kept for the training process"
+            f"processes{yielding} and {main:.1f} kept for the training process"
         )
     return f"capped at {cap} by {cores_text}" if capped else f"{cores_text}, allow {cap}"
 
@@ -387,6 +419,12 @@ class TooFewWorkers(Rule):
             # medians over the system samples; None where they do not split the host's CPU
             "cpu_cores_other_processes": r(in_use.other_processes, 2) if in_use else None,
             "cpu_cores_training_process": r(in_use.training_process, 2) if in_use else None,
+            # other processes' CPU left out of the cap: theirs yields to the training process
+            "cpu_cores_lower_priority": (
+                r(in_use.lower_priority, 2)
+                if in_use and in_use.lower_priority is not None
+                else None
+            ),
             "worker_cap": cap,
             "recommended_num_workers": recommended,
             "threshold_pct": thresholds.dataloader_share_min_pct,

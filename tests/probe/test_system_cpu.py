@@ -9,9 +9,14 @@ used do not)."""
 from __future__ import annotations
 
 import multiprocessing
+import os
+import subprocess
+import sys
 import time
 
-from probe.system import Nvml, SystemSampler
+import pytest
+
+from probe.system import NICE_WEIGHTS, Nvml, PriorityScan, SystemSampler, yielding_share
 
 BUSY_CPU_S = 0.3
 
@@ -73,3 +78,59 @@ def test_a_busy_child_counts_as_the_workers_and_a_busy_trainer_as_the_trainer():
     trainer_busy_s = cpu_seconds(busy, "trainer_cpu_percent")
     assert trainer_busy_s >= 0.8 * BUSY_CPU_S, trainer_busy_s
     assert spun["trainer_cpu_percent"] < busy["trainer_cpu_percent"]
+
+
+# a process that spins for BUSY_CPU_S of CPU, says so on stdout, then sleeps until killed
+SPINNER = f"""
+import sys, time
+start = time.process_time()
+while time.process_time() - start < {BUSY_CPU_S}:
+    pass
+print("done", flush=True)
+time.sleep(60)
+"""
+
+
+def _yielded_cpu_seconds(spinner_nice: int) -> float:
+    """CPU seconds the priority scan counts as yielding to a sleeping nice-0 job while a
+    process beside it (not one of its workers) spins at ``spinner_nice``."""
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    scan = PriorityScan(job.pid)
+    spinner = None
+    try:
+        assert scan.scan({job.pid, os.getpid()}, time.monotonic()) is None  # primes
+        start = time.monotonic()
+        spinner = subprocess.Popen(
+            [sys.executable, "-c", SPINNER],
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=lambda: os.nice(spinner_nice),
+        )
+        assert spinner.stdout.readline().strip() == "done"
+        now = time.monotonic()
+        return scan.scan({job.pid, os.getpid()}, now) / 100.0 * (now - start)
+    finally:
+        for process in (job, spinner):
+            if process is not None:
+                process.kill()
+                process.wait()
+
+
+def test_a_busy_process_of_lower_priority_yields_to_the_job_and_one_of_its_own_does_not():
+    # nice 19 beside a nice-0 job: CFS leaves it 15 / 1024 of a contended core
+    below = _yielded_cpu_seconds(19)
+    assert below >= 0.8 * BUSY_CPU_S * (1 - 15 / 1024), below
+    # the same spin at the job's priority takes nothing from it (other nice-19 processes on
+    # the host could add theirs: a bound, not an equality)
+    same = _yielded_cpu_seconds(0)
+    assert same < 0.5 * below, (same, below)
+
+
+def test_the_yielding_share_follows_the_schedulers_weights():
+    nice = {n: NICE_WEIGHTS[n + 20] for n in (-15, 0, 1, 19)}
+    assert yielding_share(nice[0], nice[-15]) == pytest.approx(1 - 1024 / 29154)
+    assert yielding_share(nice[19], nice[0]) == pytest.approx(1 - 15 / 1024)
+    # one step of nice is a quarter less weight, not a process that steps aside
+    assert yielding_share(nice[1], nice[0]) == pytest.approx(1 - 820 / 1024)
+    assert yielding_share(nice[-15], nice[0]) == 0.0 == yielding_share(nice[0], nice[0])
+    assert yielding_share(None, nice[0]) == 0.0  # real-time: never yields

@@ -70,6 +70,46 @@ def test_cores_busy_with_other_processes_are_not_offered_to_workers():
     assert "0.0 of them busy" in text_idle
 
 
+def _with_scans(ticks: list[dict], lower_priority_pct: float) -> list[dict]:
+    """The sampler's priority scan on every tenth tick (once a second at 10 Hz)."""
+    return [
+        {**tick, "lower_priority_cpu_percent": lower_priority_pct if i % 10 == 0 else None}
+        for i, tick in enumerate(ticks)
+    ]
+
+
+def test_cpu_of_processes_below_the_jobs_priority_is_offered_to_workers():
+    # 4 cores, 2.1 of them used by other processes, 1.8 of which at a lower priority than
+    # the job (a nice-19 indexer beside it): a worker takes those from them, 0.3 stay busy
+    ticks = _ticks(host_pct=310.0, trainer_pct=100.0, workers_pct=0.0, n=40)
+    below = _loader_bound_run(4, _with_scans(ticks, lower_priority_pct=180.0))
+    unscanned = _loader_bound_run(4, ticks)
+
+    workers_below, text_below = _advice(below)
+
+    # 4 - 1 kept - 0.3 busy = 2.7 free cores: 2 workers of the 4.5 targeted, against 1 when
+    # all 2.1 counted as busy
+    assert workers_below == 2
+    assert _advice(unscanned)[0] == 1
+    assert "0.3 of them busy with other processes (1.8 more used by processes of a lower " in (
+        text_below
+    )
+    (finding,) = RULE.check(below, Thresholds())
+    assert finding.evidence["cpu_cores_other_processes"] == pytest.approx(0.3)
+    assert finding.evidence["cpu_cores_lower_priority"] == pytest.approx(1.8)
+    # the yielding part is never more than other processes used (scans and ticks are
+    # medians over different windows)
+    over = cores_in_use(_loader_bound_run(4, _with_scans(ticks, 250.0)).run)
+    assert (over.other_processes, over.lower_priority) == (0.0, pytest.approx(2.1))
+
+
+def test_fewer_than_three_priority_scans_leave_other_processes_as_measured():
+    ticks = _ticks(host_pct=310.0, trainer_pct=100.0, workers_pct=0.0, n=20)
+    in_use = cores_in_use(_loader_bound_run(4, _with_scans(ticks, 180.0)).run)  # two scans
+    assert in_use.other_processes == pytest.approx(2.1)
+    assert in_use.lower_priority is None
+
+
 def test_a_run_whose_samples_do_not_split_the_cpu_says_so():
     older = _loader_bound_run(4, [{"wall_time": 1.0, "cpu_percent": 390.0, "gpu_index": None}])
 
