@@ -261,7 +261,11 @@ def test_straggler_rank_loads_slower_and_the_other_waits_for_it(straggler_two_ra
 
 @pytest.fixture(scope="module")
 def exposed_two_ranks(tmp_path_factory) -> RunFolder:
-    return _two_rank_run(tmp_path_factory.mktemp("dist_exposed"), "exposed-communication")
+    # raised (measured): exposed-communication fires on a share of step time, which two busy
+    # loops and the other tests beside it once brought to 8.3 %, under the 10 % threshold
+    return _two_rank_run(
+        tmp_path_factory.mktemp("dist_exposed"), "exposed-communication", measured=True
+    )
 
 
 def test_exposed_communication_all_reduces_every_gradient_after_backward(
