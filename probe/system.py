@@ -19,8 +19,9 @@ the training process (``lower_priority_cpu_percent``) is not taken from a worker
 because CFS shares a contended core in proportion to each thread's weight (the kernel's
 ``sched_prio_to_weight``): a nice-0 busy loop beside a job at nice -15 keeps 1024 / 29154 of
 what it used, a nice-19 one beside a nice-0 job 15 / 1024. Each process's figure is weighed
-by ``1 - min(1, its weight / the job's)``; real-time ones never yield. It takes reading every
-visible ``/proc/<pid>/stat`` (about 15 us each), so it is done once a second, not each tick;
+by ``1 - min(1, its weight / the job's)``; real-time ones never yield, and every
+other process yields to a real-time job. It takes reading every visible
+``/proc/<pid>/stat`` (about 15 us each), so it is done once a second, not each tick;
 processes in other containers are not visible and count as not yielding.
 """
 
@@ -92,11 +93,14 @@ def read_process_cpu(pid: int, clock_ticks: float) -> ProcessCpu | None:
     return ProcessCpu(cpu_seconds, NICE_WEIGHTS[min(max(nice, -20), 19) + 20])
 
 
-def yielding_share(weight: int | None, job_weight: int) -> float:
+def yielding_share(weight: int | None, job_weight: int | None) -> float:
     """The part of a process's CPU a thread of the job would take from it on a contended
-    core: none at the job's weight or above, nearly all far below it."""
+    core: none at the job's weight or above, nearly all far below it; a real-time job
+    (``None``) takes it all from any process that is not real-time."""
     if weight is None:
         return 0.0
+    if job_weight is None:
+        return 1.0
     return 1.0 - min(1.0, weight / job_weight)
 
 
@@ -117,32 +121,28 @@ class PriorityScan:
         """The yielding CPU % since the previous scan; None on the first, or where ``/proc``
         cannot be listed or the job's own priority read."""
         job = read_process_cpu(self._job_pid, self._clock_ticks)
+        if job is None:
+            return None
         try:
             names = os.listdir("/proc")
         except OSError:
-            return None
-        if job is None:
             return None
         cpu_now: dict[int, float] = {}
         yielded_s = 0.0
         for name in names:
             if not name.isdigit() or int(name) in job_pids:
                 continue
-            pid = int(name)
-            process = read_process_cpu(pid, self._clock_ticks)
+            process = read_process_cpu(int(name), self._clock_ticks)
             if process is None:
                 continue
-            cpu_now[pid] = process.cpu_seconds
-            if job.weight is None:
-                continue  # a real-time job: nothing is weighed against it
+            cpu_now[int(name)] = process.cpu_seconds
             # a process first seen now started since the previous scan: all its CPU is new
-            used = max(0.0, process.cpu_seconds - self._cpu_then.get(pid, 0.0))
+            used = max(0.0, process.cpu_seconds - self._cpu_then.get(int(name), 0.0))
             yielded_s += used * yielding_share(process.weight, job.weight)
-        then, self._cpu_then = self._scan_then, cpu_now
-        self._scan_then = now
+        then, self._cpu_then, self._scan_then = self._scan_then, cpu_now, now
         if then is None or now <= then:
             return None
-        return 100.0 * yielded_s / (now - then) if job.weight is not None else 0.0
+        return 100.0 * yielded_s / (now - then)
 
 
 class Nvml:

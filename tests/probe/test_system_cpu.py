@@ -134,3 +134,5 @@ def test_the_yielding_share_follows_the_schedulers_weights():
     assert yielding_share(nice[1], nice[0]) == pytest.approx(1 - 820 / 1024)
     assert yielding_share(nice[-15], nice[0]) == 0.0 == yielding_share(nice[0], nice[0])
     assert yielding_share(None, nice[0]) == 0.0  # real-time: never yields
+    # a real-time job preempts every process that is not real-time, and no real-time one
+    assert yielding_share(nice[-15], None) == 1.0 and yielding_share(None, None) == 0.0
