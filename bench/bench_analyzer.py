@@ -38,6 +38,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import msgspec
 
@@ -45,7 +46,8 @@ REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO.parent / "shared" / "traces"
 LARGE = "hta_v100_rank1_of_2_large.json.gz"
 PEERS_VENV = REPO / "bench" / ".venv-peers"
-HTA_REQUIREMENT = "HolisticTraceAnalysis==0.5.0"
+# the pin, shared with scripts/setup.sh peers
+HTA_REQUIREMENTS = REPO / "bench" / "requirements-hta.txt"
 
 JSON_LOAD = r"""
 import gzip, json, sys
@@ -171,22 +173,23 @@ def compile_package() -> None:
 
 
 def ensure_peers_venv() -> Path | None:
-    """bench/.venv-peers with HTA 0.5.0 (outside git); None with a note when it fails."""
+    """bench/.venv-peers with HTA 0.5.0 (outside git; bench/requirements-hta.txt); None with a
+    note when it fails."""
     python = PEERS_VENV / "bin" / "python"
     probe = [str(python), "-c", "import hta.trace_analysis"]
     if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
         return python
-    print(f"setting up {PEERS_VENV.relative_to(REPO)} with {HTA_REQUIREMENT} ...", flush=True)
+    print(f"setting up {PEERS_VENV.relative_to(REPO)} from {HTA_REQUIREMENTS.name} ...", flush=True)
     try:
         subprocess.run([sys.executable, "-m", "venv", str(PEERS_VENV)], check=True)
         subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", HTA_REQUIREMENT],
+            [str(python), "-m", "pip", "install", "-q", "-r", str(HTA_REQUIREMENTS)],
             check=True,
             timeout=1200,
         )
         subprocess.run(probe, check=True, capture_output=True)
     except (OSError, subprocess.SubprocessError) as exc:
-        print(f"note: HTA skipped: could not install {HTA_REQUIREMENT} ({exc})")
+        print(f"note: HTA skipped: could not install {HTA_REQUIREMENTS.name} ({exc})")
         return None
     return python
 
@@ -284,10 +287,11 @@ def print_trace_table(rows: list[dict]) -> None:
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 
 
-def write_synthetic(source: Path, target: Path, target_bytes: int) -> tuple[int, int]:
+def write_synthetic(source: Path, out: BinaryIO, target_bytes: int) -> tuple[int, int]:
     """Repeats the source trace's events, each copy shifted past the previous one in time
     and in its ids (correlation, External id, flow id, step numbers), until the JSON holds
-    about ``target_bytes``. Written copy by copy: the big file is never in memory.
+    about ``target_bytes``, to ``out`` (a binary file: plain or gzip). Written copy by copy:
+    the big file is never in memory.
     Returns (bytes written, events written)."""
     with gzip.open(source, "rb") as handle:
         doc = json.load(handle)
@@ -307,41 +311,40 @@ def write_synthetic(source: Path, target: Path, target_bytes: int) -> tuple[int,
     repeated = [e for e in events if e.get("ph") != "M" and isinstance(e.get("pid"), int)]
     encoder = msgspec.json.Encoder()
     written = count = 0
-    with target.open("wb") as out:
-        head = encoder.encode(doc)[:-1] + b', "traceEvents": ['
-        out.write(head)
-        written += len(head)
-        copy = 0
-        while written < target_bytes:
-            batch = events if copy == 0 else repeated
-            shifted = []
-            for event in batch:
-                event = dict(event)
-                if isinstance(event.get("ts"), int | float):
-                    event["ts"] = event["ts"] + copy * period
-                if isinstance(event.get("id"), int):
-                    event["id"] += copy * id_stride
-                args = event.get("args")
-                if isinstance(args, dict) and copy:
-                    args = dict(args)
-                    for key in ("correlation", "External id"):
-                        if isinstance(args.get(key), int):
-                            args[key] += copy * id_stride
-                    event["args"] = args
-                match = _STEP.match(str(event.get("name", "")))
-                if match and copy:
-                    event["name"] = f"ProfilerStep#{int(match.group(1)) + copy * step_stride}"
-                shifted.append(event)
-            body = encoder.encode(shifted)[1:-1]
-            if copy:
-                out.write(b",")
-                written += 1
-            out.write(body)
-            written += len(body)
-            count += len(shifted)
-            copy += 1
-        out.write(b"]}")
-        written += 2
+    head = encoder.encode(doc)[:-1] + b', "traceEvents": ['
+    out.write(head)
+    written += len(head)
+    copy = 0
+    while written < target_bytes:
+        batch = events if copy == 0 else repeated
+        shifted = []
+        for event in batch:
+            event = dict(event)
+            if isinstance(event.get("ts"), int | float):
+                event["ts"] = event["ts"] + copy * period
+            if isinstance(event.get("id"), int):
+                event["id"] += copy * id_stride
+            args = event.get("args")
+            if isinstance(args, dict) and copy:
+                args = dict(args)
+                for key in ("correlation", "External id"):
+                    if isinstance(args.get(key), int):
+                        args[key] += copy * id_stride
+                event["args"] = args
+            match = _STEP.match(str(event.get("name", "")))
+            if match and copy:
+                event["name"] = f"ProfilerStep#{int(match.group(1)) + copy * step_stride}"
+            shifted.append(event)
+        body = encoder.encode(shifted)[1:-1]
+        if copy:
+            out.write(b",")
+            written += 1
+        out.write(body)
+        written += len(body)
+        count += len(shifted)
+        copy += 1
+    out.write(b"]}")
+    written += 2
     return written, count
 
 
@@ -350,7 +353,8 @@ def bench_scale(sizes_mb: list[int], folder: Path) -> list[dict]:
     for size_mb in sizes_mb:
         path = folder / f"synthetic_{size_mb}mb.json"
         print(f"  writing {path.name} ...", flush=True)
-        written, count = write_synthetic(TRACES / LARGE, path, size_mb * 2**20)
+        with path.open("wb") as out:
+            written, count = write_synthetic(TRACES / LARGE, out, size_mb * 2**20)
         print(f"  analysing {path.name} ({written / 2**20:.0f} MB, {count:,} events) ...")
         measured = run_measured(
             [sys.executable, "-m", "diagnostics", "analyze", str(path), "--format", "text"],

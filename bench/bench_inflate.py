@@ -101,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="pd-bench-inflate-") as folder:
             plain = Path(folder) / "synthetic.json"
             started = time.perf_counter()
-            written, events = write_synthetic(large, plain, args.synthetic_mb * MIB)
+            with plain.open("wb") as out:
+                written, events = write_synthetic(large, out, args.synthetic_mb * MIB)
             packed = plain.with_suffix(".json.gz")
             gzip_file(plain, packed)
             plain.unlink()

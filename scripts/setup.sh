@@ -1,10 +1,28 @@
 #!/usr/bin/env bash
 # Creates .venv in the project root and installs the pinned dependencies.
 # Idempotent: a stamp holding the requirements' checksum skips pip when nothing changed.
-# Usage: scripts/setup.sh [runtime|dev]
+# Usage: scripts/setup.sh [runtime|dev|peers]
+#   peers: the benchmarks' peer tools, each in a venv of its own under bench/ (HTA 0.5.0 and
+#   traceinsight 0.6.1 install the same `hta` package)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 profile="${1:-runtime}"
+
+if [ "$profile" = peers ]; then
+  for pair in .venv-peers:requirements-hta.txt .venv-traceinsight:requirements-traceinsight.txt; do
+    venv="bench/${pair%%:*}"
+    reqs="bench/${pair#*:}"
+    stamp="$venv/.installed"
+    want="$(sha256sum "$reqs" | cut -d' ' -f1)"
+    [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+    if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+      echo "setup: installing $reqs into $venv" >&2
+      "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$reqs"
+      echo "$want" >"$stamp"
+    fi
+  done
+  exit 0
+fi
 reqs=requirements.txt
 [ "$profile" = dev ] && reqs=requirements-dev.txt
 
