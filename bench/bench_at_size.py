@@ -2,7 +2,7 @@
 
 Inputs (written once into bench/out/, gitignored, and reused):
 
-* the 54 MB real trace ``hta_v100_rank1_of_2_large`` (216k events, gzip);
+* the real trace ``hta_v100_rank1_of_2_large`` (51 MiB of JSON, 216k events, gzip);
 * synthetic gzip traces of about 256 MB, 1 GB and 2 GB of JSON, made from that trace's steps
   with shifted timestamps and ids (bench_analyzer.write_synthetic);
 * rank sets of 8, 32 and 64 files made from one real NCCL trace (bench_ranks.make_rank_set).
@@ -17,14 +17,13 @@ Tools, each in a fresh process, one after the other, on the same input:
                  set: the communication/computation overlap), in bench/.venv-peers
 * traceinsight   the same calls in traceinsight 0.6.1, HTA's successor, with its fastest
                  parser (ijson_batch_and_compress on yajl2_c: 3.4 s against 3.5, 4.3 and 4.4 s
-                 for its json, ijson_batched and ijson parsers on the 54 MB trace), in
+                 for its json, ijson_batched and ijson parsers on that real trace), in
                  bench/.venv-traceinsight
 * tb-profiler    torch-tb-profiler's ``RunProfileData.parse`` (single files only)
 
 Each is timed on the wall clock; its peak memory is the peak RSS of its whole process tree
 (the process's own VmHWM, read every 10 ms, and the sum over it and its children sampled
-every 100 ms), its CPU
-the tree's user + system time. A run past ``--max-rss-gb`` or ``--timeout-s`` is stopped and
+every 100 ms), its CPU the tree's user + system time. A run past ``--max-rss-gb`` or ``--timeout-s`` is stopped and
 reported as such. Columns: wall s, CPU s, peak RSS MB, JSON MB/s, µs per event, and the wall
 and RSS ratios against ours and against json.load.
 
@@ -35,7 +34,7 @@ analysis needs (ph, name, cat, ts, dur, pid, tid; args skipped) from JSON alread
 on one core.
 
     scripts/setup.sh peers                                      # the peers' venvs, once
-    .venv/bin/python bench/bench_at_size.py                     # everything (about an hour)
+    .venv/bin/python bench/bench_at_size.py                     # everything (about 45 minutes)
     .venv/bin/python bench/bench_at_size.py --sizes 256 --ranks 8 --tools ours json.load
 
 Each row is appended to bench/out/at-size.jsonl as it completes, so a long run that is
