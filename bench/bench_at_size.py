@@ -47,11 +47,7 @@ import argparse
 import contextlib
 import json
 import os
-import resource
-import subprocess
 import sys
-import threading
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -71,6 +67,7 @@ from bench_analyzer import (  # noqa: E402
 )
 from bench_ranks import HTA as HTA_RANKS  # noqa: E402
 from bench_ranks import make_rank_set  # noqa: E402
+from process_tree import measure  # noqa: E402
 
 OUT = REPO / "bench" / "out"
 RESULTS = OUT / "at-size.jsonl"
@@ -162,83 +159,6 @@ class Run:
     error: str | None = None
 
 
-def _own_high_water(pid: int) -> int:
-    with (
-        contextlib.suppress(OSError, ValueError),
-        open(f"/proc/{pid}/status", encoding="ascii") as handle,
-    ):
-        for line in handle:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def _tree_rss(root: psutil.Process) -> int:
-    total = 0
-    with contextlib.suppress(psutil.Error):
-        for proc in [root, *root.children(recursive=True)]:
-            with contextlib.suppress(psutil.Error):
-                total += proc.memory_info().rss
-    return total
-
-
-def measure(argv: list[str], timeout_s: float, max_rss_bytes: int) -> tuple[dict, str]:
-    """Wall, tree CPU and peak tree RSS of one fresh process; stopped past either cap."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    with open(os.devnull, "rb") as stdin:
-        proc = subprocess.Popen(
-            argv, cwd=REPO, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        )
-    root = psutil.Process(proc.pid)
-    peak, stopped, polls = 0, None, 0
-
-    chunks: dict[str, bytes] = {}
-
-    def drain(name: str, stream) -> None:  # noqa: ANN001 - a pipe
-        chunks[name] = stream.read()
-
-    readers = [
-        threading.Thread(target=drain, args=(name, stream), daemon=True)
-        for name, stream in (("out", proc.stdout), ("err", proc.stderr))
-    ]
-    for reader in readers:
-        reader.start()
-    while proc.poll() is None:
-        peak = max(peak, _own_high_water(proc.pid))
-        if polls % 10 == 0:  # the tree's sum every 100 ms: a walk of /proc
-            peak = max(peak, _tree_rss(root))
-        polls += 1
-        if peak > max_rss_bytes:
-            stopped = f"stopped at {peak / 2**30:.1f} GiB (the --max-rss-gb cap)"
-        elif time.perf_counter() - start > timeout_s:
-            stopped = f"stopped after {timeout_s:.0f} s (the --timeout-s cap)"
-        if stopped:
-            with contextlib.suppress(psutil.Error):
-                for child in root.children(recursive=True):
-                    child.kill()
-            proc.kill()
-            break
-        time.sleep(0.01)
-    proc.wait()
-    seconds = time.perf_counter() - start
-    for reader in readers:
-        reader.join()
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    err = chunks.get("err", b"").decode(errors="replace").strip()
-    error = stopped or (
-        None if proc.returncode == 0 else f"exit {proc.returncode}: {err.splitlines()[-1:]}"
-    )
-    result = {
-        "seconds": None if error else seconds,
-        "cpu_s": None if error else cpu_s,
-        "rss_mb": peak / 2**20 if peak else None,
-        "error": error,
-    }
-    return result, chunks.get("out", b"").decode(errors="replace")
-
-
 def python_of(tool: str) -> Path | None:
     python = VENVS[tool] / "bin" / "python"
     return python if python.exists() else None
@@ -297,7 +217,8 @@ def floor(name: str, target: Path, json_mb: float, timeout_s: float) -> list[Run
         ]
     commands.append(("floor: bare-field decode, 1 core", [BARE_DECODE, str(target)]))
     for label, (script, *args) in commands:
-        measured, out = measure([sys.executable, "-c", script, *args], timeout_s, 2**62)
+        measured = measure([sys.executable, "-c", script, *args], timeout_s)
+        out = measured.pop("stdout")
         seconds, events = None, 0
         with contextlib.suppress(ValueError, IndexError):
             seconds_text, count_text = out.split()
@@ -339,7 +260,8 @@ def bench_input(
             argv = argv_for(tool, target)
             if argv is None:
                 continue
-            measured, out = measure(argv, args.timeout_s, int(args.max_rss_gb * 2**30))
+            measured = measure(argv, args.timeout_s, int(args.max_rss_gb * 2**30))
+            out = measured.pop("stdout")
             if tool == "json.load" and measured["error"] is None:
                 with contextlib.suppress(ValueError, IndexError):
                     events = int(out.strip().splitlines()[-1])

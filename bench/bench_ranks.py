@@ -13,8 +13,8 @@ Each tool runs in a fresh process on the whole folder:
          process pool sized to the cores, cross-rank collective matching, rules, JSON)
 * HTA    ``TraceAnalysis(trace_dir=...)`` + ``get_comm_comp_overlap`` (bench/.venv-peers)
 
-Wall time and the peak RSS of the whole process tree (the sum over the process and its
-workers, sampled every 50 ms from /proc) are reported, with ratios: ours/HTA, and the
+Wall time and the peak RSS of the whole process tree (process_tree.measure: the process's
+own high-water mark and the sum over it and its workers, sampled from /proc) are reported, with ratios: ours/HTA, and the
 growth of wall time against ranks ÷ cores.
 
     nice -n 10 .venv/bin/python bench/bench_ranks.py --ranks 8 32        # then, late:
@@ -24,23 +24,20 @@ growth of wall time against ranks ÷ cores.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gzip
 import json
 import os
-import resource
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import msgspec
-import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = REPO.parent / "shared" / "traces" / "hta_a100_rank3_of_8.json.gz"
 OUT = REPO / "bench" / "out"
 sys.path.insert(0, str(REPO / "bench"))
+
+from process_tree import measure  # noqa: E402
 
 RANK_SHIFT_US = 40.0
 STRAGGLER_DELAY_US = 3000.0
@@ -89,52 +86,6 @@ def make_rank_set(ranks: int) -> Path:
     return folder
 
 
-def tree_rss_bytes(root: psutil.Process) -> int:
-    total = 0
-    for proc in [root, *root.children(recursive=True)]:
-        with contextlib.suppress(psutil.Error):
-            total += proc.memory_info().rss
-    return total
-
-
-def measure(argv: list[str], timeout_s: float, max_rss_bytes: int | None = None) -> dict:
-    """Wall time, peak tree RSS, stdout of one fresh process (killed past max_rss_bytes)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    root = psutil.Process(proc.pid)
-    peak, killed = 0, None
-    while proc.poll() is None:
-        with contextlib.suppress(psutil.Error):
-            peak = max(peak, tree_rss_bytes(root))
-        if max_rss_bytes and peak > max_rss_bytes:
-            killed = f"stopped at {peak / 2**30:.1f} GiB (over the memory cap)"
-        elif time.perf_counter() - start > timeout_s:
-            killed = f"stopped after {timeout_s:.0f} s"
-        if killed:
-            for child in root.children(recursive=True):
-                child.kill()
-            proc.kill()
-            break
-        time.sleep(0.05)
-    out, err = proc.communicate()
-    seconds = time.perf_counter() - start
-    # CPU of the whole tree (children reap their workers): steadier than wall time when
-    # other work shares the cores
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    error = killed or (
-        None if proc.returncode == 0 else (err.decode(errors="replace").strip() or "failed")[-200:]
-    )
-    return {
-        "seconds": None if error else seconds,
-        "rss_gb": peak / 2**30,
-        "cpu_s": cpu_s,
-        "stdout": out.decode(errors="replace"),
-        "error": error,
-    }
-
-
 def main() -> None:
     from bench_analyzer import ensure_peers_venv
 
@@ -165,7 +116,7 @@ def main() -> None:
                 int(args.hta_max_gb * 2**30),
             )
             if hta_python is not None
-            else {"seconds": None, "rss_gb": None, "cpu_s": None, "error": "skipped", "stdout": ""}
+            else {"seconds": None, "rss_mb": None, "cpu_s": None, "error": "skipped", "stdout": ""}
         )
         rows.append((ranks, size_mb, ours, hta))
         print(json.dumps({"ranks": ranks, "ours": ours, "hta": hta})[:600], flush=True)
@@ -182,6 +133,9 @@ def main() -> None:
     def ratio(a: float | None, b: float | None) -> str:
         return f"{a / b:.2f}×" if a and b else "n/a"
 
+    def gb(measured: dict) -> float | None:
+        return None if measured["rss_mb"] is None else measured["rss_mb"] / 1024
+
     for ranks, size_mb, ours, hta in rows:
         try:
             read = len(json.loads(hta["stdout"].strip().splitlines()[-1]))
@@ -190,9 +144,9 @@ def main() -> None:
         print(
             f"| {ranks} | {size_mb:.0f} | {cell(ours['seconds'], ours['error'])} "
             f"| {cell(ours['cpu_s'])} | {cell((ours['cpu_s'] or 0) / ranks, None, 2)} "
-            f"| {ours['rss_gb']:.2f} | {cell(hta['seconds'], hta['error'])} "
-            f"| {cell(hta['cpu_s'])} | {cell(hta['rss_gb'], None, 2)} | {read} "
-            f"| {ratio(ours['seconds'], hta['seconds'])} | {ratio(ours['rss_gb'], hta['rss_gb'])} |"
+            f"| {cell(gb(ours), None, 2)} | {cell(hta['seconds'], hta['error'])} "
+            f"| {cell(hta['cpu_s'])} | {cell(gb(hta), None, 2)} | {read} "
+            f"| {ratio(ours['seconds'], hta['seconds'])} | {ratio(gb(ours), gb(hta))} |"
         )
     if len(rows) > 1:
         (r0, _, o0, _), (r1, _, o1, _) = rows[0], rows[-1]
