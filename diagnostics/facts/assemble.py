@@ -184,7 +184,9 @@ def _one_rank(events: pl.DataFrame, metadata: Any, rank: int) -> TraceFacts:
 def _single_rank(events: pl.DataFrame, metadata: Any) -> int | None:
     """The rank of a table that holds one (None: it holds several)."""
     meta_rank = _metadata(metadata)[4]
-    ranks = events["rank"].unique().drop_nulls().to_list() if events.height else []
+    # a query, not events["rank"]: a one-rank table holds its rank as one value, which
+    # reading the column out as a Series would lay out a row at a time, for good
+    ranks = events.select(pl.col("rank").unique().drop_nulls()).to_series().to_list()
     if len(ranks) > 1:
         return None
     return int(ranks[0]) if ranks else int(meta_rank or 0)

@@ -16,7 +16,6 @@ from diagnostics.trace.schema import EVENT_SCHEMA, FLOW_SCHEMA, Category, normal
 
 EVENT_PHASES = ("X", "i", "I")  # complete events and instants: the rows of the table
 META_PHASE = "M"
-EVENT_COLUMN_INDEX = {name: i for i, name in enumerate(EVENT_SCHEMA)}
 
 
 @dataclass(frozen=True)
@@ -133,6 +132,7 @@ def _normalise_chunk(
         .cast(EVENT_SCHEMA)  # type: ignore[arg-type]
         .collect(engine="in-memory")
     )
+    events = _with_empty_columns_unallocated(events)
 
     flows = None
     if raw_flows is not None and raw_flows.height:
@@ -153,6 +153,31 @@ def _normalise_chunk(
     return events, flows, skipped, ignored
 
 
+def _empty_columns(frame: pl.DataFrame) -> list[str]:
+    """The columns null on every row (most args columns of most chunks)."""
+    if frame.height == 0:
+        return []
+    nulls = frame.null_count().row(0)
+    return [name for name, n in zip(frame.columns, nulls, strict=True) if n == frame.height]
+
+
+def _unallocated_nulls(names: list[str]) -> list[pl.Expr]:
+    return [pl.lit(None, dtype=EVENT_SCHEMA[name]).alias(name) for name in names]
+
+
+def _with_empty_columns_unallocated(frame: pl.DataFrame) -> pl.DataFrame:
+    """``frame`` with each all-null column held as one null value, not a value per row.
+
+    An all-null column still costs its full width in polars (8 bytes a row for Int64, a
+    16-byte view a row for String), and most args columns are null on every row of a
+    trace: 8 text and 3 count columns of the 1 GB trace's 3.9 M-row table held 580 MB of
+    nulls. A column made from a literal stays one value through filters, sorts and
+    concatenation, and is only laid out in full where a query reads it.
+    """
+    empty = _empty_columns(frame)
+    return frame.with_columns(_unallocated_nulls(empty)) if empty else frame
+
+
 # Up to this many rows the table is sorted whole, on every core (216k rows: 14 ms against 33
 # column by column); above, column by column, to hold one table and one column at most.
 SORT_WHOLE_MAX_ROWS = 1_000_000
@@ -166,14 +191,20 @@ def _sorted_by_ts(chunks: list[pl.DataFrame]) -> pl.DataFrame:
     as soon as its sorted copy exists: the peak is one table plus one column, hundreds of
     MB less at 1 GB of JSON. A table of up to SORT_WHOLE_MAX_ROWS is sorted whole.
     """
+    empty = set(_empty_columns(chunks[0]))
+    for chunk in chunks[1:]:
+        empty.intersection_update(_empty_columns(chunk))
+    # sorted without the all-null columns, which are added back unallocated
+    names = [name for name in EVENT_SCHEMA if name not in empty]
     if sum(chunk.height for chunk in chunks) <= SORT_WHOLE_MAX_ROWS:
-        table = pl.concat(chunks, rechunk=True)
+        table = pl.concat([chunk.select(names) for chunk in chunks], rechunk=True)
         chunks.clear()
-        return table.sort("ts", maintain_order=True)
-    columns = pl.concat(chunks, rechunk=False).get_columns()
+        return _with_nulls_added(table.sort("ts", maintain_order=True), empty)
+    columns = pl.concat([chunk.select(names) for chunk in chunks], rechunk=False).get_columns()
     chunks.clear()
+    ts_index = names.index("ts")
     order = (
-        pl.DataFrame([columns[EVENT_COLUMN_INDEX["ts"]]])
+        pl.DataFrame([columns[ts_index]])
         .with_row_index("row")
         .sort("ts", maintain_order=True)  # stable: equal times keep file order
         .get_column("row")
@@ -182,7 +213,14 @@ def _sorted_by_ts(chunks: list[pl.DataFrame]) -> pl.DataFrame:
         # gather over one contiguous chunk is ~20x faster than over the per-chunk pieces
         # (string columns most of all); the extra copy is one column at a time
         columns[i] = columns[i].rechunk().gather(order)
-    return pl.DataFrame(columns)
+    return _with_nulls_added(pl.DataFrame(columns), empty)
+
+
+def _with_nulls_added(table: pl.DataFrame, empty: set[str]) -> pl.DataFrame:
+    """The table with its all-null columns back, unallocated, in EVENT_SCHEMA's order."""
+    if not empty:
+        return table
+    return table.with_columns(_unallocated_nulls(sorted(empty))).select(list(EVENT_SCHEMA))
 
 
 class TableBuilder:

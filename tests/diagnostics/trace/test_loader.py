@@ -341,3 +341,45 @@ def test_a_table_sorted_whole_equals_one_sorted_column_by_column(monkeypatch):
     assert whole.events["ts"].is_sorted()
     assert whole.events.height > 70_000
     assert whole.events.select(pl.struct("ts").is_duplicated().any()).item()  # ties exist
+
+
+@pytest.mark.parametrize("sort_whole_max_rows", [10**9, 0])
+def test_all_null_columns_hold_no_value_per_row_and_partial_ones_keep_their_values(
+    tmp_path, monkeypatch, sort_whole_max_rows
+):
+    # Most args columns are null on every row of a trace. They are held as one null each
+    # (a polars literal column), not 8 or 16 bytes a row; a column null in most chunks but
+    # set in one keeps that chunk's values, at their rows, after the sort. Both sort paths.
+    from diagnostics.trace import normalise
+
+    monkeypatch.setattr(normalise, "SORT_WHOLE_MAX_ROWS", sort_whole_max_rows)
+    n_ops = 20_000
+    events = [cpu_op("aten::add", float(i), 0.5) for i in range(n_ops)]
+    memory = {
+        "ph": "i",
+        "cat": "cpu_instant_event",
+        "name": "[memory]",
+        "pid": 100,
+        "tid": 100,
+        "ts": n_ops + 5.0,
+        "s": "t",
+        "args": {"Total Allocated": 4096, "Total Reserved": 8192, "Bytes": 512},
+    }
+    # reversed: the one [memory] instant is decoded in the first chunk, sorted to the end
+    path = write_json(tmp_path / "t.json", trace_doc([memory, *reversed(events)]))
+    trace = load_trace_file(path, chunk_bytes=64 * 1024, parallel_decode=False)
+
+    table = trace.events
+    assert table.schema == pl.Schema(EVENT_SCHEMA)
+    assert table.height == n_ops + 1
+    assert table["ts"].is_sorted()
+    last = table.row(table.height - 1, named=True)
+    assert (last["total_allocated"], last["total_reserved"], last["bytes"]) == (4096, 8192, 512)
+    assert table["total_allocated"].null_count() == n_ops
+
+    never_set = ["input_shapes", "collective_name", "in_msg_nelems", "process_group_ranks"]
+    # a String column of nulls costs a 16-byte view a row (320 kB here), an Int64 one 8
+    # (measured first: reading a column out as a Series lays it out, in polars)
+    assert table.select(never_set).estimated_size() < 1_000
+    assert table.select("total_allocated").estimated_size() >= 8 * table.height
+    assert all(table[name].null_count() == table.height for name in never_set)
