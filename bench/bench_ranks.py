@@ -12,6 +12,9 @@ Each tool runs in a fresh process on the whole folder:
 * ours   ``python -m diagnostics analyze bench/out/ranks-N`` (every rank's facts in a
          process pool sized to the cores, cross-rank collective matching, rules, JSON)
 * HTA    ``TraceAnalysis(trace_dir=...)`` + ``get_comm_comp_overlap`` (bench/.venv-peers)
+* upload (``--upload``) the Upload page's analysis of the same files
+         (``analyse_upload_files``: each file's identity row and stored drill-down as well as
+         the analysis), against ours on the folder: what the drill-downs and identities cost
 
 Wall time and the peak RSS of the whole process tree (process_tree.measure: the process's
 own high-water mark and the sum over it and its workers, sampled from /proc) are reported, with ratios: ours/HTA, and the
@@ -19,6 +22,7 @@ growth of wall time against ranks ÷ cores.
 
     nice -n 10 .venv/bin/python bench/bench_ranks.py --ranks 8 32        # then, late:
     nice -n 10 .venv/bin/python bench/bench_ranks.py --ranks 64 --hta-max-gb 12
+    .venv/bin/python bench/bench_ranks.py --ranks 8 --no-hta --upload
 """
 
 from __future__ import annotations
@@ -49,6 +53,19 @@ logging.disable(logging.WARNING)
 from hta.trace_analysis import TraceAnalysis
 analysis = TraceAnalysis(trace_dir=sys.argv[1])
 print(analysis.get_comm_comp_overlap(visualize=False).to_json(orient="records"))
+"""
+
+UPLOAD = r"""
+import sys, tempfile
+from pathlib import Path
+from diagnostics.upload_analysis import analyse_upload_files
+if __name__ == "__main__":  # the rank pool's workers are spawned: they import this module
+    files = sorted(Path(sys.argv[1]).glob("*.json"))
+    with tempfile.TemporaryDirectory() as store:
+        upload = analyse_upload_files(
+            files, display_names=[f.name for f in files], mode=None, store=store
+        )
+    print(upload.mode, upload.results[0].result.source["ranks"])
 """
 
 
@@ -96,10 +113,14 @@ def main() -> None:
         "--hta-max-gb", type=float, default=12.0, help="stop HTA past this tree RSS"
     )
     parser.add_argument("--timeout-s", type=float, default=1800.0)
+    parser.add_argument(
+        "--upload", action="store_true", help="also the Upload page's analysis of the files"
+    )
     args = parser.parse_args()
     cores = len(os.sched_getaffinity(0))
     hta_python = None if args.no_hta else ensure_peers_venv()
     rows = []
+    uploads = []
     for ranks in args.ranks:
         folder = make_rank_set(ranks)
         result = OUT / f"ranks-{ranks}-result.json"
@@ -118,6 +139,10 @@ def main() -> None:
             if hta_python is not None
             else {"seconds": None, "rss_mb": None, "cpu_s": None, "error": "skipped", "stdout": ""}
         )
+        if args.upload:
+            upload = measure([sys.executable, "-c", UPLOAD, str(folder)], args.timeout_s)
+            print(json.dumps({"ranks": ranks, "upload": upload})[:600], flush=True)
+            uploads.append((ranks, ours, upload))
         rows.append((ranks, size_mb, ours, hta))
         print(json.dumps({"ranks": ranks, "ours": ours, "hta": hta})[:600], flush=True)
     print(f"\ncores: {cores}; source {SOURCE.name} (35 MB of JSON a rank)\n")
@@ -148,6 +173,18 @@ def main() -> None:
             f"| {cell(hta['cpu_s'])} | {cell(gb(hta), None, 2)} | {read} "
             f"| {ratio(ours['seconds'], hta['seconds'])} | {ratio(gb(ours), gb(hta))} |"
         )
+    if uploads:
+        print(
+            "\n| ranks | ours s | upload s | upload ÷ ours (wall) | ours peak RSS GB | upload peak RSS GB |"
+        )
+        print("|---|---|---|---|---|---|")
+        for ranks, ours, upload in uploads:
+            print(
+                f"| {ranks} | {cell(ours['seconds'], ours['error'], 2)} "
+                f"| {cell(upload['seconds'], upload['error'], 2)} "
+                f"| {ratio(upload['seconds'], ours['seconds'])} | {cell(gb(ours), None, 2)} "
+                f"| {cell(gb(upload), None, 2)} |"
+            )
     if len(rows) > 1:
         (r0, _, o0, _), (r1, _, o1, _) = rows[0], rows[-1]
         if o0["seconds"] and o1["seconds"]:

@@ -37,7 +37,7 @@ from diagnostics.metrics import (
 )
 from diagnostics.model import AnalysisInputs
 from diagnostics.progress import ProgressCallback
-from diagnostics.rank_pool import POOL_MIN_FILES, digest_files, ranks_are_distinct
+from diagnostics.rank_pool import POOL_MIN_FILES, RankDigest, digest_files, ranks_are_distinct
 from diagnostics.result import (
     BREAKDOWN_KEYS,
     GPU_BREAKDOWN_KEYS,
@@ -147,7 +147,22 @@ def _analyze_many(
     sequential loader's numbering."""
     if len(files) < POOL_MIN_FILES:
         return None
-    digests = digest_files(files, names, Limits(max_bytes, max_events), progress=progress)
+    limits = Limits(max_bytes, max_events)
+    digests = digest_files(files, names, limits, progress=progress)
+    return analyze_digests(digests, files, names, kind, path, limits, thresholds)
+
+
+def analyze_digests(
+    digests: Sequence[RankDigest],
+    files: Sequence[Path],
+    names: Sequence[str],
+    kind: str,
+    path: str,
+    limits: Limits,
+    thresholds: Any = None,
+) -> AnalysisResult | None:
+    """The analysis of rank files from their digests (diagnostics.rank_pool.digest_files):
+    None when their ranks need the sequential loader's numbering (no rank, or one twice)."""
     if not ranks_are_distinct(digests):
         return None
     order = sorted(range(len(digests)), key=lambda i: digests[i].metadata.rank)
@@ -159,8 +174,8 @@ def _analyze_many(
         primary = load_trace_file(
             files[first],
             display_name=names[first],
-            max_decompressed_bytes=max_bytes,
-            max_events=max_events,
+            max_decompressed_bytes=limits.max_decompressed_bytes,
+            max_events=limits.max_events,
         )
         primary_facts = compute_facts(primary.events, primary.metadata)
     metadata = tuple(digests[i].metadata for i in order)
@@ -213,6 +228,18 @@ def analyze_files(
     )
     if many is not None:
         return many
+    return analyze_files_in_order(files, names, max_decompressed_bytes, max_events, thresholds)
+
+
+def analyze_files_in_order(
+    files: Sequence[Path],
+    names: Sequence[str],
+    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
+    max_events: int = DEFAULT_MAX_EVENTS,
+    thresholds: Any = None,
+) -> AnalysisResult:
+    """``analyze_files`` by the sequential loader, one file after another (no process pool):
+    it numbers files without a rank and merges several windows of one rank."""
     traces, notes = load_trace_files(
         files,
         display_names=names,

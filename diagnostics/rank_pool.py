@@ -21,9 +21,10 @@ caller falls back to it.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from diagnostics.errors import InputError
 from diagnostics.process_limits import (
@@ -57,6 +58,13 @@ class RankDigest:
     events: int = 0
     # PRIMARY_RANK's file only: its trace and full facts (the parent's analysis input)
     primary: tuple[LoadedTrace, TraceFacts] | None = None
+    # what the caller's per-file function made of the loaded trace (an upload's identity
+    # row and stored drill-down), so that no file is read twice
+    extra: Any = None
+
+
+# A function of one loaded trace, run in its worker; it and its result must pickle.
+PerFile = Callable[[LoadedTrace], Any]
 
 
 # A worker reading one real rank file maps 1.0-1.4 GB of address space (216k events: 1.4
@@ -93,7 +101,9 @@ def pool_plan(workers: int, address_space: int | None, used: int) -> tuple[int, 
     return workers, max(free // workers, 1)
 
 
-def _digest(path: str, display: str, limits: Limits) -> RankDigest | tuple[str, str]:
+def _digest(
+    path: str, display: str, limits: Limits, per_file: PerFile | None = None
+) -> RankDigest | tuple[str, str]:
     from diagnostics.facts import compute_facts, compute_rank_facts
     from diagnostics.trace.loader import load_trace_file
 
@@ -102,6 +112,7 @@ def _digest(path: str, display: str, limits: Limits) -> RankDigest | tuple[str, 
     try:
         # the pool already keeps every core busy: no decode helper per worker
         trace = load_trace_file(path, display_name=display, budget=budget, parallel_decode=False)
+        extra = per_file(trace) if per_file is not None else None
         if trace.metadata.rank == PRIMARY_RANK:
             full = compute_facts(trace.events, trace.metadata)
             facts, primary = RankFacts.of(full), (trace, full)
@@ -109,7 +120,7 @@ def _digest(path: str, display: str, limits: Limits) -> RankDigest | tuple[str, 
             facts = compute_rank_facts(trace.events, trace.metadata)
     except InputError as exc:  # sent back as text: exceptions with custom __init__ don't pickle
         return exc.source, exc.problem
-    return RankDigest(trace.metadata, facts, budget.bytes_read, budget.events_read, primary)
+    return RankDigest(trace.metadata, facts, budget.bytes_read, budget.events_read, primary, extra)
 
 
 def digest_files(
@@ -119,6 +130,7 @@ def digest_files(
     workers: int | None = None,
     totals: SharedTotals | None = None,
     progress: ProgressCallback | None = None,
+    per_file: Sequence[PerFile] | None = None,
 ) -> list[RankDigest]:
     """Every file's digest, in the files' order; raises the first file's InputError.
 
@@ -127,7 +139,9 @@ def digest_files(
     over a limit is refused in whichever worker reads it, and the others stop at their next
     block. Under an address-space limit the workers share it (:func:`pool_plan`). Raises
     MemoryError when a worker dies under such a limit (polars aborts on a failed allocation).
-    ``progress`` hears of each file as its worker finishes it.
+    ``progress`` hears of each file as its worker finishes it. ``per_file`` (one function
+    per file, or None) runs in the worker on the loaded trace; its result is the digest's
+    ``extra``.
     """
     # imported here: the pool serves folders of POOL_MIN_FILES ranks or more, and these
     # cost 9 ms of every other analysis's start-up
@@ -148,8 +162,10 @@ def digest_files(
         initializer=_start_worker,
         initargs=(totals, os.getpid(), worker_space),
     ) as pool:
+        extras = per_file if per_file is not None else [None] * len(files)
         futures = [
-            pool.submit(_digest, str(f), name, limits) for f, name in zip(files, names, strict=True)
+            pool.submit(_digest, str(f), name, limits, extra)
+            for f, name, extra in zip(files, names, extras, strict=True)
         ]
         try:
             for future in as_completed(futures):

@@ -7,10 +7,13 @@ the answer is the question (``UploadSet.mismatches``), and no analysis runs.
 
 ``analyse_upload_files`` runs inside the bounded child (diagnostics.isolated), so no trace
 is ever loaded, and no archive unpacked, in the server: it unpacks the upload's archives
-beside them (diagnostics.unpack.archives), then reads one file at a time for its identity row and its
-drill-down tables, writes that file's event table to the upload's ``store`` folder
-(diagnostics.drilldown.stored), drops it, and only then runs the chosen analysis. What it
-returns is small: tables, findings, and paths into ``store``.
+beside them (diagnostics.unpack.archives), then reads each file once for its identity row,
+its drill-down tables (its event table written to the upload's ``store`` folder,
+diagnostics.drilldown.stored) and its analysis. Four files or more are read in parallel by
+the rank pool (diagnostics.rank_pool), each worker making all three of its file at once, so
+that agreeing ranks are analysed from what the pool sent back, with no second read; fewer
+files are read one after another, then analysed. What it returns is small: tables,
+findings, and paths into ``store``.
 """
 
 from __future__ import annotations
@@ -18,15 +21,17 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
 import polars as pl
 
-from diagnostics.analyze import analyze_files
+from diagnostics.analyze import analyze_digests, analyze_files, analyze_files_in_order
 from diagnostics.drilldown import DrillDown, build_drilldown
 from diagnostics.errors import InputError
 from diagnostics.progress import Counter, ProgressCallback
+from diagnostics.rank_pool import POOL_MIN_FILES, RankDigest, digest_files
 from diagnostics.snapshot.reader import is_snapshot_file
 from diagnostics.trace.budget import Budget, Limits
 from diagnostics.trace.loader import load_trace_file
@@ -218,7 +223,8 @@ def analyse_upload_files(
     analysis (one for all files as ranks, or one per file) with a drill-down per file whose
     event table is under ``store``. Archives among ``paths`` (by their display names) are
     unpacked first, into folders beside them. Raises InputError; budgets hold for all files
-    together. ``progress`` hears of each file read, then of each rank file analysed.
+    together. ``progress`` hears of each rank file read and analysed in the pool (four
+    files or more), or of each file read, then each analysed.
     """
     from diagnostics.unpack.archives import unpack_archives
     from diagnostics.unpack.names import MAX_UPLOAD_FILES
@@ -234,36 +240,90 @@ def analyse_upload_files(
     snapshots = [i for i, name in enumerate(names) if is_snapshot_file(name)]
     if snapshots:
         return _with_snapshots(paths, names, snapshots, mode, store, limits)
-    budget = Budget(limits)
-    rows, drills = [], []
-    read = Counter("files read", len(paths), progress if len(paths) > 1 else None)
-    read.start()
-    for i, (path, name) in enumerate(zip(paths, names, strict=True)):
-        trace = load_trace_file(path, display_name=name, budget=budget)
-        rows.append(identity(name, trace))
-        # built while the trace is loaded anyway; dropped if the question is asked
-        drills.append(build_drilldown(trace, name).stored(Path(store), f"file-{i}"))
-        del trace
-        read.one_done()
+    digests = None
+    if len(paths) >= POOL_MIN_FILES:
+        digests = _read_in_the_pool(paths, names, store, limits, progress)
+        read = [digest.extra for digest in digests]
+    else:
+        read = _read_one_by_one(paths, names, store, limits, progress)
+    rows = [row for row, _ in read]
+    drills = [drill for _, drill in read]
     reasons = mismatches(rows)
     table = identity_table(rows)
     if reasons and mode is None:
         return UploadSet(table, reasons, None, (), str(store))
-    budgets = {
+    chosen: Mode = mode or "ranks"
+    if chosen == "separate":
+        results = tuple(
+            UploadResult(
+                name, analyze_files([path], display_names=[name], **_budgets(limits)), (drill,)
+            )
+            for name, path, drill in zip(names, paths, drills, strict=True)
+        )
+        return UploadSet(table, reasons, chosen, results, str(store))
+    result = None
+    if digests is not None:
+        result = analyze_digests(digests, paths, names, "ranks", ", ".join(names), limits)
+    if result is None:  # too few files for the pool, or ranks the loader must number
+        result = analyze_files_in_order(paths, names, **_budgets(limits))
+    label = "all files as ranks of one job" if len(names) > 1 else names[0]
+    return UploadSet(
+        table, reasons, chosen, (UploadResult(label, result, tuple(drills)),), str(store)
+    )
+
+
+def identity_and_drilldown(
+    trace: LoadedTrace, *, name: str, store: str, stem: str
+) -> tuple[dict[str, Any], DrillDown]:
+    """What an upload keeps of one loaded file: its identity row, and its drill-down with
+    the event table written under ``store`` as ``stem`` (in a pool worker, or here)."""
+    return identity(name, trace), build_drilldown(trace, name).stored(Path(store), stem)
+
+
+def _read_one_by_one(
+    paths: Sequence[Path],
+    names: Sequence[str],
+    store: str | Path,
+    limits: Limits,
+    progress: ProgressCallback | None,
+) -> list[tuple[dict[str, Any], DrillDown]]:
+    """Fewer files than the pool is worth: each loaded here in turn (both cores decode a
+    large one), for its identity row and stored drill-down; the analysis reads them again."""
+    budget = Budget(limits)
+    read = []
+    counter = Counter("files read", len(paths), progress if len(paths) > 1 else None)
+    counter.start()
+    for i, (path, name) in enumerate(zip(paths, names, strict=True)):
+        trace = load_trace_file(path, display_name=name, budget=budget)
+        # built while the trace is loaded anyway; dropped if the question is asked
+        read.append(identity_and_drilldown(trace, name=name, store=str(store), stem=f"file-{i}"))
+        del trace
+        counter.one_done()
+    return read
+
+
+def _read_in_the_pool(
+    paths: Sequence[Path],
+    names: Sequence[str],
+    store: str | Path,
+    limits: Limits,
+    progress: ProgressCallback | None,
+) -> list[RankDigest]:
+    """Four files or more: each read once, by a rank-pool worker that makes its identity
+    row and stored drill-down (the digest's ``extra``) beside its rank digest, so that
+    agreeing ranks are analysed from the digests, with no second read."""
+    per_file = [
+        partial(identity_and_drilldown, name=name, store=str(store), stem=f"file-{i}")
+        for i, name in enumerate(names)
+    ]
+    return digest_files(paths, names, limits, progress=progress, per_file=per_file)
+
+
+def _budgets(limits: Limits) -> dict[str, int]:
+    return {
         "max_decompressed_bytes": limits.max_decompressed_bytes,
         "max_events": limits.max_events,
     }
-    chosen: Mode = mode or "ranks"
-    if chosen == "ranks":
-        label = "all files as ranks of one job" if len(names) > 1 else names[0]
-        result = analyze_files(list(paths), display_names=names, progress=progress, **budgets)
-        results = (UploadResult(label, result, tuple(drills)),)
-    else:
-        results = tuple(
-            UploadResult(name, analyze_files([path], display_names=[name], **budgets), (drill,))
-            for name, path, drill in zip(names, paths, drills, strict=True)
-        )
-    return UploadSet(table, reasons, chosen, results, str(store))
 
 
 def _with_snapshots(

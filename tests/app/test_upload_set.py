@@ -213,3 +213,66 @@ def test_drill_down_modules_import_neither_streamlit_nor_torch():
         cwd=Path(__file__).resolve().parents[2],
     )
     assert done.stdout.strip() == "[]"
+
+
+@pytest.fixture(scope="module")
+def four_rank_files(tmp_path_factory) -> list[Path]:
+    from tests.diagnostics.trace.helpers import write_rank_copies
+
+    return write_rank_copies(tmp_path_factory.mktemp("four"), [0, 1, 2, 3])
+
+
+def _to_the_last_bits(value):
+    # polars sums floats in parallel chunks: the same data may differ in the last bits
+    if isinstance(value, float):
+        return pytest.approx(value, rel=1e-9, abs=1e-12, nan_ok=True)
+    if isinstance(value, dict):
+        return {key: _to_the_last_bits(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_to_the_last_bits(item) for item in value]
+    return value
+
+
+def test_four_ranks_read_once_in_the_pool_give_the_analysis_of_the_files(tmp_path, four_rank_files):
+    # the one-pass upload analyses the ranks from what the pool's workers sent back: the
+    # same analysis as the files analysed on their own, and every drill-down stored
+    from diagnostics.analyze import analyze_files
+
+    names = [p.name for p in four_rank_files]
+    upload = analyse_upload_files(four_rank_files, display_names=names, mode=None, store=tmp_path)
+    (result,) = upload.results
+    alone = analyze_files(four_rank_files, display_names=names)
+    assert result.result.to_json() == _to_the_last_bits(alone.to_json())
+    assert [d.label for d in result.drilldowns] == names
+    assert all(d.steps.height and d.step_export(d.step_ids[0]) for d in result.drilldowns)
+
+
+def test_four_files_one_without_a_rank_are_asked_about_then_numbered_by_the_loader(
+    tmp_path, four_rank_files
+):
+    import gzip
+
+    import msgspec
+
+    with gzip.open(four_rank_files[3], "rb") as handle:
+        doc = msgspec.json.decode(handle.read())
+    del doc["distributedInfo"]
+    unnamed = tmp_path / "copy.json.gz"
+    unnamed.write_bytes(gzip.compress(msgspec.json.encode(doc), compresslevel=1))
+    files = [*four_rank_files[:3], unnamed]
+    names = [p.name for p in files]
+
+    asked = analyse_upload_files(files, display_names=names, mode=None, store=tmp_path / "a")
+    assert asked.needs_answer and asked.results == ()
+    assert asked.identities["rank"].to_list() == [0, 1, 2, None]
+    assert "Only some files carry distributedInfo" in asked.mismatches[0]
+
+    as_ranks = analyse_upload_files(files, display_names=names, mode="ranks", store=tmp_path / "b")
+    (result,) = as_ranks.results
+    assert len(result.drilldowns) == 4
+    # the pool cannot number a file without a rank: the sequential loader did, by file order
+    assert sorted(result.result.source["ranks"]) == [0, 1, 2, 3]
+
+    apart = analyse_upload_files(files, display_names=names, mode="separate", store=tmp_path / "c")
+    assert [r.label for r in apart.results] == names
+    assert all(len(r.drilldowns) == 1 for r in apart.results)

@@ -1,5 +1,5 @@
 """Progress of a long analysis: counted per rank file in the pool, printed on stderr by the
-CLI, passed from the bounded child to its parent, and reported by the upload's two phases."""
+CLI, passed from the bounded child to its parent, and reported by an upload read in one pass."""
 
 from __future__ import annotations
 
@@ -114,17 +114,26 @@ def test_the_bounded_childs_progress_reaches_its_parent(four_ranks):
     )
 
 
-def test_an_upload_reports_its_files_read_then_its_ranks_analysed(four_ranks, tmp_path):
+def test_an_upload_of_four_ranks_is_read_once_in_the_pool_and_reports_each_file(
+    four_ranks, tmp_path
+):
+    # one pass: each worker makes its file's identity, stored drill-down and rank digest, and
+    # the ranks are analysed from those (no "files read" pass before the pool's)
     reports: list[WorkDone] = []
     files = sorted(four_ranks.iterdir())
-    analyse_upload_files(
+    upload = analyse_upload_files(
         files,
         display_names=[f.name for f in files],
         mode=None,
         store=tmp_path,
         progress=reports.append,
     )
-    assert [(r.what, r.done) for r in reports] == [
-        *(("files read", n) for n in range(5)),
-        *(("rank files analysed", n) for n in range(5)),
+    assert [(r.what, r.done) for r in reports] == [("rank files analysed", n) for n in range(5)]
+    assert upload.mode == "ranks" and not upload.mismatches
+    assert upload.identities["rank"].to_list() == [0, 1, 2, 3]
+    (result,) = upload.results
+    assert result.result.source["ranks"] == [0, 1, 2, 3]
+    assert [d.label for d in result.drilldowns] == [f.name for f in files]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f"file-{i}.{part}" for i in range(4) for part in ("events", "flows")
     ]
