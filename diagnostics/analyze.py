@@ -104,7 +104,13 @@ def analyze(
         )
         if many is not None:
             return many
-    loaded = load(path, max_decompressed_bytes=max_decompressed_bytes, max_events=max_events)
+    # the analysis reads no flow event (drill-downs do, from their own load)
+    loaded = load(
+        path,
+        max_decompressed_bytes=max_decompressed_bytes,
+        max_events=max_events,
+        with_flows=False,
+    )
     snapshot, growth = None, None
     if loaded.run is not None and loaded.run.folder.snapshot_files():
         snapshot, growth = run_snapshots(loaded.run.folder, max_decompressed_bytes)
@@ -176,6 +182,7 @@ def analyze_digests(
             display_name=names[first],
             max_decompressed_bytes=limits.max_decompressed_bytes,
             max_events=limits.max_events,
+            with_flows=False,
         )
         primary_facts = compute_facts(primary.events, primary.metadata)
     metadata = tuple(digests[i].metadata for i in order)
@@ -245,6 +252,7 @@ def analyze_files_in_order(
         display_names=names,
         max_decompressed_bytes=max_decompressed_bytes,
         max_events=max_events,
+        with_flows=False,
     )
     loaded = LoadedInput(
         kind="trace" if len(files) == 1 else "ranks",

@@ -111,7 +111,13 @@ def _digest(
     primary = None
     try:
         # the pool already keeps every core busy: no decode helper per worker
-        trace = load_trace_file(path, display_name=display, budget=budget, parallel_decode=False)
+        trace = load_trace_file(
+            path,
+            display_name=display,
+            budget=budget,
+            parallel_decode=False,
+            with_flows=per_file is not None,  # the analysis reads none; a drill-down may
+        )
         extra = per_file(trace) if per_file is not None else None
         if trace.metadata.rank == PRIMARY_RANK:
             full = compute_facts(trace.events, trace.metadata)

@@ -167,7 +167,7 @@ class TraceMetadata:
     thread_names: dict[tuple[int, int], str] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)  # other small top-level keys
     event_count: int = 0  # rows of the event table
-    flow_count: int = 0
+    flow_count: int = 0  # flow events read (in ``flows`` unless the loader left them out)
     skipped_events: int = 0  # malformed events dropped (see warnings for why)
     unnumbered_ids: int = 0  # events whose pid or tid was a label ("Spans"), now null
     warnings: tuple[str, ...] = ()  # user-facing: defects that changed the result

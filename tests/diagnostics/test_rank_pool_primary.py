@@ -39,10 +39,12 @@ def test_rank_0s_worker_sends_its_trace_and_full_facts_and_the_others_only_their
     assert shipped is not None and all(d.primary is None for d in digests[1:])
     trace, facts = shipped
     assert isinstance(facts, TraceFacts) and all(isinstance(d.facts, RankFacts) for d in digests)
-    # the very table and facts the parent would have made by loading the file itself
+    # the very table and facts the parent would have made by loading the file itself; the
+    # flows are left out (the analysis reads none), and counted
     again = load_trace_file(ranks_0_to_3[0], display_name=ranks_0_to_3[0].name)
     assert trace.events.equals(again.events)
-    assert trace.flows.equals(again.flows)
+    assert trace.flows.height == 0 and again.flows.height > 0
+    assert trace.metadata.flow_count == again.metadata.flow_count
     here = compute_facts(again.events, again.metadata)
     for name in ("kernels", "operators", "breakdown", "idle_gaps"):
         assert_close(getattr(facts, name), getattr(here, name))

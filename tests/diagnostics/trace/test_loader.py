@@ -383,3 +383,19 @@ def test_all_null_columns_hold_no_value_per_row_and_partial_ones_keep_their_valu
     assert table.select(never_set).estimated_size() < 1_000
     assert table.select("total_allocated").estimated_size() >= 8 * table.height
     assert all(table[name].null_count() == table.height for name in never_set)
+
+
+def test_an_analysis_load_leaves_the_flows_out_and_counts_them(tmp_path):
+    # only drill-downs read flow events: the analysis loads without them (a third of a
+    # modern trace's events), the count stays, and the event table is the same
+    from polars.testing import assert_frame_equal
+
+    path = write_json(tmp_path / "t.json", trace_doc(small_events()))
+    kept = load_trace_file(path)
+    left_out = load_trace_file(path, with_flows=False)
+    assert kept.flows.height == 2
+    assert left_out.flows.height == 0 and left_out.flows.schema == pl.Schema(FLOW_SCHEMA)
+    assert left_out.metadata.flow_count == kept.metadata.flow_count == 2
+    assert_frame_equal(left_out.events, kept.events)
+    assert load(path, with_flows=False).traces[0].flows.height == 0
+    assert load(path).traces[0].flows.height == 2
