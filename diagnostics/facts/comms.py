@@ -297,7 +297,21 @@ def _collective_table(rows: pl.DataFrame, steps: pl.DataFrame, when_col: str) ->
 
 def _host_collectives(events: pl.DataFrame) -> pl.DataFrame:
     """Host collective ranges: pid, tid, name, start_us, end_us."""
-    ranges = with_comm_kind(events.filter(sel.DURATION & pl.col("dur").is_not_null()))
+    ranges = with_comm_kind(
+        sel.select_where(
+            events,
+            sel.DURATION
+            & pl.col("dur").is_not_null()
+            & pl.col("cat").is_in(list(HOST_COMM_CATEGORIES)),
+            "name",
+            "cat",
+            "pid",
+            "tid",
+            "ts",
+            "dur",
+            *_COLLECTIVE_ARGS,
+        )
+    )
     return ranges.filter((pl.col("_comm_kind") == CommKind.HOST_OP.value).fill_null(False)).select(
         "pid",
         "tid",
@@ -372,10 +386,16 @@ def comm_facts(events: pl.DataFrame, index: TraceIndex, steps: Steps) -> CommFac
     # CPU: communication runs on the backend's threads (gloo:* ranges) and the c10d calls
     # on the loop's thread; computation is the loop thread's other operators. Time with a
     # collective in flight and no operator running on the loop's thread is exposed.
-    loop_threads = events.filter(sel.STEP).select("pid", "tid").unique()
+    loop_threads = sel.select_where(events, sel.STEP, "pid", "tid").unique()
     if loop_threads.height == 0:
         loop_threads = ranges.select("pid", "tid").unique()
-    on_loop = with_comm_kind(events.join(loop_threads, on=["pid", "tid"], how="inner")).select(
+    loop_rows = (
+        events.lazy()
+        .join(loop_threads.lazy(), on=["pid", "tid"], how="inner")
+        .select("name", "cat", "ph", "ts", "dur")
+        .collect()
+    )
+    on_loop = with_comm_kind(loop_rows).select(
         pl.lit(0, pl.Int64).alias("device"),
         pl.col("ts").alias("start_us"),
         sel.END_US,

@@ -65,20 +65,18 @@ class GpuTimeline:
 
 
 def _window(events: pl.DataFrame) -> tuple[str, float, float] | None:
-    gpu_steps = events.filter(
+    gpu_steps = (
         (pl.col("cat") == "gpu_user_annotation")
         & pl.col("name").str.starts_with(sel.STEP_PREFIX)
         & sel.DURATION
         & pl.col("dur").is_not_null()
     )
-    if gpu_steps.height:
-        bounds = gpu_steps.select(pl.col("ts").min(), sel.END_US.max()).row(0)
-        return WINDOW_GPU_STEPS, float(bounds[0]), float(bounds[1])
-    gpu = events.filter(sel.GPU_CATS & sel.DURATION & pl.col("dur").is_not_null())
-    if gpu.height == 0:
-        return None
-    bounds = gpu.select(pl.col("ts").min(), sel.END_US.max()).row(0)
-    return WINDOW_GPU_ACTIVITY, float(bounds[0]), float(bounds[1])
+    gpu = sel.GPU_CATS & sel.DURATION & pl.col("dur").is_not_null()
+    for source, rows in ((WINDOW_GPU_STEPS, gpu_steps), (WINDOW_GPU_ACTIVITY, gpu)):
+        bounds = sel.select_where(events, rows, pl.col("ts").min(), sel.END_US.max()).row(0)
+        if bounds[0] is not None:
+            return source, float(bounds[0]), float(bounds[1])
+    return None
 
 
 def _minus(ranges: pl.DataFrame, cover: pl.DataFrame) -> float:
@@ -94,7 +92,16 @@ def gpu_timeline(events: pl.DataFrame) -> GpuTimeline | None:
         return None
     source, lo, hi = window
     gpu = (
-        with_comm_kind(events.filter(sel.GPU_CATS & sel.DURATION & pl.col("dur").is_not_null()))
+        with_comm_kind(
+            sel.select_where(
+                events,
+                sel.GPU_CATS & sel.DURATION & pl.col("dur").is_not_null(),
+                "name",
+                "cat",
+                "ts",
+                "dur",
+            )
+        )
         .select(
             "cat",
             (pl.col("_comm_kind") == CommKind.GPU_KERNEL.value).fill_null(False).alias("_comm"),

@@ -50,45 +50,41 @@ _OP_ARGS = ("input_types", "concrete_inputs", "sequence_number")
 
 
 def gpu_events(events: pl.DataFrame) -> pl.DataFrame:
-    return (
-        events.filter(sel.GPU_CATS & sel.DURATION & pl.col("dur").is_not_null())
-        .select(
-            "name",
-            "cat",
-            sel.GPU_DEVICE,
-            pl.coalesce(pl.col("stream"), pl.col("tid")).alias("stream"),
-            pl.col("ts").alias("start_us"),
-            sel.END_US,
-            pl.col("dur").alias("dur_us"),
-            "correlation",
-            "bytes",
-            "blocks_per_sm",
-            "occupancy_pct",
-            # what a collective kernel was (facts.comms keeps them per collective)
-            "collective_name",
-            "in_msg_nelems",
-            "process_group_name",
-            "process_group_ranks",
-        )
-        .with_row_index("gpu_id")
-    )
+    return sel.select_where(
+        events,
+        sel.GPU_CATS & sel.DURATION & pl.col("dur").is_not_null(),
+        "name",
+        "cat",
+        sel.GPU_DEVICE,
+        pl.coalesce(pl.col("stream"), pl.col("tid")).alias("stream"),
+        pl.col("ts").alias("start_us"),
+        sel.END_US,
+        pl.col("dur").alias("dur_us"),
+        "correlation",
+        "bytes",
+        "blocks_per_sm",
+        "occupancy_pct",
+        # what a collective kernel was (facts.comms keeps them per collective)
+        "collective_name",
+        "in_msg_nelems",
+        "process_group_name",
+        "process_group_ranks",
+    ).with_row_index("gpu_id")
 
 
 def runtime_calls(events: pl.DataFrame) -> pl.DataFrame:
-    return (
-        events.filter(sel.RUNTIME & sel.DURATION & pl.col("dur").is_not_null())
-        .select(
-            "name",
-            "cat",
-            "pid",
-            "tid",
-            pl.col("ts").alias("start_us"),
-            sel.END_US,
-            pl.col("dur").alias("dur_us"),
-            "correlation",
-        )
-        .with_row_index("rt_id")
-    )
+    return sel.select_where(
+        events,
+        sel.RUNTIME & sel.DURATION & pl.col("dur").is_not_null(),
+        "name",
+        "cat",
+        "pid",
+        "tid",
+        pl.col("ts").alias("start_us"),
+        sel.END_US,
+        pl.col("dur").alias("dur_us"),
+        "correlation",
+    ).with_row_index("rt_id")
 
 
 def operator_tree(events: pl.DataFrame) -> pl.DataFrame:
@@ -97,32 +93,34 @@ def operator_tree(events: pl.DataFrame) -> pl.DataFrame:
 
 
 def _tree_and_sweep(events: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
-    ops = (
-        events.filter(
-            sel.CPU_OP
-            & sel.DURATION
-            & pl.col("dur").is_not_null()
-            & ~pl.col("name").str.starts_with(sel.STEP_PREFIX)
-        )
-        .select(
-            "name",
-            "pid",
-            "tid",
-            pl.col("ts").alias("start_us"),
-            sel.END_US,
-            pl.col("dur").alias("dur_us"),
-            "input_shapes",
-            # the rest of what record_shapes writes, for facts.flops
-            *(c for c in _OP_ARGS if c in events.columns),
-        )
-        .with_row_index("op_id")
-    )
+    ops = sel.select_where(
+        events,
+        sel.CPU_OP
+        & sel.DURATION
+        & pl.col("dur").is_not_null()
+        & ~pl.col("name").str.starts_with(sel.STEP_PREFIX),
+        "name",
+        "pid",
+        "tid",
+        pl.col("ts").alias("start_us"),
+        sel.END_US,
+        pl.col("dur").alias("dur_us"),
+        "input_shapes",
+        # the rest of what record_shapes writes, for facts.flops
+        *(c for c in _OP_ARGS if c in events.columns),
+    ).with_row_index("op_id")
     sweep = _sweep(ops)
     if ops.height == 0:
         empty = ops.with_columns(depth=pl.lit(0, pl.Int64), parent_id=pl.lit(None, pl.UInt32))
         return empty, sweep
-    depth = sweep.filter(pl.col("_kind") == 1).select("op_id", pl.col("_open").alias("depth"))
-    ops = ops.join(depth, on="op_id", how="left").with_columns(pl.col("depth").fill_null(0))
+    # op_id is the row number: each operator's depth and parent are set by position, where a
+    # join would copy every column of the operators (names and shapes included)
+    opened = sweep.filter(pl.col("_kind") == 1)
+    ops = ops.with_columns(
+        pl.zeros(ops.height, pl.Int64, eager=True)
+        .scatter(opened.get_column("op_id"), opened.get_column("_open"))
+        .alias("depth")
+    )
     # The parent of an operator at depth d is the innermost operator open at its start
     # among depth d - 1: the latest such one that started no later than it.
     candidates = ops.filter(pl.col("depth") > 0).select(
@@ -137,9 +135,9 @@ def _tree_and_sweep(events: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
         "op_id", "pid", "tid", "start_us", "end_us", (pl.col("depth") - 1).alias("_d")
     )
     parents = (
-        children.sort("start_us")
+        in_time_order(children, "start_us")
         .join_asof(
-            candidates.sort("_p_start"),
+            in_time_order(candidates, "_p_start"),
             left_on="start_us",
             right_on="_p_start",
             by=["pid", "tid", "_d"],
@@ -149,7 +147,18 @@ def _tree_and_sweep(events: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
         .filter(pl.col("_p_end") >= pl.col("end_us"))
         .select("op_id", "parent_id")
     )
-    return ops.join(parents, on="op_id", how="left"), sweep
+    parent_id = (
+        pl.Series("parent_id", [None], dtype=pl.UInt32)
+        .new_from_index(0, ops.height)
+        .scatter(parents.get_column("op_id"), parents.get_column("parent_id"))
+    )
+    return ops.with_columns(parent_id), sweep
+
+
+def in_time_order(frame: pl.DataFrame, column: str) -> pl.DataFrame:
+    """``frame`` sorted by ``column``; as it is, without a copy, when already in that order
+    (rows taken from the event table, which is in time order, always are)."""
+    return frame if frame.get_column(column).is_sorted() else frame.sort(column)
 
 
 def _sweep(ops: pl.DataFrame) -> pl.DataFrame:
@@ -157,7 +166,7 @@ def _sweep(ops: pl.DataFrame) -> pl.DataFrame:
     of open operators per thread. At equal times ends come first (adjacent operators are
     siblings); among starts the longer opens first, among ends the later-started closes
     first, so identical ranges nest in file order."""
-    spans = ops.filter(pl.col("end_us") > pl.col("start_us"))
+    spans = ops.lazy().filter(pl.col("end_us") > pl.col("start_us"))
     starts = spans.select(
         "op_id",
         "pid",
@@ -178,12 +187,18 @@ def _sweep(ops: pl.DataFrame) -> pl.DataFrame:
     )
     return (
         pl.concat([starts, ends])
-        .lazy()  # the lazy engine sorts on several keys about twice as fast here
         .sort(["pid", "tid", "_t", "_kind", "_k2", "_k3"])
         # Every operator opens and closes, so each thread's count returns to zero before
         # the next thread's rows begin: one running sum serves all threads.
-        .with_columns(_open=(pl.col("_kind").cast(pl.Int64) * 2 - 1).cum_sum())
-        .collect(engine="in-memory")
+        .select(
+            "op_id",
+            "pid",
+            "tid",
+            "_t",
+            "_kind",
+            _open=(pl.col("_kind").cast(pl.Int64) * 2 - 1).cum_sum(),
+        )  # the tie-breaking keys are left out: the sweep is kept while the index is built
+        .collect()
     )
 
 
@@ -198,12 +213,12 @@ def innermost_operator(
     (calls: id_col, pid, tid, start_us, end_us). Calls outside every operator get null."""
     if calls.height == 0 or ops.height == 0:
         return calls.select(id_col).with_columns(op_id=pl.lit(None, pl.UInt32))
+    # The sweep is in time order within each thread, all an as-of join by thread needs.
     sweep = (_sweep(ops) if sweep is None else sweep).select("pid", "tid", "_t", "_open")
     open_at = (
-        calls.select(id_col, "pid", "tid", "start_us", "end_us")
-        .sort("start_us")
+        in_time_order(calls.select(id_col, "pid", "tid", "start_us", "end_us"), "start_us")
         .join_asof(
-            sweep.sort("_t"),
+            sweep,
             left_on="start_us",
             right_on="_t",
             by=["pid", "tid"],
@@ -221,9 +236,8 @@ def innermost_operator(
         "op_id",
     )
     linked = (
-        open_at.sort("start_us")
-        .join_asof(
-            candidates.sort("_o_start"),
+        open_at.join_asof(  # in the calls' order, which is by start
+            in_time_order(candidates, "_o_start"),
             left_on="start_us",
             right_on="_o_start",
             by=["pid", "tid", "_open"],
@@ -258,7 +272,12 @@ def build_index(events: pl.DataFrame) -> TraceIndex:
         )
     )
     gpu = gpu_events(events).join(launchers, on="correlation", how="left")
-    host = events.filter(
-        (sel.CPU_OP | sel.ANNOTATION) & sel.DURATION & pl.col("dur").is_not_null()
-    ).select("name", "cat", pl.col("ts").alias("start_us"), sel.END_US)
+    host = sel.select_where(
+        events,
+        (sel.CPU_OP | sel.ANNOTATION) & sel.DURATION & pl.col("dur").is_not_null(),
+        "name",
+        "cat",
+        pl.col("ts").alias("start_us"),
+        sel.END_US,
+    )
     return TraceIndex(gpu=gpu, runtime=runtime, ops=ops, host=host)

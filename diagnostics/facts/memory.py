@@ -13,6 +13,8 @@ from typing import Any
 
 import polars as pl
 
+from diagnostics.facts import selectors as sel
+
 MEMORY_SCHEMA: dict[str, pl.DataType] = {
     "ts_us": pl.Float64,
     "device": pl.Int64,
@@ -30,21 +32,23 @@ MEMORY_PEAK_SCHEMA: dict[str, pl.DataType] = {
 
 def memory_curve(events: pl.DataFrame) -> pl.DataFrame:
     """ts_us, device (-1 host), allocated_bytes, reserved_bytes, in time order."""
-    mem = events.filter(pl.col("cat") == "memory")
-    if mem.height == 0:
-        return pl.DataFrame(schema=MEMORY_SCHEMA)
     device = (
         pl.when(pl.col("memory_device_type") == 0)
         .then(pl.lit(-1, pl.Int64))
         .otherwise(pl.col("memory_device_id"))
     )
-    mem = mem.select(
+    mem = sel.select_where(
+        events,
+        pl.col("cat") == "memory",
         pl.col("ts").alias("ts_us"),
         device.alias("device"),
         "bytes",
         "total_allocated",
         "total_reserved",
-    ).sort("ts_us", maintain_order=True)
+    )
+    if mem.height == 0:
+        return pl.DataFrame(schema=MEMORY_SCHEMA)
+    mem = mem.sort("ts_us", maintain_order=True)
     running = pl.col("bytes").fill_null(0).cum_sum().over("device")
     return (
         mem.with_columns(

@@ -37,7 +37,7 @@ import polars as pl
 from diagnostics.facts.intervals import merge_intervals
 from diagnostics.facts.kernel_classes import COMMUNICATION, with_kernel_classes
 from diagnostics.facts.linking import TraceIndex
-from diagnostics.facts.selectors import CPU_OP, DURATION
+from diagnostics.facts.selectors import CPU_OP, DURATION, select_where
 
 # the ops torch.amp.GradScaler runs each step (unscale_ + update); the kernels carry the names
 SCALER_MARKERS = (
@@ -145,7 +145,9 @@ def _inside(points: pl.DataFrame, ranges: pl.DataFrame, start: str, end: str) ->
 
 
 def _host_ops(events: pl.DataFrame) -> pl.DataFrame:
-    return events.filter(CPU_OP & DURATION & pl.col("dur").is_not_null()).select(
+    return select_where(
+        events,
+        CPU_OP & DURATION & pl.col("dur").is_not_null(),
         "name",
         "pid",
         "tid",

@@ -24,6 +24,7 @@ import sys
 
 import polars as pl
 
+from diagnostics.facts.selectors import select_where
 from diagnostics.trace.schema import Category
 
 # Frameworks that sit between the user's line and a sync: a site inside them would name the
@@ -99,9 +100,9 @@ def has_python_stacks(events: pl.DataFrame) -> bool:
 def user_frames(events: pl.DataFrame) -> pl.DataFrame:
     """pid, tid, start_us, end_us, frame (the recorded name), file, line, function of every
     python_function range that is the user's code."""
-    frames = events.filter(
-        (pl.col("cat") == Category.PYTHON_FUNCTION) & pl.col("dur").is_not_null()
-    ).select(
+    frames = select_where(
+        events,
+        (pl.col("cat") == Category.PYTHON_FUNCTION) & pl.col("dur").is_not_null(),
         "pid",
         "tid",
         pl.col("ts").alias("start_us"),

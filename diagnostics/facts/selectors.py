@@ -59,6 +59,18 @@ DATALOADER = (CPU_OP | ANNOTATION) & DURATION & DATALOADER_NAME
 HOST_EXEC_NAME = ~pl.col("name").str.starts_with(STEP_PREFIX) & ~DATALOADER_NAME
 HOST_OP = (CPU_OP | ANNOTATION) & DURATION & ~pl.col("name").str.starts_with(STEP_PREFIX)
 
+
+def select_where(frame: pl.DataFrame, predicate: pl.Expr, *columns: str | pl.Expr) -> pl.DataFrame:
+    """``frame.filter(predicate).select(*columns)``, copying only the columns selected.
+
+    An eager filter copies every column of the event table (31) for the rows it keeps
+    before a select drops most of them: on the 1 GB trace's 3.9 M rows, selecting an
+    operator's six columns that way took 4x the time and 2.3x the memory (0.12 s and
+    +261 MB against 0.03 s and +112 MB).
+    """
+    return frame.lazy().filter(predicate).select(*columns).collect()
+
+
 END_US = (pl.col("ts") + pl.col("dur").fill_null(0.0)).alias("end_us")
 # Kineto puts the GPU index in args.device and, for GPU rows, in pid; prefer the former.
 GPU_DEVICE = pl.coalesce(pl.col("device"), pl.col("pid")).alias("device")

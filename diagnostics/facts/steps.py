@@ -98,18 +98,16 @@ STEP_NUMBER = (
 
 
 def _host_ranges(events: pl.DataFrame) -> pl.DataFrame:
-    return (
-        events.filter(sel.STEP & pl.col("dur").is_not_null())
-        .select(
-            STEP_NUMBER,
-            pl.col("ts").alias("host_start_us"),
-            sel.END_US.alias("host_end_us"),
-            "pid",
-            "tid",
-            "name",
-        )
-        .sort("host_start_us", maintain_order=True)
-    )
+    return sel.select_where(
+        events,
+        sel.STEP & pl.col("dur").is_not_null(),
+        STEP_NUMBER,
+        pl.col("ts").alias("host_start_us"),
+        sel.END_US.alias("host_end_us"),
+        "pid",
+        "tid",
+        "name",
+    ).sort("host_start_us", maintain_order=True)
 
 
 def _step_list(steps: list[int | None]) -> str:
@@ -177,14 +175,13 @@ INFERRED_FROM_HOST_SPAN = "the host span"
 
 
 def _gpu_step_ranges(events: pl.DataFrame) -> pl.DataFrame:
-    gpu_steps = events.filter(
-        (pl.col("cat") == "gpu_user_annotation")
-        & pl.col("name").str.starts_with(sel.STEP_PREFIX)
-        & sel.DURATION
-        & pl.col("dur").is_not_null()
-    )
     return (
-        gpu_steps.select(
+        sel.select_where(
+            events,
+            (pl.col("cat") == "gpu_user_annotation")
+            & pl.col("name").str.starts_with(sel.STEP_PREFIX)
+            & sel.DURATION
+            & pl.col("dur").is_not_null(),
             STEP_NUMBER,
             pl.col("ts").alias("host_start_us"),
             sel.END_US.alias("host_end_us"),
@@ -200,27 +197,24 @@ def _inferred_step(events: pl.DataFrame) -> tuple[pl.DataFrame, str]:
     if gpu_steps.height:
         cut, _ = _without_overlaps(gpu_steps)
         return cut, INFERRED_FROM_GPU_STEPS
-    gpu = events.filter(sel.GPU_CATS & sel.DURATION & pl.col("dur").is_not_null())
-    if gpu.height:
-        window = gpu.select(
-            pl.lit(0, pl.Int64).alias("step"),
-            pl.col("ts").min().alias("host_start_us"),
-            sel.END_US.max().alias("host_end_us"),
-        )
-        return window, INFERRED_FROM_GPU_ACTIVITY
-    host = events.filter(sel.HOST_OP | pl.col("cat").eq("python_function"))
-    source = host if host.height else events.filter(pl.col("ts").is_not_null())
-    if source.height == 0:
-        empty = pl.DataFrame(
-            schema={"step": pl.Int64, "host_start_us": pl.Float64, "host_end_us": pl.Float64}
-        )
-        return empty, INFERRED_FROM_HOST_SPAN
-    window = source.select(
+    window = (
         pl.lit(0, pl.Int64).alias("step"),
         pl.col("ts").min().alias("host_start_us"),
         sel.END_US.max().alias("host_end_us"),
     )
-    return window, INFERRED_FROM_HOST_SPAN
+    gpu = sel.select_where(
+        events, sel.GPU_CATS & sel.DURATION & pl.col("dur").is_not_null(), *window
+    )
+    if gpu.item(0, "host_start_us") is not None:
+        return gpu, INFERRED_FROM_GPU_ACTIVITY
+    for rows in (sel.HOST_OP | pl.col("cat").eq("python_function"), pl.col("ts").is_not_null()):
+        host = sel.select_where(events, rows, *window)
+        if host.item(0, "host_start_us") is not None:
+            return host, INFERRED_FROM_HOST_SPAN
+    empty = pl.DataFrame(
+        schema={"step": pl.Int64, "host_start_us": pl.Float64, "host_end_us": pl.Float64}
+    )
+    return empty, INFERRED_FROM_HOST_SPAN
 
 
 def _device_windows(windows: pl.DataFrame, index: TraceIndex) -> pl.DataFrame:

@@ -42,8 +42,14 @@ def sync_calls(events: pl.DataFrame, index: TraceIndex) -> pl.DataFrame:
     names = sel.RUNTIME & pl.col("name").is_in(sorted(sel.SYNC_RUNTIME_NAMES))
     if index.gpu.height:
         names = names | (sel.CPU_OP & pl.col("name").is_in(sorted(sel.SYNC_OP_NAMES)))
-    calls = events.filter(names & pl.col("dur").is_not_null()).select(
-        "name", "pid", "tid", pl.col("ts").alias("start_us"), sel.END_US
+    calls = sel.select_where(
+        events,
+        names & pl.col("dur").is_not_null(),
+        "name",
+        "pid",
+        "tid",
+        pl.col("ts").alias("start_us"),
+        sel.END_US,
     )
     copies = (
         index.gpu.filter((pl.col("name") == sel.PAGEABLE_DTOH_COPY) & pl.col("rt_id").is_not_null())

@@ -248,6 +248,10 @@ def _ts_series(name: str, values: list[Any]) -> pl.Series:
     float column from Python ints); a chunk with a float in it takes the float path."""
     if _all_none(values):
         return null_column(name, len(values))
+    if values[0].__class__ is float:
+        # modern Kineto writes fractional µs: the Int64 attempt would fail after a full
+        # pass (6x the float path's cost)
+        return _to_series(name, values)
     try:
         return pl.Series(name, values, dtype=pl.Int64).cast(pl.Float64)
     except (OverflowError, TypeError, ValueError, pl.exceptions.PolarsError):

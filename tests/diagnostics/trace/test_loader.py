@@ -385,6 +385,32 @@ def test_all_null_columns_hold_no_value_per_row_and_partial_ones_keep_their_valu
     assert all(table[name].null_count() == table.height for name in never_set)
 
 
+def _text_bytes(column: pl.Series) -> int:
+    """Bytes of text behind a String column's views (each distinct buffer counted once)."""
+    buffers = column.to_arrow(compat_level=pl.CompatLevel.newest()).buffers()[2:]
+    return sum(b.size for b in {b.address: b for b in buffers if b is not None}.values())
+
+
+def test_a_table_sorted_by_column_stores_each_distinct_name_once(tmp_path, monkeypatch):
+    # Above SORT_WHOLE_MAX_ROWS an operator name longer than the 12 bytes a view holds is
+    # stored once, not once a row; the values and their order are those of the whole sort.
+    from polars.testing import assert_frame_equal
+
+    from diagnostics.trace import normalise
+
+    names = [f"aten::convolution_backward_{i % 5}" for i in range(20_000)]
+    events = [cpu_op(name, float(20_000 - i), 0.5) for i, name in enumerate(names)]
+    path = write_json(tmp_path / "t.json", trace_doc(events))
+    whole = load_trace_file(path, chunk_bytes=64 * 1024, parallel_decode=False)
+    monkeypatch.setattr(normalise, "SORT_WHOLE_MAX_ROWS", 0)
+    by_column = load_trace_file(path, chunk_bytes=64 * 1024, parallel_decode=False)
+
+    assert_frame_equal(whole.events, by_column.events)
+    assert by_column.events["ts"].is_sorted()
+    assert _text_bytes(whole.events["name"]) >= sum(map(len, names))  # a copy a row
+    assert _text_bytes(by_column.events["name"]) < 1_000  # five names, once each
+
+
 def test_an_analysis_load_leaves_the_flows_out_and_counts_them(tmp_path):
     # only drill-downs read flow events: the analysis loads without them (a third of a
     # modern trace's events), the count stays, and the event table is the same
