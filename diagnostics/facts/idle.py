@@ -55,10 +55,11 @@ def idle_gaps(events: pl.DataFrame, index: TraceIndex, steps: Steps) -> pl.DataF
     # the same GPU work busy_us counts (launched in the steps), so gaps = span - busy_us
     busy = busy_intervals(index, steps)
     # The GPU event that opens each busy range (the earliest-starting one) ends the gap
-    # before it; its launching call decides host_wait.
+    # before it; its launching call decides host_wait (of two starting together, the one
+    # launched first).
     first_events = (
         launched_in_steps(index, steps)
-        .sort("start_us")
+        .sort(["start_us", "rt_start_us"], nulls_last=True)
         .select("device", "start_us", "stream", "rt_start_us")
         .unique(subset=["device", "start_us"], keep="first")
     )

@@ -57,22 +57,12 @@ def operator_instances(index: TraceIndex) -> pl.DataFrame:
                 for c in ("host_us", "host_self_us", "device_us", "device_total_us")
             )
         )
-    # one plan, not fourteen queries: its four aggregations run side by side
+    # op_id is the operator's row: each sum is set at its operator's position, where joins
+    # on op_id would copy the operators' columns (names included) four times. One call runs
+    # the five queries side by side.
     gpu, runtime, ops_plan = index.gpu.lazy(), index.runtime.lazy(), ops.lazy()
-    linked = gpu.filter(pl.col("op_id").is_not_null())
-    self_device = linked.group_by("op_id").agg(pl.col("dur_us").sum().alias("device_us"))
-    children = (
-        ops_plan.filter(pl.col("parent_id").is_not_null())
-        .group_by("parent_id")
-        .agg(pl.col("dur_us").sum().alias("_children_us"))
-        .rename({"parent_id": "op_id"})
-    )
-    own_calls = (
-        runtime.filter(pl.col("op_id").is_not_null())
-        .group_by("op_id")
-        .agg(pl.col("dur_us").sum().alias("_calls_us"))
-    )
-    # Running GPU time launched per thread, by launching-call start.
+    # Running GPU time launched per thread, by launching-call start: in time order within
+    # each thread, all an as-of join by thread needs.
     launched = (
         gpu.filter(pl.col("rt_start_us").is_not_null())
         .group_by("rt_id")
@@ -83,58 +73,51 @@ def operator_instances(index: TraceIndex) -> pl.DataFrame:
             pl.col("dur_us").sum().alias("_gpu_us"),
         )
         .sort(["pid", "tid", "_t"])
-        .with_columns(_cum=pl.col("_gpu_us").cum_sum().over(["pid", "tid"]))
-        .select("pid", "tid", "_t", "_cum")
-        .sort("_t")
+        .select("pid", "tid", "_t", _cum=pl.col("_gpu_us").cum_sum().over(["pid", "tid"]))
     )
-    base = ops_plan.select("op_id", "name", "pid", "tid", "start_us", "end_us", "dur_us")
-    at_end = base.sort("end_us").join_asof(
-        launched.rename({"_cum": "_cum_end"}),
-        left_on="end_us",
-        right_on="_t",
-        by=["pid", "tid"],
-        strategy="backward",
-        check_sortedness=False,
+    running_at = {"left_on": "_at", "right_on": "_t", "by": ["pid", "tid"], "strategy": "backward"}
+    device_us, children_us, calls_us, at_end, at_start = pl.collect_all(
+        [
+            gpu.filter(pl.col("op_id").is_not_null()).group_by("op_id").agg(pl.col("dur_us").sum()),
+            ops_plan.filter(pl.col("parent_id").is_not_null())
+            .group_by("parent_id")
+            .agg(pl.col("dur_us").sum()),
+            runtime.filter(pl.col("op_id").is_not_null())
+            .group_by("op_id")
+            .agg(pl.col("dur_us").sum()),
+            ops_plan.select("op_id", "pid", "tid", _at="end_us")
+            .sort("_at")
+            .join_asof(launched, **running_at, check_sortedness=False)
+            .select("op_id", "_cum"),
+            ops_plan.select("op_id", "pid", "tid", _at="start_us")
+            .sort("_at")
+            .join_asof(launched, **running_at, allow_exact_matches=False, check_sortedness=False)
+            .select("op_id", "_cum"),
+        ],
+        engine="in-memory",  # the streaming engine's start-up is most of a small trace's cost
     )
-    at_start = (
-        base.select("op_id", "pid", "tid", "start_us")
-        .sort("start_us")
-        .join_asof(
-            launched.rename({"_cum": "_cum_start"}),
-            left_on="start_us",
-            right_on="_t",
-            by=["pid", "tid"],
-            strategy="backward",
-            allow_exact_matches=False,
-            check_sortedness=False,
-        )
+    n = ops.height
+    return ops.select(
+        "op_id",
+        "name",
+        "pid",
+        "tid",
+        "start_us",
+        "end_us",
+        pl.col("dur_us").alias("host_us"),
+        (pl.col("dur_us") - _by_position(n, children_us) - _by_position(n, calls_us)).alias(
+            "host_self_us"
+        ),
+        _by_position(n, device_us).alias("device_us"),
+        (_by_position(n, at_end) - _by_position(n, at_start)).alias("device_total_us"),
     )
-    return (
-        at_end.join(at_start.select("op_id", "_cum_start"), on="op_id", how="left")
-        .join(self_device, on="op_id", how="left")
-        .join(children, on="op_id", how="left")
-        .join(own_calls, on="op_id", how="left")
-        .select(
-            "op_id",
-            "name",
-            "pid",
-            "tid",
-            "start_us",
-            "end_us",
-            pl.col("dur_us").alias("host_us"),
-            (
-                pl.col("dur_us")
-                - pl.col("_children_us").fill_null(0.0)
-                - pl.col("_calls_us").fill_null(0.0)
-            ).alias("host_self_us"),
-            pl.col("device_us").fill_null(0.0),
-            (pl.col("_cum_end").fill_null(0.0) - pl.col("_cum_start").fill_null(0.0)).alias(
-                "device_total_us"
-            ),
-        )
-        .sort("op_id")
-        .collect(engine="in-memory")
-    )
+
+
+def _by_position(n: int, sums: pl.DataFrame) -> pl.Series:
+    """``sums`` (an operator's row number, a value) as a column of ``n`` rows, 0.0 where an
+    operator has none."""
+    rows, values = sums.get_columns()
+    return pl.zeros(n, pl.Float64, eager=True).scatter(rows, values.fill_null(0.0))
 
 
 def operator_table(index: TraceIndex) -> pl.DataFrame:
