@@ -254,8 +254,20 @@ def analyze_files_in_order(
         max_events=max_events,
         with_flows=False,
     )
+    return analyze_ranks(traces, notes, names, thresholds)
+
+
+def analyze_ranks(
+    traces: Sequence[LoadedTrace],
+    notes: Sequence[str],
+    names: Sequence[str],
+    thresholds: Any = None,
+) -> AnalysisResult:
+    """The analysis of files already loaded and grouped by rank (``load_trace_files``, or
+    ``as_ranks`` of traces loaded one by one), ``names`` naming the files."""
+    traces, notes = tuple(traces), tuple(notes)
     loaded = LoadedInput(
-        kind="trace" if len(files) == 1 else "ranks",
+        kind="trace" if len(names) == 1 else "ranks",
         path=names[0] if len(names) == 1 else ", ".join(names),
         traces=traces,
         files=tuple(names),

@@ -12,8 +12,8 @@ its drill-down tables (its event table written to the upload's ``store`` folder,
 diagnostics.drilldown.stored) and its analysis. Four files or more are read in parallel by
 the rank pool (diagnostics.rank_pool), each worker making all three of its file at once, so
 that agreeing ranks are analysed from what the pool sent back, with no second read; fewer
-files are read one after another, then analysed. What it returns is small: tables,
-findings, and paths into ``store``.
+files are read one after another and analysed from the traces kept as loaded. What it
+returns is small: tables, findings, and paths into ``store``.
 """
 
 from __future__ import annotations
@@ -27,14 +27,20 @@ from typing import Any, Literal
 
 import polars as pl
 
-from diagnostics.analyze import analyze_digests, analyze_files, analyze_files_in_order
+from diagnostics.analyze import (
+    analyze_digests,
+    analyze_files,
+    analyze_files_in_order,
+    analyze_ranks,
+)
 from diagnostics.drilldown import DrillDown, build_drilldown
 from diagnostics.errors import InputError
 from diagnostics.progress import Counter, ProgressCallback
 from diagnostics.rank_pool import POOL_MIN_FILES, RankDigest, digest_files
+from diagnostics.result import AnalysisResult
 from diagnostics.snapshot.reader import is_snapshot_file
 from diagnostics.trace.budget import Budget, Limits
-from diagnostics.trace.loader import load_trace_file
+from diagnostics.trace.loader import as_ranks, load_trace_file
 from diagnostics.trace.schema import LoadedTrace
 
 Mode = Literal["ranks", "separate"]
@@ -241,11 +247,12 @@ def analyse_upload_files(
     if snapshots:
         return _with_snapshots(paths, names, snapshots, mode, store, limits)
     digests = None
+    traces: list[LoadedTrace] = []  # fewer files than the pool is worth: kept as loaded
     if len(paths) >= POOL_MIN_FILES:
         digests = _read_in_the_pool(paths, names, store, limits, progress)
         read = [digest.extra for digest in digests]
     else:
-        read = _read_one_by_one(paths, names, store, limits, progress)
+        read, traces = _read_one_by_one(paths, names, store, limits, progress)
     rows = [row for row, _ in read]
     drills = [drill for _, drill in read]
     reasons = mismatches(rows)
@@ -255,16 +262,18 @@ def analyse_upload_files(
     chosen: Mode = mode or "ranks"
     if chosen == "separate":
         results = tuple(
-            UploadResult(
-                name, analyze_files([path], display_names=[name], **_budgets(limits)), (drill,)
+            UploadResult(name, _one_file(trace, path, name, limits), (drill,))
+            for name, path, drill, trace in zip(
+                names, paths, drills, traces or [None] * len(paths), strict=True
             )
-            for name, path, drill in zip(names, paths, drills, strict=True)
         )
         return UploadSet(table, reasons, chosen, results, str(store))
     result = None
-    if digests is not None:
+    if traces:
+        result = analyze_ranks(*as_ranks(traces), names)
+    elif digests is not None:
         result = analyze_digests(digests, paths, names, "ranks", ", ".join(names), limits)
-    if result is None:  # too few files for the pool, or ranks the loader must number
+    if result is None:  # ranks the loader must number
         result = analyze_files_in_order(paths, names, **_budgets(limits))
     label = "all files as ranks of one job" if len(names) > 1 else names[0]
     return UploadSet(
@@ -286,20 +295,29 @@ def _read_one_by_one(
     store: str | Path,
     limits: Limits,
     progress: ProgressCallback | None,
-) -> list[tuple[dict[str, Any], DrillDown]]:
+) -> tuple[list[tuple[dict[str, Any], DrillDown]], list[LoadedTrace]]:
     """Fewer files than the pool is worth: each loaded here in turn (both cores decode a
-    large one), for its identity row and stored drill-down; the analysis reads them again."""
+    large one), for its identity row and stored drill-down; the traces are kept, less
+    their flows (which only the drill-down reads), for the analysis."""
     budget = Budget(limits)
-    read = []
+    read, traces = [], []
     counter = Counter("files read", len(paths), progress if len(paths) > 1 else None)
     counter.start()
     for i, (path, name) in enumerate(zip(paths, names, strict=True)):
         trace = load_trace_file(path, display_name=name, budget=budget)
         # built while the trace is loaded anyway; dropped if the question is asked
         read.append(identity_and_drilldown(trace, name=name, store=str(store), stem=f"file-{i}"))
+        traces.append(trace.without_flows())
         del trace
         counter.one_done()
-    return read
+    return read, traces
+
+
+def _one_file(trace: LoadedTrace | None, path: Path, name: str, limits: Limits) -> AnalysisResult:
+    """One file of an upload analysed alone, from its loaded trace where it is kept."""
+    if trace is None:
+        return analyze_files([path], display_names=[name], **_budgets(limits))
+    return analyze_ranks(*as_ranks([trace]), [name])
 
 
 def _read_in_the_pool(

@@ -319,6 +319,13 @@ def load_trace_files(
             if on_error is None or isinstance(exc, BudgetExceeded):
                 raise
             on_error(exc)
+    return as_ranks(loaded)
+
+
+def as_ranks(loaded: list[LoadedTrace]) -> tuple[tuple[LoadedTrace, ...], tuple[str, ...]]:
+    """Loaded files as the ranks of one job: (traces by rank, notes). The files are put on
+    one clock, those without a rank numbered (windows of one process share one), and the
+    windows of one rank merged."""
     loaded = _on_one_clock(loaded)
     notes: list[str] = []
     unknown = [t for t in loaded if t.metadata.rank_source == "default"]

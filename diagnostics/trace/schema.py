@@ -12,7 +12,7 @@ keeps them aside in ``LoadedTrace``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -196,3 +196,8 @@ class LoadedTrace:
     @property
     def rank(self) -> int:
         return self.metadata.rank
+
+    def without_flows(self) -> LoadedTrace:
+        """The trace as an analysis loads it (``with_flows=False``): no flow rows, their
+        count kept in the metadata."""
+        return replace(self, flows=self.flows.clear())

@@ -276,3 +276,39 @@ def test_four_files_one_without_a_rank_are_asked_about_then_numbered_by_the_load
     apart = analyse_upload_files(files, display_names=names, mode="separate", store=tmp_path / "c")
     assert [r.label for r in apart.results] == names
     assert all(len(r.drilldowns) == 1 for r in apart.results)
+
+
+@pytest.mark.parametrize("n_files", [1, 2])
+@pytest.mark.parametrize("mode", ["ranks", "separate"])
+def test_fewer_files_than_the_pool_are_read_once_and_give_the_analysis_of_the_files(
+    tmp_path, monkeypatch, four_rank_files, n_files, mode
+):
+    # below the pool's threshold each file is loaded once, here: its identity, drill-down
+    # and analysis come from that one load, and the analysis is that of the files alone
+    from diagnostics.analyze import analyze_files
+    from diagnostics.trace import loader
+
+    files = four_rank_files[:n_files]
+    names = [p.name for p in files]
+    decoded: list[str] = []
+    decode = loader.decode_trace
+
+    def counted(blocks, display, **options):
+        decoded.append(display)
+        return decode(blocks, display, **options)
+
+    monkeypatch.setattr(loader, "decode_trace", counted)
+    upload = analyse_upload_files(files, display_names=names, mode=mode, store=tmp_path)
+    assert decoded == names
+    monkeypatch.setattr(loader, "decode_trace", decode)
+
+    if mode == "ranks":
+        alone = [analyze_files(files, display_names=names)]
+    else:
+        alone = [analyze_files([p], display_names=[p.name]) for p in files]
+    assert len(upload.results) == len(alone)
+    for result, expected in zip(upload.results, alone, strict=True):
+        assert result.result.to_json() == _to_the_last_bits(expected.to_json())
+    drills = [d for result in upload.results for d in result.drilldowns]
+    assert [d.label for d in drills] == names
+    assert all(d.steps.height and d.step_export(d.step_ids[0]) for d in drills)
