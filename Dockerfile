@@ -16,6 +16,18 @@ RUN useradd --create-home --uid 10001 doctor \
     && mkdir -p /data/runs \
     && chown -R doctor:doctor /data
 
+# The compiled event scanner (diagnostics/trace/event_scan.c: traces load 3-4x faster),
+# built where a compiler is installed; the targets get the module alone, not the compiler.
+FROM base AS scanner
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /build
+COPY setup.py /build/
+COPY diagnostics/trace/event_scan.c /build/diagnostics/trace/
+RUN python setup.py --quiet build_ext --inplace
+
 # The application's files, in one place for both targets, compiled to bytecode here: the
 # image never writes .pyc files (PYTHONDONTWRITEBYTECODE), so without this every CLI run and
 # every analysis child would compile its ~110 modules from source first (0.1 s of a
@@ -27,6 +39,7 @@ COPY pages /app/pages
 COPY app_ui /app/app_ui
 COPY .streamlit /app/.streamlit
 COPY diagnostics /app/diagnostics
+COPY --from=scanner /build/diagnostics/trace/ /app/diagnostics/trace/
 COPY trainer /app/trainer
 COPY probe /app/probe
 COPY scripts/serve.py /app/scripts/serve.py

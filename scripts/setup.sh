@@ -45,6 +45,15 @@ if [ ! -x .venv/bin/pipeline-doctor ]; then
     --no-build-isolation -e .
 fi
 
+# the compiled event scanner (diagnostics/trace/event_scan.c), built in place, again when its
+# source changed; optional: without a C compiler the loader reads every chunk with msgspec
+scanner=(diagnostics/trace/_event_scan.*.so)
+if [ ! -f "${scanner[0]}" ] || [ diagnostics/trace/event_scan.c -nt "${scanner[0]}" ] \
+  || [ setup.py -nt "${scanner[0]}" ]; then
+  echo "setup: building the event scanner" >&2
+  .venv/bin/python setup.py --quiet build_ext --inplace >&2
+fi
+
 if [ "$profile" = dev ] && [ ! -x /usr/bin/chromium ]; then
   # The browser tests drive Debian's Chromium; Playwright never downloads a browser here.
   echo "setup: installing Debian's chromium for the browser tests" >&2

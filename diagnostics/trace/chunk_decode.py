@@ -24,6 +24,7 @@ import polars as pl
 
 from diagnostics.trace.begin_end import PAIRED_PHASES
 from diagnostics.trace.columns import Event, TsClock, columns, null_column
+from diagnostics.trace.event_scan import scanned_columns
 from diagnostics.trace.helper_protocol import (
     DECLINED,
     DECODED,
@@ -94,6 +95,10 @@ def decode_chunk(text: bytes, base_us: int | None, strict: bool = False) -> Deco
     """A chunk's text (a JSON array of whole events) -> its columns; None when it needs the
     loading process (not one valid array, B/E events, which pair across chunks, or with
     ``strict`` a malformed event)."""
+    clock = TsClock.with_base(base_us)
+    scanned = scanned_columns(text, clock)
+    if scanned is not None:
+        return DecodedChunk(*scanned, Counter(), 0)
     try:
         events = EVENTS_DECODER.decode(text)
         skipped: Counter[str] = Counter()
@@ -111,7 +116,6 @@ def decode_chunk(text: bytes, base_us: int | None, strict: bool = False) -> Deco
         return None
     if not events:
         return DecodedChunk(None, None, [], skipped, 0)
-    clock = TsClock.with_base(base_us)
     frame, flows, names = columns(events, clock)
     return DecodedChunk(frame, flows, names, skipped, clock.lossy)
 

@@ -338,7 +338,8 @@ def columns(
     if clock is not None and not clock.decided:
         clock.decide(list(map(_GETTERS["ts"], events)))
     phases = pl.Series("ph", list(map(_GETTERS["ph"], events)), dtype=pl.String)
-    is_flow = phases.is_in(FLOW_PHASES)
+    # an event without ph is no flow: it stays a row, which normalise counts as "no ph"
+    is_flow = phases.is_in(FLOW_PHASES).fill_null(False)
     flows_frame = None
     if is_flow.any():
         flow_rows = list(compress(events, is_flow.to_list()))

@@ -49,6 +49,7 @@ from diagnostics.trace.columns import (
     columns,
 )
 from diagnostics.trace.decode_helper import DecodeHelper, can_help, take_spare
+from diagnostics.trace.event_scan import scanned_columns
 from diagnostics.trace.helper_protocol import SLOTS
 
 # Text decoded per step. 4 MiB of Kineto JSON is ~15k events: big enough that per-chunk
@@ -389,8 +390,10 @@ class _Chunker:
         self.buf[cut] = ord("]")
         view = memoryview(self.buf)[: cut + 1]
         skipped: Counter[str] = Counter()
+        scanned = None
         try:
-            events = EVENTS_DECODER.decode(view)
+            scanned = scanned_columns(view, self.clock)
+            events = None if scanned is not None else EVENTS_DECODER.decode(view)
         except msgspec.ValidationError:
             events = None
         except msgspec.DecodeError as exc:
@@ -414,6 +417,11 @@ class _Chunker:
         finally:
             view.release()
             self.buf[cut] = ord(",")
+        kept = bytes(self.buf[1:cut]) if self.out_of_turn else None
+        if scanned is not None:
+            frame, flows, names = scanned
+            self.place(DecodedChunk(frame, flows, names, skipped, 0), kept)
+            return True
         if events is None:  # valid JSON? then only some events are bad
             text = bytes(self.buf[:cut]) + b"]"
             try:
@@ -421,9 +429,21 @@ class _Chunker:
             except msgspec.DecodeError:
                 return False
             events, skipped = events_one_by_one(raws)
-        kept = bytes(self.buf[1:cut]) if self.out_of_turn else None
         self.add(events, skipped, kept)
         return True
+
+    def add_text(self, text: bytes | msgspec.Raw) -> None:
+        """Decodes the events array's last part (valid JSON) into columns, in turn."""
+        scanned = scanned_columns(text, self.clock)
+        if scanned is not None:
+            self.place(DecodedChunk(*scanned, Counter(), 0), None)
+            return
+        skipped: Counter[str] = Counter()
+        try:
+            events = EVENTS_DECODER.decode(text)
+        except msgspec.ValidationError:
+            events, skipped = events_one_by_one(RAW_LIST_DECODER.decode(text))
+        self.add(events, skipped)
 
     def add(self, events: list[Event], skipped: Counter[str], kept: bytes | None = None) -> None:
         """Turns a chunk's events into columns here; ``kept``: its text, when chunks ahead
@@ -438,6 +458,10 @@ class _Chunker:
             lossy = self.clock.lossy
             chunk.frame, chunk.flows, chunk.names = columns(events, self.clock)
             chunk.lossy, self.clock.lossy = self.clock.lossy - lossy, lossy
+        self.place(chunk, kept)
+
+    def place(self, chunk: DecodedChunk, kept: bytes | None) -> None:
+        """A chunk's columns to the sink, or held out of turn with its text (``kept``)."""
         if kept is None:
             self.to_sink(chunk)
         else:
@@ -581,13 +605,7 @@ class _Chunker:
     def end_array(self, at: int) -> None:
         """The events array ends before ``at``: its last events are decoded, and the
         buffer keeps what follows it for :meth:`tail`."""
-        text = bytes(self.buf[:at])
-        skipped: Counter[str] = Counter()
-        try:
-            events = EVENTS_DECODER.decode(text)
-        except msgspec.ValidationError:
-            events, skipped = events_one_by_one(RAW_LIST_DECODER.decode(text))
-        self.add(events, skipped)
+        self.add_text(bytes(self.buf[:at]))
         self.offset += at
         del self.buf[:at]
         self.array_done = True
@@ -621,12 +639,7 @@ class _Chunker:
         raw_events = parts.pop("traceEvents")
         if bytes(raw_events) != text[15 : 15 + len(raw_events)]:
             raise self.twice()  # a later key replaced the list being read: half the events
-        skipped: Counter[str] = Counter()
-        try:
-            events = EVENTS_DECODER.decode(raw_events)
-        except msgspec.ValidationError:
-            events, skipped = events_one_by_one(RAW_LIST_DECODER.decode(raw_events))
-        self.add(events, skipped)
+        self.add_text(raw_events)
         return {key: _ANY_DECODER.decode(raw) for key, raw in parts.items()}
 
 
