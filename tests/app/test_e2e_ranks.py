@@ -44,7 +44,8 @@ def no_error_on(page) -> None:
 def test_run_detail_shows_each_rank_and_compare_takes_two_distributed_runs(rank_server, page):
     server, straggler = rank_server.server, rank_server.straggler
     goto(page, server, f"Run_detail?run={straggler.name}")
-    page.get_by_role("heading", name="Ranks").wait_for(timeout=120_000)
+    # exact: the run's own heading ("straggler-2-ranks") holds the word too
+    page.get_by_role("heading", name="Ranks", exact=True).wait_for(timeout=120_000)
     wait_idle(page)
     no_error_on(page)
 
