@@ -65,14 +65,7 @@ class GpuTimeline:
 
 
 def _window(events: pl.DataFrame) -> tuple[str, float, float] | None:
-    gpu_steps = (
-        (pl.col("cat") == "gpu_user_annotation")
-        & pl.col("name").str.starts_with(sel.STEP_PREFIX)
-        & sel.DURATION
-        & pl.col("dur").is_not_null()
-    )
-    gpu = sel.GPU_CATS & sel.DURATION & pl.col("dur").is_not_null()
-    for source, rows in ((WINDOW_GPU_STEPS, gpu_steps), (WINDOW_GPU_ACTIVITY, gpu)):
+    for source, rows in ((WINDOW_GPU_STEPS, sel.GPU_STEP), (WINDOW_GPU_ACTIVITY, sel.GPU_WORK)):
         bounds = sel.select_where(events, rows, pl.col("ts").min(), sel.END_US.max()).row(0)
         if bounds[0] is not None:
             return source, float(bounds[0]), float(bounds[1])
@@ -95,7 +88,7 @@ def gpu_timeline(events: pl.DataFrame) -> GpuTimeline | None:
         with_comm_kind(
             sel.select_where(
                 events,
-                sel.GPU_CATS & sel.DURATION & pl.col("dur").is_not_null(),
+                sel.GPU_WORK,
                 "name",
                 "cat",
                 "ts",

@@ -52,7 +52,7 @@ _OP_ARGS = ("input_types", "concrete_inputs", "sequence_number")
 def gpu_events(events: pl.DataFrame) -> pl.DataFrame:
     return sel.select_where(
         events,
-        sel.GPU_CATS & sel.DURATION & pl.col("dur").is_not_null(),
+        sel.GPU_WORK,
         "name",
         "cat",
         sel.GPU_DEVICE,

@@ -44,6 +44,16 @@ DURATION = pl.col("ph") == "X"
 
 # ProfilerStep#N is an Operator in PyTorch 1.9 traces and a user_annotation today.
 STEP = (CPU_OP | ANNOTATION) & pl.col("name").str.starts_with(STEP_PREFIX) & DURATION
+# ...and on the GPU timeline (current PyTorch) a gpu_user_annotation: the device-side span
+# of the step's work, not a host range
+GPU_STEP = (
+    (pl.col("cat") == Category.GPU_USER_ANNOTATION.value)
+    & pl.col("name").str.starts_with(STEP_PREFIX)
+    & DURATION
+    & pl.col("dur").is_not_null()
+)
+# GPU work with a duration: kernels, copies, sets
+GPU_WORK = GPU_CATS & DURATION & pl.col("dur").is_not_null()
 # torch-tb-profiler's DataLoader role (event_parser.py _parse_step): the iterator's __next__
 # range, and DataPipe ranges; an Operator in old traces, a user_annotation in modern ones.
 # The *_NAME forms apply to frames already restricted to cpu_op/user_annotation rows.

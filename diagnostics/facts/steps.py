@@ -178,10 +178,7 @@ def _gpu_step_ranges(events: pl.DataFrame) -> pl.DataFrame:
     return (
         sel.select_where(
             events,
-            (pl.col("cat") == "gpu_user_annotation")
-            & pl.col("name").str.starts_with(sel.STEP_PREFIX)
-            & sel.DURATION
-            & pl.col("dur").is_not_null(),
+            sel.GPU_STEP,
             STEP_NUMBER,
             pl.col("ts").alias("host_start_us"),
             sel.END_US.alias("host_end_us"),
@@ -202,9 +199,7 @@ def _inferred_step(events: pl.DataFrame) -> tuple[pl.DataFrame, str]:
         pl.col("ts").min().alias("host_start_us"),
         sel.END_US.max().alias("host_end_us"),
     )
-    gpu = sel.select_where(
-        events, sel.GPU_CATS & sel.DURATION & pl.col("dur").is_not_null(), *window
-    )
+    gpu = sel.select_where(events, sel.GPU_WORK, *window)
     if gpu.item(0, "host_start_us") is not None:
         return gpu, INFERRED_FROM_GPU_ACTIVITY
     for rows in (sel.HOST_OP | pl.col("cat").eq("python_function"), pl.col("ts").is_not_null()):

@@ -155,12 +155,11 @@ def trace_parts(events: pl.DataFrame, index: TraceIndex) -> TraceParts:
     launches = pl.lit(False)
     for prefix in LAUNCH_CALL_PREFIXES:
         launches = launches | name.str.starts_with(prefix)
-    is_step = name.str.starts_with(sel.STEP_PREFIX) & sel.DURATION
     counts = events.select(
         ((sel.CPU_OP | sel.ANNOTATION) & sel.DURATION).sum().alias("host_ops"),
         (cat == COUNTER_RANGE_CATEGORY).sum().alias("counter_ranges"),
-        ((sel.CPU_OP | sel.ANNOTATION) & is_step).sum().alias("host_steps"),
-        ((cat == "gpu_user_annotation") & is_step).sum().alias("gpu_steps"),
+        sel.STEP.sum().alias("host_steps"),
+        sel.GPU_STEP.sum().alias("gpu_steps"),
     ).row(0, named=True)
     runtime = index.runtime
     gpu = index.gpu
