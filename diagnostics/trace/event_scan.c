@@ -536,13 +536,53 @@ static int literal(Scan *s, const char *word, Py_ssize_t len) {
     return OK;
 }
 
+/* The walk through objects and arrays, shared by every reader below. */
+
+/* At a container's opening bracket: steps over it; ``empty`` when the container closes at
+   once (its closing bracket is stepped over too). */
+static void opened(Scan *s, char close, int *empty) {
+    s->p++;
+    skip_ws(s);
+    *empty = s->p < s->end && *s->p == close;
+    if (*empty) s->p++;
+}
+
+/* After a member: steps over the comma before the next one (``last`` 0) or over the
+   closing bracket (``last`` 1). */
+static int after_member(Scan *s, char close, int *last) {
+    skip_ws(s);
+    if (s->p >= s->end) return DECLINE;
+    if (*s->p == close) {
+        s->p++;
+        *last = 1;
+        return OK;
+    }
+    if (*s->p != ',') return DECLINE;
+    s->p++;
+    skip_ws(s);
+    *last = 0;
+    return OK;
+}
+
+/* An object's key and its colon, up to its value (which must follow). A key with an
+   escape is declined where keys are compared (``plain``): its bytes are not its text. */
+static int object_key(Scan *s, const char **key, Py_ssize_t *len, int plain) {
+    int escaped, ascii;
+    if (string(s, key, len, &escaped, &ascii) != OK || (plain && escaped)) return DECLINE;
+    skip_ws(s);
+    if (s->p >= s->end || *s->p != ':') return DECLINE;
+    s->p++;
+    skip_ws(s);
+    return s->p < s->end ? OK : DECLINE;
+}
+
 /* Any JSON value, read and dropped (but still checked: what the Python path would refuse
    must not be accepted here). */
 static int skip_value(Scan *s, int depth) {
     if (depth > MAX_DEPTH || s->p >= s->end) return DECLINE;
     const char *text;
     Py_ssize_t len;
-    int a, b;
+    int a, b, last;
     switch (*s->p) {
     case '"':
         return string(s, &text, &len, &a, &b);
@@ -553,48 +593,18 @@ static int skip_value(Scan *s, int depth) {
     case 'n':
         return literal(s, "null", 4);
     case '[':
-        s->p++;
-        skip_ws(s);
-        if (s->p < s->end && *s->p == ']') {
-            s->p++;
-            return OK;
-        }
-        for (;;) {
-            if (skip_value(s, depth + 1) != OK) return DECLINE;
-            skip_ws(s);
-            if (s->p >= s->end) return DECLINE;
-            if (*s->p == ']') {
-                s->p++;
-                return OK;
-            }
-            if (*s->p != ',') return DECLINE;
-            s->p++;
-            skip_ws(s);
-        }
+        opened(s, ']', &last);
+        while (!last)
+            if (skip_value(s, depth + 1) != OK || after_member(s, ']', &last) != OK)
+                return DECLINE;
+        return OK;
     case '{':
-        s->p++;
-        skip_ws(s);
-        if (s->p < s->end && *s->p == '}') {
-            s->p++;
-            return OK;
-        }
-        for (;;) {
-            if (string(s, &text, &len, &a, &b) != OK) return DECLINE;
-            skip_ws(s);
-            if (s->p >= s->end || *s->p != ':') return DECLINE;
-            s->p++;
-            skip_ws(s);
-            if (skip_value(s, depth + 1) != OK) return DECLINE;
-            skip_ws(s);
-            if (s->p >= s->end) return DECLINE;
-            if (*s->p == '}') {
-                s->p++;
-                return OK;
-            }
-            if (*s->p != ',') return DECLINE;
-            s->p++;
-            skip_ws(s);
-        }
+        opened(s, '}', &last);
+        while (!last)
+            if (object_key(s, &text, &len, 0) != OK || skip_value(s, depth + 1) != OK ||
+                after_member(s, '}', &last) != OK)
+                return DECLINE;
+        return OK;
     default:
         return number(s, &text, &len, &a);
     }
@@ -607,7 +617,7 @@ static int compact(Scan *s, Buf *out, int depth) {
     if (depth > MAX_DEPTH || s->p >= s->end) return DECLINE;
     const char *text;
     Py_ssize_t len;
-    int escaped, ascii, integer;
+    int escaped, ascii, integer, last, rc;
     switch (*s->p) {
     case '"':
         if (string(s, &text, &len, &escaped, &ascii) != OK || escaped) return DECLINE;
@@ -623,27 +633,15 @@ static int compact(Scan *s, Buf *out, int depth) {
         if (literal(s, "null", 4) != OK) return DECLINE;
         return buf_put(out, "null", 4);
     case '[':
-        s->p++;
         if (buf_byte(out, '[') != OK) return NOMEM;
-        skip_ws(s);
-        if (s->p < s->end && *s->p == ']') {
-            s->p++;
-            return buf_byte(out, ']');
+        opened(s, ']', &last);
+        if (last) return buf_byte(out, ']');
+        while (!last) {
+            if ((rc = compact(s, out, depth + 1)) != OK) return rc;
+            if (after_member(s, ']', &last) != OK) return DECLINE;
+            if (buf_byte(out, last ? ']' : ',') != OK) return NOMEM;
         }
-        for (;;) {
-            int rc = compact(s, out, depth + 1);
-            if (rc != OK) return rc;
-            skip_ws(s);
-            if (s->p >= s->end) return DECLINE;
-            if (*s->p == ']') {
-                s->p++;
-                return buf_byte(out, ']');
-            }
-            if (*s->p != ',') return DECLINE;
-            s->p++;
-            if (buf_byte(out, ',') != OK) return NOMEM;
-            skip_ws(s);
-        }
+        return OK;
     case '{':
         return DECLINE;
     default: {
@@ -683,18 +681,11 @@ static int half_value(Scan *s, Value *v, Buf *text) {
     }
     if (*s->p != '[') return skip_value(s, 1); /* a number, null, an object: none */
     /* the items: strings are compared, and everything is written when text is wanted */
-    s->p++;
+    int last;
     if (text != NULL && buf_byte(text, '[') != OK) return NOMEM;
-    skip_ws(s);
-    if (s->p < s->end && *s->p == ']') {
-        s->p++;
-        if (text != NULL) {
-            v->has_text = 1;
-            return buf_byte(text, ']');
-        }
-        return OK;
-    }
-    for (;;) {
+    opened(s, ']', &last);
+    if (last && text != NULL && buf_byte(text, ']') != OK) return NOMEM;
+    while (!last) {
         if (s->p >= s->end) return DECLINE;
         if (*s->p == '"') {
             const unsigned char *at = s->p;
@@ -706,21 +697,10 @@ static int half_value(Scan *s, Value *v, Buf *text) {
             int rc = text != NULL ? compact(s, text, 2) : skip_value(s, 2);
             if (rc != OK) return rc;
         }
-        skip_ws(s);
-        if (s->p >= s->end) return DECLINE;
-        if (*s->p == ']') {
-            s->p++;
-            break;
-        }
-        if (*s->p != ',') return DECLINE;
-        s->p++;
-        if (text != NULL && buf_byte(text, ',') != OK) return NOMEM;
-        skip_ws(s);
+        if (after_member(s, ']', &last) != OK) return DECLINE;
+        if (text != NULL && buf_byte(text, last ? ']' : ',') != OK) return NOMEM;
     }
-    if (text != NULL) {
-        v->has_text = 1;
-        return buf_byte(text, ']');
-    }
+    v->has_text = text != NULL;
     return OK;
 }
 
@@ -774,20 +754,11 @@ static int typed_value(Scan *s, Value *v, int type, Buf *text) {
 static int args_object(Scan *s, Event *ev) {
     const char *key;
     Py_ssize_t len;
-    int escaped, ascii;
+    int last;
     if (s->p >= s->end || *s->p != '{') return DECLINE; /* Args is not optional: null refused */
-    s->p++;
-    skip_ws(s);
-    if (s->p < s->end && *s->p == '}') {
-        s->p++;
-        return OK;
-    }
-    for (;;) {
-        if (string(s, &key, &len, &escaped, &ascii) != OK || escaped) return DECLINE;
-        skip_ws(s);
-        if (s->p >= s->end || *s->p != ':') return DECLINE;
-        s->p++;
-        skip_ws(s);
+    opened(s, '}', &last);
+    while (!last) {
+        if (object_key(s, &key, &len, 1) != OK) return DECLINE;
         int field = -1;
         for (int k = 0; k < N_ARGS; k++) {
             if (ARGS[k].len == len && memcmp(ARGS[k].key, key, (size_t)len) == 0) {
@@ -809,16 +780,9 @@ static int args_object(Scan *s, Event *ev) {
             rc = typed_value(s, &ev->args[field], ARGS[field].type, text);
         }
         if (rc != OK) return rc;
-        skip_ws(s);
-        if (s->p >= s->end) return DECLINE;
-        if (*s->p == '}') {
-            s->p++;
-            return OK;
-        }
-        if (*s->p != ',') return DECLINE;
-        s->p++;
-        skip_ws(s);
+        if (after_member(s, '}', &last) != OK) return DECLINE;
     }
+    return OK;
 }
 
 enum { K_PH, K_NAME, K_CAT, K_TS, K_DUR, K_PID, K_TID, K_ID, K_ARGS };
@@ -841,21 +805,11 @@ static int top_key(const char *key, Py_ssize_t len) {
 static int event_object(Scan *s, Event *ev) {
     const char *key, *str;
     Py_ssize_t len, slen;
-    int escaped, ascii, integer;
+    int escaped, ascii, integer, last;
     if (s->p >= s->end || *s->p != '{') return DECLINE;
-    s->p++;
-    skip_ws(s);
-    if (s->p < s->end && *s->p == '}') {
-        s->p++;
-        return OK;
-    }
-    for (;;) {
-        if (string(s, &key, &len, &escaped, &ascii) != OK || escaped) return DECLINE;
-        skip_ws(s);
-        if (s->p >= s->end || *s->p != ':') return DECLINE;
-        s->p++;
-        skip_ws(s);
-        if (s->p >= s->end) return DECLINE;
+    opened(s, '}', &last);
+    while (!last) {
+        if (object_key(s, &key, &len, 1) != OK) return DECLINE;
         int which = top_key(key, len);
         int rc = OK;
         if (which >= 0) {
@@ -914,16 +868,9 @@ static int event_object(Scan *s, Event *ev) {
             v->state = V_INT;
         }
         if (rc != OK) return rc;
-        skip_ws(s);
-        if (s->p >= s->end) return DECLINE;
-        if (*s->p == '}') {
-            s->p++;
-            return OK;
-        }
-        if (*s->p != ',') return DECLINE;
-        s->p++;
-        skip_ws(s);
+        if (after_member(s, '}', &last) != OK) return DECLINE;
     }
+    return OK;
 }
 
 static inline int is(const Value *v, const char *word) {
@@ -1024,13 +971,13 @@ static int event_row(Scan *s, const Event *ev, const unsigned char *from) {
 }
 
 static int scan_array(Scan *s) {
+    int last;
     skip_ws(s);
     if (s->p >= s->end || *s->p != '[') return DECLINE;
-    s->p++;
-    skip_ws(s);
-    if (s->p < s->end && *s->p == ']') return DECLINE; /* no events: the Python path's */
+    opened(s, ']', &last);
+    if (last) return DECLINE; /* no events: the Python path's */
     Event ev;
-    for (;;) {
+    while (!last) {
         /* a reset of what event_row reads: the args it reads only where args_seen says */
         ev.ph.state = ev.name.state = ev.cat.state = ev.ts.state = V_ABSENT;
         ev.dur.state = ev.pid.state = ev.tid.state = ev.id.state = V_ABSENT;
@@ -1040,15 +987,7 @@ static int scan_array(Scan *s) {
         int rc = event_object(s, &ev);
         if (rc == OK) rc = event_row(s, &ev, from);
         if (rc != OK) return rc;
-        skip_ws(s);
-        if (s->p >= s->end) return DECLINE;
-        if (*s->p == ']') {
-            s->p++;
-            break;
-        }
-        if (*s->p != ',') return DECLINE;
-        s->p++;
-        skip_ws(s);
+        if (after_member(s, ']', &last) != OK) return DECLINE;
     }
     skip_ws(s);
     return s->p == s->end ? OK : DECLINE;
