@@ -23,7 +23,7 @@ import msgspec
 import polars as pl
 
 from diagnostics.trace.begin_end import PAIRED_PHASES
-from diagnostics.trace.columns import Event, TsClock, columns, null_column
+from diagnostics.trace.columns import EVENT_DECODER, Event, TsClock, columns, null_column
 from diagnostics.trace.event_scan import scanned_columns
 from diagnostics.trace.helper_protocol import (
     DECLINED,
@@ -38,7 +38,6 @@ from diagnostics.trace.helper_protocol import (
 )
 
 EVENTS_DECODER = msgspec.json.Decoder(list[Event])
-_EVENT_DECODER = msgspec.json.Decoder(Event)
 RAW_LIST_DECODER = msgspec.json.Decoder(list[msgspec.Raw])
 _META_ENCODER = msgspec.msgpack.Encoder()
 _META_DECODER = msgspec.msgpack.Decoder()
@@ -74,7 +73,7 @@ def events_one_by_one(raws: list[msgspec.Raw]) -> tuple[list[Event], Counter[str
     skipped: Counter[str] = Counter()
     for raw in raws:
         try:
-            events.append(_EVENT_DECODER.decode(raw))
+            events.append(EVENT_DECODER.decode(raw))
         except msgspec.ValidationError as exc:
             skipped[_skip_reason(str(exc))] += 1
     return events, skipped

@@ -74,6 +74,9 @@ class Event(msgspec.Struct, frozen=True, gc=False):
     args: Args = NO_ARGS
 
 
+# One event alone (the events of a chunk that msgspec refused as a whole, M events' names)
+EVENT_DECODER = msgspec.json.Decoder(Event)
+
 # Raw columns straight off the Structs (before normalisation in the loader).
 RAW_SCHEMA: dict[str, pl.DataType] = {
     "ph": pl.String,

@@ -6,11 +6,13 @@
    path then reads as before (diagnostics.trace.event_scan): a decline is never an error.
 
    Declined (scan() returns None): anything that is not strictly valid JSON, a value of a
-   type the Struct would refuse or the Python path would convert (a numeric string pid, an
-   integer beyond int64 or a timestamp beyond 2^53, a float inside a re-encoded list), a
-   kept string or any key with an escape, a category that is not ASCII, a key set twice,
-   B/E (paired across chunks) and the other phase spellings pair() rewrites, nesting
-   deeper than MAX_DEPTH. Declining is always safe; accepting must give exactly what the
+   type the Struct would refuse or the Python path would convert in a way not copied here
+   (a signed or zero-led numeric string where an integer may be, an integer beyond 18
+   digits, a timestamp beyond 2^53, a float inside a re-encoded list), a kept string or any
+   compared key with an escape, a category that is not ASCII, a key set twice, B/E (paired
+   across chunks) and the other phase spellings pair() rewrites, nesting deeper than
+   MAX_DEPTH. Read as polars reads them: canonical digits in a string ("25738") where an
+   integer may be, and label strings ("Spans", "stream 7") there as null. Declining is always safe; accepting must give exactly what the
    Python path gives, so every check errs on the side of declining.
 
    The per-kind reading of args mirrors columns._KIND_FIELDS: a kernel's row keeps its

@@ -2,10 +2,11 @@
 
 The scanner turns a chunk's JSON text straight into the event table's raw columns, the
 ones :func:`diagnostics.trace.columns.columns` makes from msgspec's Structs, without a
-Python object per event: about a tenth of the time. It reads the usual Kineto chunk and
-declines anything else (an escaped string it would keep, a numeric-string pid, B/E
-events, ...), which the msgspec path then reads as before; a chunk is read by one path or
-the other, whole. Where the extension was not built (no C compiler), every chunk takes
+Python object per event: a quarter of the time or less. It reads the usual chunk of every
+Kineto version here (numeric-string pids and tids included) and declines anything it would
+not read exactly as msgspec does (an escaped string it would keep, a float in re-encoded
+shapes, B/E events, ...), which the msgspec path then reads as before; a chunk is read by
+one path or the other, whole. Where the extension was not built (no C compiler), every chunk takes
 the msgspec path.
 """
 
@@ -13,10 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
 import polars as pl
 
-from diagnostics.trace.columns import Event, TsClock
+from diagnostics.trace.columns import EVENT_DECODER, TsClock
 
 try:
     from diagnostics.trace import _event_scan
@@ -24,8 +24,6 @@ except ImportError:  # not built: the msgspec path reads every chunk
     _event_scan = None
 
 BUILT = _event_scan is not None
-
-_EVENT_DECODER = msgspec.json.Decoder(Event)
 
 
 class _ArrowColumn:
@@ -66,6 +64,6 @@ def scanned_columns(
         offsets = memoryview(spans).cast("q")
         view = memoryview(text)
         for at in range(0, len(offsets), 2):
-            event = _EVENT_DECODER.decode(view[offsets[at] : offsets[at + 1]])
+            event = EVENT_DECODER.decode(view[offsets[at] : offsets[at + 1]])
             names.append((event.name or "", event.pid, event.tid, event.args.name))
     return frame, flows, names
