@@ -599,6 +599,9 @@ class Session:
         step = self._open
         if step is None:
             return
+        # read at once, beside the step's end time: a wait for a CPU after it (starting the
+        # profiler, below, on the first step) is not this step's
+        waited_ns = self._cpu_waited_ns()
         self._open = None
         self._explicit_open = False
         if self.steps_done == 0:
@@ -635,7 +638,6 @@ class Session:
         # the token-weighted mean padded length: tokens x (6N + 12·L·H·Q·seq_len) is then the
         # sum of the micro-batches' model FLOPs, each over its own length
         seq_len = step.token_length_sum / step.tokens if step.tokens else None
-        waited_ns = self._cpu_waited_ns()
         cpu_wait_ms = (
             (waited_ns - step.waited_ns) / 1e6
             if waited_ns is not None and step.waited_ns is not None

@@ -14,6 +14,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 from playwright.sync_api import expect
 
 from diagnostics.runs import RunFolder, list_runs
@@ -49,10 +50,23 @@ def set_number(page, label: str, value: int) -> None:
     field.press("Tab")
 
 
+def pick_option(selectbox, option, attempts: int = 3) -> None:
+    """Opens ``selectbox`` and clicks ``option``. A click that lands while Streamlit redraws
+    the widget leaves the list closed, so the list is opened again until the option shows."""
+    for attempt in range(1, attempts + 1):
+        selectbox.click()
+        try:
+            option.wait_for(state="visible", timeout=10_000)
+            break
+        except PlaywrightTimeoutError:
+            if attempt == attempts:
+                raise
+    option.click()
+
+
 def choose(page, label: str, option_text: str) -> None:
     box = page.locator('[data-testid="stSelectbox"]').filter(has_text=label).first
-    box.click()
-    page.get_by_role("option", name=re.compile(re.escape(option_text))).first.click()
+    pick_option(box, page.get_by_role("option", name=re.compile(re.escape(option_text))).first)
     wait_idle(page)
 
 

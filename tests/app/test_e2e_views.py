@@ -16,7 +16,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.app.conftest import SCREENSHOTS, AppServer, screenshot, serving
-from tests.app.test_e2e import goto, wait_idle
+from tests.app.test_e2e import goto, pick_option, wait_idle
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 expect.set_options(timeout=60_000)
@@ -106,8 +106,10 @@ def test_drill_down_views_on_the_large_shared_trace(app_server, page, shared_tra
     print(f"large trace: upload to drill-down in {time.monotonic() - started:.1f} s")
     open_tab(page, "Timeline")
     started = time.monotonic()
-    tab_panel(page).locator('[data-testid="stSelectbox"]').filter(has_text="Profiler step").click()
-    page.get_by_role("option", name="2", exact=True).click()
+    pick_option(
+        tab_panel(page).locator('[data-testid="stSelectbox"]').filter(has_text="Profiler step"),
+        page.get_by_role("option", name="2", exact=True),
+    )
     wait_idle(page)
     expect(tab_panel(page).locator(".js-plotly-plot").first).to_be_visible()
     print(f"large trace: timeline of another step redrawn in {time.monotonic() - started:.1f} s")

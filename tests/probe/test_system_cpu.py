@@ -93,7 +93,9 @@ time.sleep(60)
 
 def _yielded_cpu_seconds(spinner_nice: int) -> float:
     """CPU seconds the priority scan counts as yielding to a sleeping nice-0 job while a
-    process beside it (not one of its workers) spins at ``spinner_nice``."""
+    process beside it (not one of its workers) spins at ``spinner_nice``. Only the spinner
+    is measured: every other process on the host is passed as one of the job's, since under
+    xdist other tests run nice-19 work of their own in the same window."""
     job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     scan = PriorityScan(job.pid)
     spinner = None
@@ -108,7 +110,8 @@ def _yielded_cpu_seconds(spinner_nice: int) -> float:
         )
         assert spinner.stdout.readline().strip() == "done"
         now = time.monotonic()
-        return scan.scan({job.pid, os.getpid()}, now) / 100.0 * (now - start)
+        others = {int(name) for name in os.listdir("/proc") if name.isdigit()} - {spinner.pid}
+        return scan.scan({job.pid, os.getpid()} | others, now) / 100.0 * (now - start)
     finally:
         for process in (job, spinner):
             if process is not None:
@@ -120,10 +123,9 @@ def test_a_busy_process_of_lower_priority_yields_to_the_job_and_one_of_its_own_d
     # nice 19 beside a nice-0 job: CFS leaves it 15 / 1024 of a contended core
     below = _yielded_cpu_seconds(19)
     assert below >= 0.8 * BUSY_CPU_S * (1 - 15 / 1024), below
-    # the same spin at the job's priority takes nothing from it (other nice-19 processes on
-    # the host could add theirs: a bound, not an equality)
+    # the same spin at the job's priority takes nothing from it
     same = _yielded_cpu_seconds(0)
-    assert same < 0.5 * below, (same, below)
+    assert same == 0.0, (same, below)
 
 
 def test_the_yielding_share_follows_the_schedulers_weights():
