@@ -97,6 +97,9 @@ _MEMORY_MARKERS = (
     # of `report` on the 216k-event trace at 600 MiB)
     "os { code: 11,",
     "failed to spawn thread",
+    # and a Python thread's: "RuntimeError: can't start new thread" (pthread_create's
+    # EAGAIN; `report` on the 216k-event trace at 600 MiB, once under a loaded test run)
+    "can't start new thread",
 )
 
 

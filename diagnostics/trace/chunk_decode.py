@@ -16,6 +16,7 @@ import re
 import struct
 import sys
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,13 +30,17 @@ from diagnostics.trace.helper_protocol import (
     DECLINED,
     DECODED,
     HAS_BASE,
+    NORMALISE,
     READY,
     REPLY,
     REQUEST,
     SLOTS,
     STRICT,
+    WITHOUT_FLOWS,
     read_exactly,
 )
+from diagnostics.trace.normalise import NormalisedChunk, normalise_chunk, unallocated_nulls
+from diagnostics.trace.schema import FLOW_SCHEMA
 
 EVENTS_DECODER = msgspec.json.Decoder(list[Event])
 RAW_LIST_DECODER = msgspec.json.Decoder(list[msgspec.Raw])
@@ -81,13 +86,22 @@ def events_one_by_one(raws: list[msgspec.Raw]) -> tuple[list[Event], Counter[str
 
 @dataclass
 class DecodedChunk:
-    """One chunk's raw columns, as the loading process would have made them itself."""
+    """One chunk's raw columns, as the loading process would have made them itself; or,
+    from the helper when asked, its rows already normalised."""
 
-    frame: pl.DataFrame | None  # None: the chunk held no event rows
+    frame: pl.DataFrame | None  # None: the chunk held no event rows, or it is normalised
     flows: pl.DataFrame | None
     names: list[tuple[str, Any, Any, Any]]
     skipped: Counter[str]
     lossy: int  # fractional timestamps beyond 2^53 (TsClock.lossy)
+    normalised: NormalisedChunk | None = None  # frame and flows are then None
+
+    @property
+    def rows(self) -> int:
+        """Decoded rows, flows included."""
+        if self.normalised is not None:
+            return self.normalised.rows
+        return sum(part.height for part in (self.frame, self.flows) if part is not None)
 
 
 def decode_chunk(text: bytes, base_us: int | None, strict: bool = False) -> DecodedChunk | None:
@@ -119,10 +133,21 @@ def decode_chunk(text: bytes, base_us: int | None, strict: bool = False) -> Deco
     return DecodedChunk(frame, flows, names, skipped, clock.lossy)
 
 
+def normalised(chunk: DecodedChunk, with_flows: bool) -> DecodedChunk:
+    """``chunk`` with its rows normalised, as the loading process would normalise them."""
+    if chunk.frame is None:
+        return chunk
+    rows = normalise_chunk(chunk.frame, chunk.flows, with_flows)
+    return DecodedChunk(None, None, chunk.names, chunk.skipped, chunk.lossy, rows)
+
+
 def _ipc(frame: pl.DataFrame | None) -> tuple[bytes, list[str]]:
     if frame is None:
         return b"", []
-    nulls = [s.name for s in frame.iter_columns() if s.null_count() == s.len()]
+    # a frame of no rows keeps its columns: made again, they would be one row long
+    nulls = (
+        [s.name for s in frame.iter_columns() if s.null_count() == s.len()] if frame.height else []
+    )
     out = io.BytesIO()
     frame.drop(nulls).write_ipc(
         out, compression="uncompressed", compat_level=pl.CompatLevel.newest()
@@ -130,46 +155,88 @@ def _ipc(frame: pl.DataFrame | None) -> tuple[bytes, list[str]]:
     return out.getvalue(), nulls
 
 
-def _frame(data: memoryview, order: list[str], nulls: list[str]) -> pl.DataFrame:
+# The all-null columns left out of a payload, made again on its height (Arrow IPC carries
+# no null-only column cheaply): raw ones in full, the event table's as one null each.
+def _raw_nulls(names: list[str], height: int) -> list[pl.Series]:
+    return [null_column(name, height) for name in names]
+
+
+def _event_nulls(names: list[str], height: int) -> list[pl.Expr]:
+    return unallocated_nulls(names)  # one value whatever the height
+
+
+def _flow_nulls(names: list[str], height: int) -> list[pl.Series]:
+    return [
+        pl.Series(name, [None], dtype=FLOW_SCHEMA[name]).new_from_index(0, height) for name in names
+    ]
+
+
+def _frame(
+    data: memoryview,
+    order: list[str],
+    nulls: list[str],
+    made_again: Callable[[list[str], int], list[Any]] = _raw_nulls,
+) -> pl.DataFrame:
     frame = pl.read_ipc(io.BytesIO(data))
     if nulls:
-        frame = frame.with_columns(null_column(name, frame.height) for name in nulls)
+        frame = frame.with_columns(made_again(nulls, frame.height))
     return frame.select(order)
 
 
 def encode_chunk(chunk: DecodedChunk) -> bytes:
-    frame, frame_nulls = _ipc(chunk.frame)
-    flows, flow_nulls = _ipc(chunk.flows)
+    rows = chunk.normalised
+    frame, flows = (chunk.frame, chunk.flows) if rows is None else (rows.events, rows.flows)
+    frame_bytes, frame_nulls = _ipc(frame)
+    flow_bytes, flow_nulls = _ipc(flows)
+    counts = None
+    if rows is not None:
+        counts = [dict(rows.skipped), dict(rows.ignored), rows.rows, rows.flow_rows]
     meta = _META_ENCODER.encode(
         [
             [list(n) for n in chunk.names],
             dict(chunk.skipped),
             chunk.lossy,
-            chunk.frame.columns if chunk.frame is not None else None,
+            frame.columns if frame is not None else None,
             frame_nulls,
-            chunk.flows.columns if chunk.flows is not None else None,
+            flows.columns if flows is not None else None,
             flow_nulls,
+            counts,
         ]
     )
-    return _PAYLOAD.pack(len(meta), len(frame), len(flows)) + meta + frame + flows
+    return (
+        _PAYLOAD.pack(len(meta), len(frame_bytes), len(flow_bytes))
+        + meta
+        + frame_bytes
+        + flow_bytes
+    )
 
 
 def decode_payload(payload: bytes) -> DecodedChunk:
     view = memoryview(payload)
     meta_len, frame_len, flows_len = _PAYLOAD.unpack_from(view)
     at = _PAYLOAD.size
-    names, skipped, lossy, frame_order, frame_nulls, flow_order, flow_nulls = _META_DECODER.decode(
-        view[at : at + meta_len]
+    names, skipped, lossy, frame_order, frame_nulls, flow_order, flow_nulls, counts = (
+        _META_DECODER.decode(view[at : at + meta_len])
     )
     at += meta_len
     frame = None
     if frame_order is not None:
-        frame = _frame(view[at : at + frame_len], frame_order, frame_nulls)
+        made_again = _raw_nulls if counts is None else _event_nulls
+        frame = _frame(view[at : at + frame_len], frame_order, frame_nulls, made_again)
     at += frame_len
     flows = None
     if flow_order is not None:
-        flows = _frame(view[at : at + flows_len], flow_order, flow_nulls)
-    return DecodedChunk(frame, flows, [tuple(n) for n in names], Counter(skipped), lossy)
+        made_again = _raw_nulls if counts is None else _flow_nulls
+        flows = _frame(view[at : at + flows_len], flow_order, flow_nulls, made_again)
+    names = [tuple(n) for n in names]
+    if counts is None:
+        return DecodedChunk(frame, flows, names, Counter(skipped), lossy)
+    assert frame is not None
+    rows_skipped, ignored, rows, flow_rows = counts
+    normalised_rows = NormalisedChunk(
+        frame, flows, Counter(rows_skipped), Counter(ignored), rows, flow_rows
+    )
+    return DecodedChunk(None, None, names, Counter(skipped), lossy, normalised_rows)
 
 
 def main() -> None:
@@ -193,6 +260,8 @@ def main() -> None:
                 base_us if flags & HAS_BASE else None,
                 strict=bool(flags & STRICT),
             )
+            if chunk is not None and flags & NORMALISE:
+                chunk = normalised(chunk, with_flows=not flags & WITHOUT_FLOWS)
             if chunk is not None:
                 payload = encode_chunk(chunk)
                 if os.pwrite(results[slot], payload, 0) == len(payload):

@@ -50,7 +50,7 @@ from diagnostics.trace.columns import (
 )
 from diagnostics.trace.decode_helper import DecodeHelper, can_help, take_spare
 from diagnostics.trace.event_scan import scanned_columns
-from diagnostics.trace.helper_protocol import SLOTS
+from diagnostics.trace.helper_protocol import NORMALISE, SLOTS, STRICT, WITHOUT_FLOWS
 
 # Text decoded per step. 4 MiB of Kineto JSON is ~15k events: big enough that per-chunk
 # overhead vanishes, small enough that a chunk's Structs stay a few tens of MB.
@@ -100,8 +100,25 @@ def _outside_strings(text: bytearray, end: int) -> bool:
         pos = string.end()
 
 
-# Receives each decoded chunk: (non-flow rows in RAW_EVENT_SCHEMA, flow rows or None).
-ChunkSink = Callable[[pl.DataFrame, "pl.DataFrame | None"], None]
+# Receives each decoded chunk with event rows, in file order: its raw columns (non-flow
+# rows in RAW_EVENT_SCHEMA, flow rows or None), or, where the helper was asked to
+# (HelperWork.normalise), its rows normalised.
+ChunkSink = Callable[[DecodedChunk], None]
+
+
+@dataclass(frozen=True)
+class HelperWork:
+    """What the decode helper does beyond decoding: ``normalise`` its chunks (the sink then
+    gets them normalised), and then leave out their flows (``with_flows`` false)."""
+
+    normalise: bool = False
+    with_flows: bool = True
+
+    @property
+    def flags(self) -> int:
+        if not self.normalise:
+            return 0
+        return NORMALISE | (0 if self.with_flows else WITHOUT_FLOWS)
 
 
 @dataclass
@@ -160,8 +177,10 @@ class _Chunker:
         chunk_bytes: int,
         sink: ChunkSink,
         parallel: bool = False,
+        helper_work: HelperWork = HelperWork(),
     ):
         self.sink = sink
+        self.helper_work = helper_work
         self.display = display
         self.blocks = blocks
         self.chunk_bytes = chunk_bytes
@@ -417,7 +436,10 @@ class _Chunker:
         finally:
             view.release()
             self.buf[cut] = ord(",")
-        kept = bytes(self.buf[1:cut]) if self.out_of_turn else None
+        kept = None
+        if self.out_of_turn:
+            with memoryview(self.buf) as whole:  # one copy (a slice of the bytearray is two)
+                kept = bytes(whole[1:cut])
         if scanned is not None:
             frame, flows, names = scanned
             self.place(DecodedChunk(frame, flows, names, skipped, 0), kept)
@@ -471,8 +493,8 @@ class _Chunker:
         self.names.extend(chunk.names)
         self.skipped.update(chunk.skipped)
         self.clock.lossy += chunk.lossy
-        if chunk.frame is not None:
-            self.sink(chunk.frame, chunk.flows)
+        if chunk.frame is not None or chunk.normalised is not None:
+            self.sink(chunk)
 
     # -- the helper process ----------------------------------------------------------
     def hand_over(self) -> bool:
@@ -511,7 +533,8 @@ class _Chunker:
         try:
             if first and not self.decide_clock(view):
                 return False
-            handed = self.helper.submit(slot, self.seq + 1, view, self.clock.base_us, first)
+            flags = self.helper_work.flags | (STRICT if first else 0)
+            handed = self.helper.submit(slot, self.seq + 1, view, self.clock.base_us, flags)
         finally:
             view.release()
             self.buf[cut] = ord(",")
@@ -650,23 +673,28 @@ def decode_trace(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     sink: ChunkSink | None = None,
     parallel: bool = False,
+    helper_work: HelperWork = HelperWork(),
 ) -> DecodedTrace:
     """Decodes a Chrome trace (an object with ``traceEvents`` or a bare event list).
 
-    Each chunk's raw columns go to ``sink`` as soon as they are decoded, in file order;
-    without a sink they are collected into the returned ``frame`` and ``flows``.
-    ``parallel``: from the second chunk on, a helper process (diagnostics.trace.
-    decode_helper) decodes chunks beside this one, on another core; the result is the same.
+    Each chunk goes to ``sink`` as soon as it is decoded, in file order; without a sink
+    the raw columns are collected into the returned ``frame`` and ``flows``. ``parallel``:
+    from the second chunk on, a helper process (diagnostics.trace.decode_helper) decodes
+    chunks beside this one, on another core, and does ``helper_work`` too (a sink's); the
+    result is the same.
     """
     frames: list[pl.DataFrame] = []
     flow_frames: list[pl.DataFrame] = []
 
-    def collect(frame: pl.DataFrame, flows: pl.DataFrame | None) -> None:
-        frames.append(frame)
-        if flows is not None:
-            flow_frames.append(flows)
+    def collect(chunk: DecodedChunk) -> None:
+        assert chunk.frame is not None  # the helper normalises for a sink only
+        frames.append(chunk.frame)
+        if chunk.flows is not None:
+            flow_frames.append(chunk.flows)
 
-    chunker = _Chunker(display, iter(blocks), chunk_bytes, sink or collect, parallel)
+    if sink is None:
+        sink, helper_work = collect, HelperWork()
+    chunker = _Chunker(display, iter(blocks), chunk_bytes, sink, parallel, helper_work)
     try:
         mode = chunker.start()
         top = chunker.head() if mode == "object" else {}

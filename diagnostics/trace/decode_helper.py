@@ -35,7 +35,6 @@ from diagnostics.trace.helper_protocol import (
     REPLY,
     REQUEST,
     SLOTS,
-    STRICT,
     read_exactly,
 )
 from diagnostics.trace.source import GZIP_MAGIC, TRACE_SUFFIXES
@@ -103,11 +102,11 @@ class DecodeHelper:
         return next((slot for slot in range(SLOTS) if slot not in self.busy), None)
 
     def submit(
-        self, slot: int, seq: int, text: memoryview, base_us: int | None, strict: bool = False
+        self, slot: int, seq: int, text: memoryview, base_us: int | None, flags: int = 0
     ) -> bool:
         """Hands the helper a chunk (a JSON array's text); False if it cannot take it.
-        ``strict``: the helper declines the chunk if any event in it is malformed."""
-        flags = (HAS_BASE if base_us is not None else 0) | (STRICT if strict else 0)
+        ``flags``: helper_protocol's STRICT, NORMALISE, WITHOUT_FLOWS."""
+        flags |= HAS_BASE if base_us is not None else 0
         try:
             if os.pwrite(self.texts[slot], text, 0) != len(text):
                 raise OSError("short write")

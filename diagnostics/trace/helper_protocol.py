@@ -12,8 +12,9 @@ SLOTS = 2
 # parent -> helper: seq, slot, text bytes, flags (below), the ts base
 REQUEST = struct.Struct("<QQQQq")
 # a ts base is set (else the file has none); decline a chunk with any malformed event
-# (the first chunk, whose clock the loading process decided from its timestamps alone)
-HAS_BASE, STRICT = 1, 2
+# (the first chunk, whose clock the loading process decided from its timestamps alone);
+# hand back the chunk normalised (diagnostics.trace.normalise), and then without its flows
+HAS_BASE, STRICT, NORMALISE, WITHOUT_FLOWS = 1, 2, 4, 8
 # helper -> parent: seq, slot, status, payload bytes
 REPLY = struct.Struct("<QQQQ")
 DECODED, DECLINED = 1, 2

@@ -28,7 +28,8 @@ from diagnostics.trace.budget import (
     BudgetExceeded,
     Limits,
 )
-from diagnostics.trace.decode import DEFAULT_CHUNK_BYTES, decode_trace
+from diagnostics.trace.chunk_decode import DecodedChunk
+from diagnostics.trace.decode import DEFAULT_CHUNK_BYTES, HelperWork, decode_trace
 from diagnostics.trace.metadata_fields import checked_device_properties, checked_distributed_info
 from diagnostics.trace.normalise import TableBuilder
 from diagnostics.trace.schema import LoadedTrace, TraceMetadata
@@ -171,17 +172,16 @@ def load_trace_file(
     display = display_name or str(path)
     if budget is None:
         budget = Budget(Limits(max_decompressed_bytes, max_events))
-    builder = TableBuilder()
-    flows_left_out = 0
+    builder = TableBuilder(with_flows)
 
-    def sink(raw: pl.DataFrame, raw_flows: pl.DataFrame | None) -> None:
-        nonlocal flows_left_out
-        # counted before the chunk is normalised: a bomb stops one chunk past the limit
-        budget.take_events(raw.height + (raw_flows.height if raw_flows is not None else 0), display)
-        if not with_flows and raw_flows is not None:
-            flows_left_out += raw_flows.height
-            raw_flows = None
-        builder.add(raw, raw_flows)
+    def sink(chunk: DecodedChunk) -> None:
+        # counted before the chunk is kept: a bomb stops one chunk past the limit
+        budget.take_events(chunk.rows, display)
+        if chunk.normalised is not None:
+            builder.add_normalised(chunk.normalised)
+        else:
+            assert chunk.frame is not None
+            builder.add(chunk.frame, chunk.flows)
 
     decoded = decode_trace(
         prefetch(iter_blocks(path, display=display, budget=budget)),
@@ -189,6 +189,7 @@ def load_trace_file(
         chunk_bytes=chunk_bytes,
         sink=sink,
         parallel=parallel_decode,
+        helper_work=HelperWork(normalise=True, with_flows=with_flows),
     )
     notes: list[str] = []
     distributed = checked_distributed_info(display, decoded.top.get("distributedInfo"))
@@ -247,7 +248,7 @@ def load_trace_file(
         **fields,
         ts_base_us=decoded.ts_base_us,
         event_count=table.events.height,
-        flow_count=table.flows.height + flows_left_out,
+        flow_count=table.flows.height if with_flows else builder.flow_rows,
         skipped_events=n_skipped,
         unnumbered_ids=unnumbered,
         warnings=tuple(warnings),

@@ -99,6 +99,11 @@ def test_a_timeout_whose_stderr_shows_an_allocation_failure_is_the_memory_limit(
     )
     stopped = isolated._stopped(1, tmp_path, "big.json.gz", child, panic)
     assert str(stopped).startswith("big.json.gz: the analysis needed more than 600.0 MiB")
+    # and a Python thread's, as the child reports an exception it did not expect
+    (tmp_path / "error.json").write_text('{"message": "RuntimeError: can\'t start new thread"}')
+    stopped = isolated._stopped(isolated._EXIT_BUG, tmp_path, "big.json.gz", child, "")
+    assert str(stopped).startswith("big.json.gz: the analysis needed more than 600.0 MiB")
+    (tmp_path / "error.json").unlink()
     plain = isolated._stopped(None, tmp_path, "big.json.gz", child, "")
     assert "took longer than 5 s, the time limit" in str(plain)
 

@@ -22,7 +22,9 @@ from diagnostics.errors import InputError
 from diagnostics.trace import decode as decode_module
 from diagnostics.trace import decode_helper
 from diagnostics.trace.decode import DecodedTrace, decode_trace
+from diagnostics.trace.helper_protocol import STRICT
 from diagnostics.trace.loader import load_trace_file
+from diagnostics.trace.normalise import TableBuilder
 
 SHARED = Path(__file__).resolve().parents[4] / "shared"
 REAL_TRACES = sorted((SHARED / "traces").glob("*.json.gz")) + sorted(
@@ -129,6 +131,33 @@ class TestSameResult:
         assert helped.metadata == alone.metadata
         assert len(helpers) == 1 and helpers[0].proc.poll() is not None
 
+    @pytest.mark.parametrize("with_flows", [True, False], ids=["flows", "no-flows"])
+    @pytest.mark.parametrize("path", REAL_TRACES, ids=lambda p: p.name[:48])
+    def test_chunks_the_helper_normalises_make_the_same_tables(
+        self, path, with_flows, helpers, monkeypatch
+    ):
+        # the loader asks the helper to normalise its chunks (and, for the analysis, to
+        # leave their flows out): the tables and counts are those of a load without it
+        normalised_there = []
+        real_add = TableBuilder.add_normalised
+
+        def add_normalised(self, chunk):
+            normalised_there.append(chunk.rows)
+            real_add(self, chunk)
+
+        monkeypatch.setattr(TableBuilder, "add_normalised", add_normalised)
+        chunk = max(SMALL_CHUNK, len(gzip.decompress(path.read_bytes())) // 24)
+        helped, alone = (
+            load_trace_file(
+                path, parallel_decode=parallel, chunk_bytes=chunk, with_flows=with_flows
+            )
+            for parallel in (True, False)
+        )
+        assert_frame_equal(helped.events, alone.events)
+        assert_frame_equal(helped.flows, alone.flows)
+        assert helped.metadata == alone.metadata
+        assert len(normalised_there) > 0
+
     def test_malformed_events_in_a_helpers_chunk_are_skipped_as_here(self, helpers):
         events = kernels(3000)
         for i in range(50, 3000, 97):
@@ -156,9 +185,9 @@ class TestSameResult:
         handed: list[tuple[int, int | None, bool]] = []
         real_submit = decode_helper.DecodeHelper.submit
 
-        def submit(self, slot, seq, text, base_us, strict=False):
-            handed.append((seq, base_us, strict))
-            return real_submit(self, slot, seq, text, base_us, strict)
+        def submit(self, slot, seq, text, base_us, flags=0):
+            handed.append((seq, base_us, bool(flags & STRICT)))
+            return real_submit(self, slot, seq, text, base_us, flags)
 
         monkeypatch.setattr(decode_helper.DecodeHelper, "submit", submit)
         events = kernels(3000)
@@ -254,8 +283,8 @@ class TestSameResult:
         taken_back = spy(monkeypatch, "take_back")
         real_submit = decode_helper.DecodeHelper.submit
 
-        def submit_then_die(self, slot, seq, text, base_us, strict=False):
-            handed = real_submit(self, slot, seq, text, base_us, strict)
+        def submit_then_die(self, slot, seq, text, base_us, flags=0):
+            handed = real_submit(self, slot, seq, text, base_us, flags)
             if seq == 2:
                 self.proc.kill()  # killed (out of memory, a signal) with chunks in hand
                 self.proc.wait()

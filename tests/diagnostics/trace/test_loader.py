@@ -343,6 +343,50 @@ def test_a_table_sorted_whole_equals_one_sorted_column_by_column(monkeypatch):
     assert whole.events.select(pl.struct("ts").is_duplicated().any()).item()  # ties exist
 
 
+def test_chunks_normalised_together_or_one_by_one_give_the_same_table(monkeypatch):
+    # consecutive chunks decoded here are normalised at once (NORMALISE_BATCH_ROWS): the
+    # same table as one by one, equal times in file order
+    from pathlib import Path
+
+    from polars.testing import assert_frame_equal
+
+    from diagnostics.trace import normalise
+
+    trace = (
+        Path(__file__).resolve().parents[4] / "shared" / "traces" / "hta_a100_rank3_of_8.json.gz"
+    )
+    together = load_trace_file(trace, parallel_decode=False, chunk_bytes=256 << 10)
+    monkeypatch.setattr(normalise, "NORMALISE_BATCH_ROWS", 1)
+    one_by_one = load_trace_file(trace, parallel_decode=False, chunk_bytes=256 << 10)
+    assert_frame_equal(together.events, one_by_one.events)
+    assert_frame_equal(together.flows, one_by_one.flows)
+    assert together.metadata == one_by_one.metadata
+    assert together.events.select(pl.struct("ts").is_duplicated().any()).item()  # ties exist
+
+
+def test_a_chunk_normalised_elsewhere_keeps_its_place_among_chunks_waiting_here():
+    # rows at one time stay in file order: chunks decoded here wait to be normalised
+    # together, so a chunk the helper normalised must not overtake them
+    from diagnostics.trace.decode import decode_trace
+    from diagnostics.trace.normalise import TableBuilder, normalise_chunk
+
+    def raw(*names):
+        events = [
+            {"ph": "X", "cat": "cpu_op", "name": n, "ts": 5, "dur": 1, "pid": 1, "tid": 1}
+            for n in names
+        ]
+        return decode_trace(iter([json.dumps({"traceEvents": events}).encode()]), "t.json").frame
+
+    builder = TableBuilder()
+    builder.add(raw("a", "b"), None)
+    builder.add_normalised(normalise_chunk(raw("c"), None))
+    builder.add(raw("d"), None)
+    assert builder.rows == 4
+    table = builder.finish(rank=3)
+    assert table.events["name"].to_list() == ["a", "b", "c", "d"]
+    assert table.events["rank"].to_list() == [3] * 4
+
+
 @pytest.mark.parametrize("sort_whole_max_rows", [10**9, 0])
 def test_all_null_columns_hold_no_value_per_row_and_partial_ones_keep_their_values(
     tmp_path, monkeypatch, sort_whole_max_rows
