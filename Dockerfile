@@ -24,9 +24,10 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /build
-COPY setup.py /build/
+COPY pyproject.toml /build/
 COPY diagnostics/trace/event_scan.c /build/diagnostics/trace/
-RUN python setup.py --quiet build_ext --inplace
+# declared in pyproject.toml ([[tool.setuptools.ext-modules]])
+RUN python -c "from setuptools import setup; setup()" --quiet build_ext --inplace
 
 # The application's files, in one place for both targets, compiled to bytecode here: the
 # image never writes .pyc files (PYTHONDONTWRITEBYTECODE), so without this every CLI run and

@@ -49,9 +49,11 @@ fi
 # source changed; optional: without a C compiler the loader reads every chunk with msgspec
 scanner=(diagnostics/trace/_event_scan.*.so)
 if [ ! -f "${scanner[0]}" ] || [ diagnostics/trace/event_scan.c -nt "${scanner[0]}" ] \
-  || [ setup.py -nt "${scanner[0]}" ]; then
+  || [ pyproject.toml -nt "${scanner[0]}" ]; then
   echo "setup: building the event scanner" >&2
-  .venv/bin/python setup.py --quiet build_ext --inplace >&2
+  # declared in pyproject.toml; setuptools still calls that table experimental, and says so
+  .venv/bin/python -W 'ignore:`[tool.setuptools.ext-modules]`::' \
+    -c "from setuptools import setup; setup()" --quiet build_ext --inplace >&2
 fi
 
 if [ "$profile" = dev ] && [ ! -x /usr/bin/chromium ]; then
