@@ -165,40 +165,33 @@ def _sweep(ops: pl.DataFrame) -> pl.DataFrame:
     """Start (+1) and end (-1) rows of the non-zero-length operators, with the running count
     of open operators per thread. At equal times ends come first (adjacent operators are
     siblings); among starts the longer opens first, among ends the later-started closes
-    first, so identical ranges nest in file order."""
-    spans = ops.lazy().filter(pl.col("end_us") > pl.col("start_us"))
-    starts = spans.select(
-        "op_id",
-        "pid",
-        "tid",
-        pl.col("start_us").alias("_t"),
-        pl.lit(1, pl.Int8).alias("_kind"),
-        (-pl.col("end_us")).alias("_k2"),
-        pl.col("op_id").cast(pl.Int64).alias("_k3"),
-    )
+    first, so identical ranges nest in file order.
+
+    Those tie-breaks are laid out before the sort, so that the sort itself is a stable one
+    by thread and time (a sort by six keys took 0.45 s of the 1 GB trace's 2.9 M rows): the
+    ends in reverse file order (operators are in time order, ``op_id`` their row), then the
+    starts longest first.
+    """
+    spans = ops.filter(pl.col("end_us") > pl.col("start_us"))
+    if not (spans.get_column("start_us").is_sorted() and spans.get_column("op_id").is_sorted()):
+        spans = spans.sort(["start_us", "op_id"])
     ends = spans.select(
-        "op_id",
-        "pid",
-        "tid",
-        pl.col("end_us").alias("_t"),
-        pl.lit(0, pl.Int8).alias("_kind"),
-        (-pl.col("start_us")).alias("_k2"),
-        (-pl.col("op_id").cast(pl.Int64)).alias("_k3"),
+        "op_id", "pid", "tid", pl.col("end_us").alias("_t"), pl.lit(0, pl.Int8).alias("_kind")
+    ).reverse()
+    starts = spans.sort("end_us", descending=True, maintain_order=True).select(
+        "op_id", "pid", "tid", pl.col("start_us").alias("_t"), pl.lit(1, pl.Int8).alias("_kind")
     )
+    rows = pl.concat([ends, starts])
+    # each thread's rows together, in time order (tie-breaks kept): one stable sort of one
+    # float key per thread, where polars' sort by several keys is several times slower
+    by_thread = rows.partition_by(["pid", "tid"], maintain_order=True)
+    if by_thread:
+        rows = pl.concat([part.sort("_t", maintain_order=True) for part in by_thread])
     return (
-        pl.concat([starts, ends])
-        .sort(["pid", "tid", "_t", "_kind", "_k2", "_k3"])
+        rows
         # Every operator opens and closes, so each thread's count returns to zero before
         # the next thread's rows begin: one running sum serves all threads.
-        .select(
-            "op_id",
-            "pid",
-            "tid",
-            "_t",
-            "_kind",
-            _open=(pl.col("_kind").cast(pl.Int64) * 2 - 1).cum_sum(),
-        )  # the tie-breaking keys are left out: the sweep is kept while the index is built
-        .collect()
+        .with_columns(_open=(pl.col("_kind").cast(pl.Int64) * 2 - 1).cum_sum())
     )
 
 

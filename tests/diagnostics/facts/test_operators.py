@@ -45,6 +45,38 @@ def test_runtime_calls_link_to_the_innermost_operator_on_their_thread():
     }
 
 
+def test_operators_nest_by_the_sweeps_tie_breaks_thread_by_thread():
+    # at one time, ends come before starts (adjacent operators are siblings); of two starting
+    # together the longer opens first, whatever the file order; identical ranges nest in
+    # file order; each thread has its own nesting, its rows interleaved with another's
+    index = build_index(
+        events_of(
+            op("outer", 0, 10),
+            op("same_as_outer", 0, 10),
+            op("next_to_outer", 10, 10),
+            op("short", 30, 10),  # written first, opened second
+            op("long", 30, 20),
+            op("in_short", 35, 5),
+            op("other_thread", 0, 50, tid=2),
+            op("nested_there", 10, 10, tid=2),
+            op("empty", 45, 0),  # zero length: inside long, contains nothing
+        )
+    )
+    ops = {row["name"]: row for row in index.ops.iter_rows(named=True)}
+    name_of = {row["op_id"]: row["name"] for row in ops.values()}
+    assert {name: (row["depth"], name_of.get(row["parent_id"])) for name, row in ops.items()} == {
+        "outer": (1, None),
+        "same_as_outer": (2, "outer"),
+        "next_to_outer": (1, None),
+        "long": (1, None),
+        "short": (2, "long"),
+        "in_short": (3, "short"),
+        "other_thread": (1, None),
+        "nested_there": (2, "other_thread"),
+        "empty": (0, None),
+    }
+
+
 def test_operator_table_device_self_and_total_and_host_self():
     table = {
         r["name"]: r for r in operator_table(build_index(nested_trace())).iter_rows(named=True)
