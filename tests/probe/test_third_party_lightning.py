@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+import statistics
 import subprocess
 
 import pytest
@@ -123,11 +124,15 @@ def test_its_three_loaders_are_recorded_at_the_scripts_lines(run):
 @pytest.mark.slow
 def test_loaders_without_workers_are_not_told_too_few_workers_when_nothing_waits(run):
     _, folder = run
-    steps = folder.steps()
-    waited = sum(steps["data_wait_ms"].to_list()) / sum(steps["step_time_ms"].to_list())
-    # a batch is 20 slices of a tensor: the loader is not what the steps wait on
-    assert waited < 0.02
+    # each step's share of its time waiting for the batch, over the steady steps (the first,
+    # which starts the loop, left out): the figure the cards, the reports and the rule read
+    steady = folder.steps().slice(1)
+    shares = [w / t for w, t in zip(steady["data_wait_ms"], steady["step_time_ms"], strict=True)]
+    # a batch is 20 slices of a tensor: the loader is not what the steps wait on. The median
+    # step, as the tool judges: a loaded host can take the CPU from one step during its fetch
+    assert statistics.median(shares) < 0.02
     result = analyze(folder.path)
+    assert result.metrics.data_wait_pct == pytest.approx(statistics.median(shares) * 100)
     assert "too-few-workers" not in {s.rule for s in result.skipped}  # it ran, and is silent
     # nothing else is wrong with this job either: no finding at all
     assert [f.rule for f in result.findings] == []
