@@ -133,7 +133,7 @@ def decode_chunk(text: bytes, base_us: int | None, strict: bool = False) -> Deco
     return DecodedChunk(frame, flows, names, skipped, clock.lossy)
 
 
-def normalised(chunk: DecodedChunk, with_flows: bool) -> DecodedChunk:
+def with_rows_normalised(chunk: DecodedChunk, with_flows: bool) -> DecodedChunk:
     """``chunk`` with its rows normalised, as the loading process would normalise them."""
     if chunk.frame is None:
         return chunk
@@ -166,9 +166,7 @@ def _event_nulls(names: list[str], height: int) -> list[pl.Expr]:
 
 
 def _flow_nulls(names: list[str], height: int) -> list[pl.Series]:
-    return [
-        pl.Series(name, [None], dtype=FLOW_SCHEMA[name]).new_from_index(0, height) for name in names
-    ]
+    return [null_column(name, height, FLOW_SCHEMA) for name in names]
 
 
 def _frame(
@@ -261,7 +259,7 @@ def main() -> None:
                 strict=bool(flags & STRICT),
             )
             if chunk is not None and flags & NORMALISE:
-                chunk = normalised(chunk, with_flows=not flags & WITHOUT_FLOWS)
+                chunk = with_rows_normalised(chunk, with_flows=not flags & WITHOUT_FLOWS)
             if chunk is not None:
                 payload = encode_chunk(chunk)
                 if os.pwrite(results[slot], payload, 0) == len(payload):

@@ -8,6 +8,7 @@ event: no Python code runs per event.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from itertools import compress
 from operator import attrgetter
 from typing import Any
@@ -181,9 +182,9 @@ def _all_none(values: list[Any]) -> bool:
     return not values or (values[0] is None and values.count(None) == len(values))
 
 
-def null_column(name: str, n: int) -> pl.Series:
+def null_column(name: str, n: int, schema: Mapping[str, pl.DataType] = RAW_SCHEMA) -> pl.Series:
     # new_from_index is a plain fill (µs); pl.repeat runs a query per call
-    return pl.Series(name, [None], dtype=RAW_SCHEMA[name]).new_from_index(0, n)
+    return pl.Series(name, [None], dtype=schema[name]).new_from_index(0, n)
 
 
 # The op dtypes the rules read: fp16 and bf16 tell apart runs kernel names cannot.

@@ -77,16 +77,8 @@ class NormalisedChunk:
 def normalise_chunk(
     raw: pl.DataFrame, raw_flows: pl.DataFrame | None, with_flows: bool = True
 ) -> NormalisedChunk:
-    """Decoded rows -> the tables' rows; ``with_flows`` false: the flows are only counted."""
-    flow_rows = raw_flows.height if raw_flows is not None else 0
-    events, flows, skipped, ignored = _normalise_chunk(raw, raw_flows if with_flows else None)
-    return NormalisedChunk(events, flows, skipped, ignored, raw.height + flow_rows, flow_rows)
-
-
-def _normalise_chunk(
-    raw: pl.DataFrame, raw_flows: pl.DataFrame | None
-) -> tuple[pl.DataFrame, pl.DataFrame | None, Counter[str], Counter[str]]:
-    """Decoded rows -> (events, flows, skipped reasons, ignored phases); rank 0.
+    """Decoded rows -> the tables' rows, rank 0; ``with_flows`` false: the flows are only
+    counted.
 
     The common case (every row fine) costs one query; the counting queries run only when
     the rows hold a malformed one or a phase the table does not hold.
@@ -156,8 +148,9 @@ def _normalise_chunk(
     )
     events = _with_empty_columns_unallocated(events)
 
+    flow_rows = raw_flows.height if raw_flows is not None else 0
     flows = None
-    if raw_flows is not None and raw_flows.height:
+    if with_flows and raw_flows is not None and raw_flows.height:
         flows = (
             raw_flows.filter(pl.col("ts").is_not_null())
             .select(
@@ -172,7 +165,7 @@ def _normalise_chunk(
             )
             .cast(FLOW_SCHEMA)  # type: ignore[arg-type]
         )
-    return events, flows, skipped, ignored
+    return NormalisedChunk(events, flows, skipped, ignored, raw.height + flow_rows, flow_rows)
 
 
 def _empty_columns(frame: pl.DataFrame) -> list[str]:
