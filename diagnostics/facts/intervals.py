@@ -70,29 +70,19 @@ def union_of(frames: Sequence[pl.DataFrame], by: Sequence[str] = ()) -> pl.DataF
     return merge_intervals(pl.concat(parts, how="vertical_relaxed"), by)
 
 
-def _coverage_before(
-    merged: pl.LazyFrame, points: pl.LazyFrame, time_col: str, out: str, by: Sequence[str]
+def _covered_until(
+    table: pl.LazyFrame, points: pl.LazyFrame, time_col: str, by: Sequence[str]
 ) -> pl.LazyFrame:
-    """Adds ``out`` = length of the union ``merged`` lying before ``time_col`` of each row
-    (a plan: covered_between runs both of its ends as one query)."""
-    by = list(by)
-    cum_before = pl.col("_len").cum_sum() - pl.col("_len")
-    if by:
-        cum_before = cum_before.over(by)
-    table = (
-        merged.sort([*by, START])
-        .with_columns(_len=pl.col(END) - pl.col(START))
-        .with_columns(_cum_before=cum_before)
-        .rename({START: "_m_start", END: "_m_end"})
-    )
+    """``_covered``: the length of the union lying before ``time_col`` of each point, in the
+    points' order (``_pt``)."""
     joined = (
-        points.with_row_index("_pt")
+        points.select("_pt", *by, time_col)
         .sort(time_col)
         .join_asof(
-            table.sort("_m_start"),
+            table,
             left_on=time_col,
             right_on="_m_start",
-            by=by or None,
+            by=list(by) or None,
             strategy="backward",
             check_sortedness=False,
         )
@@ -102,11 +92,7 @@ def _coverage_before(
         + pl.min_horizontal(pl.col(time_col), pl.col("_m_end"))
         - pl.col("_m_start")
     ).fill_null(0.0)
-    return (
-        joined.with_columns(covered.alias(out))
-        .sort("_pt")
-        .drop(["_pt", "_m_start", "_m_end", "_len", "_cum_before"])
-    )
+    return joined.select("_pt", covered.alias("_covered")).sort("_pt")
 
 
 def covered_between(
@@ -124,16 +110,35 @@ def covered_between(
     """
     if merged.height == 0 or queries.height == 0:
         return queries.with_columns(pl.lit(0.0).alias(out))
-    table = merged.lazy()
-    with_end = _coverage_before(table, queries.lazy(), end_col, "_cov_end", by)
-    with_both = _coverage_before(table, with_end, start_col, "_cov_start", by)
-    return (
-        with_both.with_columns(
-            (pl.col("_cov_end") - pl.col("_cov_start")).clip(lower_bound=0.0).alias(out)
+    by = list(by)
+    cum_before = pl.col("_len").cum_sum() - pl.col("_len")
+    if by:
+        cum_before = cum_before.over(by)
+    table = (
+        merged.lazy()
+        .sort([*by, START])
+        .with_columns(_len=pl.col(END) - pl.col(START))
+        .with_columns(_cum_before=cum_before)
+        .select(*by, pl.col(START).alias("_m_start"), pl.col(END).alias("_m_end"), "_cum_before")
+        .sort("_m_start")
+    )
+    # only the times (and keys) go through the sorts and joins, not every column of the
+    # queries: the idle gaps carry a dozen, sorted four times for each of four activities
+    points = queries.lazy().select(*by, start_col, end_col).with_row_index("_pt")
+    at_end = _covered_until(table, points, end_col, by)
+    at_start = _covered_until(table, points, start_col, by)
+    covered = (
+        pl.concat(
+            [
+                at_end.select(pl.col("_covered").alias("_end")),
+                at_start.select(pl.col("_covered").alias("_start")),
+            ],
+            how="horizontal",
         )
-        .drop(["_cov_end", "_cov_start"])
+        .select((pl.col("_end") - pl.col("_start")).clip(lower_bound=0.0).alias(out))
         .collect(engine="in-memory")
     )
+    return queries.with_columns(covered.to_series())
 
 
 def total_length(merged: pl.DataFrame) -> float:

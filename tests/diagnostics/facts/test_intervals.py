@@ -36,3 +36,41 @@ def test_covered_between_per_key():
     got = covered_between(union, queries, "covered", by=["device"])["covered"].to_list()
     # device 0 covers all of [2,8] (6 µs); device 1 only [2,4] (2 µs).
     assert got == [6.0, 2.0]
+
+
+def test_covered_between_keeps_the_queries_columns_and_order_and_matches_a_direct_sum():
+    """Random ranges on two keys, queries out of time order with columns of their own: each
+    query's coverage equals the sum, over the union's ranges of its key, of their overlap
+    with it, and the rest of the frame comes back as it went in."""
+    import random
+
+    rng = random.Random(7)
+    ranges = [(rng.uniform(0, 1000), rng.uniform(0, 60), rng.choice([0, 1])) for _ in range(300)]
+    union = merge_intervals(
+        pl.DataFrame(
+            {
+                "device": [d for _, _, d in ranges],
+                "start_us": [a for a, _, _ in ranges],
+                "end_us": [a + w for a, w, _ in ranges],
+            }
+        ),
+        by=["device"],
+    )
+    starts = [rng.uniform(-50, 1050) for _ in range(200)]
+    queries = pl.DataFrame(
+        {
+            "label": [f"q{i}" for i in range(200)],
+            "device": [rng.choice([0, 1]) for _ in range(200)],
+            "start_us": starts,
+            "end_us": [a + rng.uniform(-5, 120) for a in starts],  # a few end before they start
+        }
+    )
+    got = covered_between(union, queries, "covered", by=["device"])
+    assert got.drop("covered").equals(queries)
+    for row in got.iter_rows(named=True):
+        direct = sum(
+            max(0.0, min(row["end_us"], b) - max(row["start_us"], a))
+            for d, a, b in union.select("device", "start_us", "end_us").iter_rows()
+            if d == row["device"]
+        )
+        assert abs(row["covered"] - direct) < 1e-9, row
