@@ -36,7 +36,7 @@ from diagnostics.metrics import (
     steady_steps,
 )
 from diagnostics.model import AnalysisInputs
-from diagnostics.progress import ProgressCallback
+from diagnostics.progress import LONG_INPUT_BYTES, ProgressCallback, stored_size
 from diagnostics.rank_pool import POOL_MIN_FILES, RankDigest, digest_files, ranks_are_distinct
 from diagnostics.result import (
     BREAKDOWN_KEYS,
@@ -85,12 +85,17 @@ def analyze(
     """A trace file (.json/.json.gz), a folder of per-rank traces, or a run folder.
 
     The byte and event budgets hold for the whole input (all files of a folder together).
-    ``progress`` hears of each rank file of a many-rank folder as it is analysed.
+    ``progress`` hears of each rank file of a many-rank folder as it is analysed; of a
+    trace, or a few, of LONG_INPUT_BYTES or more as stored, how many MB have been read,
+    then each fact as it is computed.
     """
     folder = Path(path)
     if folder.is_file() and is_snapshot_file(folder):
         return analyze_snapshots([folder], max_bytes=max_decompressed_bytes, thresholds=thresholds)
-    if folder.is_dir() and not RunFolder.is_run_folder(folder):
+    files = [folder]
+    if folder.is_dir() and RunFolder.is_run_folder(folder):
+        files = _run_trace_files(folder)
+    elif folder.is_dir():
         files = trace_files_in(folder)
         many = _analyze_many(
             files,
@@ -104,17 +109,31 @@ def analyze(
         )
         if many is not None:
             return many
+    if sum(stored_size(f) for f in files) < LONG_INPUT_BYTES:
+        progress = None
     # the analysis reads no flow event (drill-downs do, from their own load)
     loaded = load(
         path,
         max_decompressed_bytes=max_decompressed_bytes,
         max_events=max_events,
         with_flows=False,
+        progress=progress,
     )
     snapshot, growth = None, None
     if loaded.run is not None and loaded.run.folder.snapshot_files():
         snapshot, growth = run_snapshots(loaded.run.folder, max_decompressed_bytes)
-    return analyze_loaded(loaded, thresholds=thresholds, snapshot=snapshot, growth=growth)
+    return analyze_loaded(
+        loaded, thresholds=thresholds, snapshot=snapshot, growth=growth, progress=progress
+    )
+
+
+def _run_trace_files(folder: Path) -> list[Path]:
+    """The run's trace files, for their size; none where they cannot be listed (its load
+    says why)."""
+    try:
+        return RunFolder(folder).trace_files()
+    except OSError:
+        return []
 
 
 def analyze_snapshots(
@@ -262,9 +281,11 @@ def analyze_ranks(
     notes: Sequence[str],
     names: Sequence[str],
     thresholds: Any = None,
+    progress: ProgressCallback | None = None,
 ) -> AnalysisResult:
     """The analysis of files already loaded and grouped by rank (``load_trace_files``, or
-    ``as_ranks`` of traces loaded one by one), ``names`` naming the files."""
+    ``as_ranks`` of traces loaded one by one), ``names`` naming the files. ``progress``
+    hears of each fact of the primary rank as it is computed."""
     traces, notes = tuple(traces), tuple(notes)
     loaded = LoadedInput(
         kind="trace" if len(names) == 1 else "ranks",
@@ -274,7 +295,7 @@ def analyze_ranks(
         warnings=tuple(w for t in traces for w in t.metadata.warnings),
         notes=notes + tuple(n for t in traces for n in t.metadata.notes),
     )
-    return analyze_loaded(loaded, thresholds=thresholds)
+    return analyze_loaded(loaded, thresholds=thresholds, progress=progress)
 
 
 def analyze_loaded(
@@ -286,6 +307,7 @@ def analyze_loaded(
     rank_metadata: tuple[TraceMetadata, ...] | None = None,
     snapshot: SnapshotFacts | None = None,
     growth: SnapshotGrowth | None = None,
+    progress: ProgressCallback | None = None,
 ) -> AnalysisResult:
     """Facts, rules and summary for an input the loader has read (and a memory snapshot
     with its growth from an earlier one, when given).
@@ -293,10 +315,11 @@ def analyze_loaded(
     ``primary_facts``, ``rank_facts`` and ``rank_metadata`` (by rank, the primary first):
     the facts computed elsewhere (diagnostics.rank_pool), ``loaded.traces`` then holding
     the primary rank only. Otherwise the primary trace's facts are computed here, and of
-    the other traces only the part the per-rank table reads."""
+    the other traces only the part the per-rank table reads. ``progress`` hears of each
+    of the primary trace's facts as it is computed."""
     primary: LoadedTrace | None = loaded.traces[0] if loaded.traces else None
     if primary_facts is None and primary is not None:
-        primary_facts = compute_facts(primary.events, primary.metadata)
+        primary_facts = compute_facts(primary.events, primary.metadata, progress)
     if rank_facts is None:
         others = (compute_rank_facts(t.events, t.metadata) for t in loaded.traces[1:])
         rank_facts = (RankFacts.of(primary_facts), *others) if primary_facts else ()

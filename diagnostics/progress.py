@@ -1,8 +1,9 @@
 """How far a long analysis has got: so many of a known number of parts done.
 
 A folder of many rank files takes seconds to minutes (docs/BENCHMARKS.md: 64 ranks of 35 MB
-each), and an upload first reads each of its files. The work reports each part as it ends
-(``WorkDone``) to a callback: the CLI prints it to stderr (:class:`StderrProgress`), the
+each), and so does one large trace (a 1 GB one: half of it reading, then the facts). The
+work reports each part as it ends (``WorkDone``: a rank file, a MB of the input read, a
+fact computed) to a callback: the CLI prints it to stderr (:class:`StderrProgress`), the
 bounded child writes it to a file that its parent reads while it waits
 (:class:`ProgressFile`, :func:`read_progress`), and the app draws a bar from it.
 """
@@ -14,7 +15,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
@@ -40,10 +41,79 @@ class WorkDone:
 
 ProgressCallback = Callable[[WorkDone], None]
 
-# Work quicker than this shows no progress on stderr (a single trace, a handful of ranks)
+# Work quicker than this shows no progress on stderr (a 50 MB trace, a handful of ranks)
 SHOWN_AFTER_S = 2.0
 # Off a terminal (a log file, CI), at most one progress line this often, and the last
 LINE_EVERY_S = 5.0
+
+
+# A read reports each time it has got this much further through its files, and at the end
+READ_REPORT_FRACTION = 0.01
+MB = 2**20  # as the CLI's --max-decompressed-mb counts
+# An input smaller than this as stored is analysed in a second or two (16 MB of gzip is
+# about 170 MB of JSON: 2 s on two cores), so the analysis of one says nothing of its
+# progress: the CLI stays quiet, whatever the host's load, and an error stays one line.
+LONG_INPUT_BYTES = 16 * MB
+
+
+class ReadProgress:
+    """Reports how much of an input's files has been read, in MB as stored (compressed,
+    for gzip) of their total size: most of a single large trace's analysis is its read,
+    and its decompressed size is not known before the end.
+
+    The loader passes each file's blocks through :meth:`following`, which reports from the
+    thread that takes them, about every READ_REPORT_FRACTION of the total.
+    """
+
+    def __init__(self, paths: Sequence[str | os.PathLike[str]], report: ProgressCallback) -> None:
+        self.sizes = {os.fspath(Path(p)): stored_size(p) for p in paths}
+        self.total_bytes = sum(self.sizes.values())
+        self.what = "MB of the trace read" if len(paths) == 1 else f"MB of {len(paths)} files read"
+        self.report = report
+        self.done_before = 0  # the files already read
+        self._next_at = 0
+        self._last: WorkDone | None = None
+        self._step = max(1, int(self.total_bytes * READ_REPORT_FRACTION))
+        self._start = time.monotonic()
+
+    def start(self) -> None:
+        self._report(0)
+
+    def following(
+        self,
+        path: str | os.PathLike[str],
+        blocks: Iterator[bytes],
+        bytes_read: Callable[[], int],
+    ) -> Iterator[bytes]:
+        """The blocks of the file at ``path`` as they come, reporting on the way how much
+        of the files has been read; ``bytes_read`` says how much of this one."""
+        try:
+            for block in blocks:
+                done = self.done_before + bytes_read()
+                if done >= self._next_at:
+                    self._report(done)
+                yield block
+        finally:  # read to its end, or given up (left out, over a budget): done with it
+            self.done_before += max(bytes_read(), self.sizes.get(os.fspath(Path(path)), 0))
+        self._report(self.done_before)
+
+    def _report(self, done: int) -> None:
+        self._next_at = done + self._step
+        total_mb = -(-self.total_bytes // MB)  # rounded up: a small file is "1 MB"
+        done_mb = total_mb if done >= self.total_bytes else done // MB
+        if self._last is not None and self._last.done == done_mb:
+            return  # nothing new to say (a file's last block, then its end)
+        self._last = WorkDone(self.what, done_mb, total_mb, time.monotonic() - self._start)
+        self.report(self._last)
+
+
+def stored_size(path: str | os.PathLike[str]) -> int:
+    """The file's size on disk; 0 when it cannot be had (its read will name the file:
+    progress is never worth failing for)."""
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
 
 
 class Counter:

@@ -35,7 +35,7 @@ from diagnostics.analyze import (
 )
 from diagnostics.drilldown import DrillDown, build_drilldown
 from diagnostics.errors import InputError
-from diagnostics.progress import Counter, ProgressCallback
+from diagnostics.progress import ProgressCallback, ReadProgress
 from diagnostics.rank_pool import POOL_MIN_FILES, RankDigest, digest_files
 from diagnostics.result import AnalysisResult
 from diagnostics.snapshot.reader import is_snapshot_file
@@ -230,7 +230,8 @@ def analyse_upload_files(
     event table is under ``store``. Archives among ``paths`` (by their display names) are
     unpacked first, into folders beside them. Raises InputError; budgets hold for all files
     together. ``progress`` hears of each rank file read and analysed in the pool (four
-    files or more), or of each file read, then each analysed.
+    files or more), or of how many MB of the files have been read, then of each fact of
+    the analysis as it is computed.
     """
     from diagnostics.unpack.archives import unpack_archives
     from diagnostics.unpack.names import MAX_UPLOAD_FILES
@@ -262,7 +263,7 @@ def analyse_upload_files(
     chosen: Mode = mode or "ranks"
     if chosen == "separate":
         results = tuple(
-            UploadResult(name, _one_file(trace, path, name, limits), (drill,))
+            UploadResult(name, _one_file(trace, path, name, limits, progress), (drill,))
             for name, path, drill, trace in zip(
                 names, paths, drills, traces or [None] * len(paths), strict=True
             )
@@ -270,7 +271,7 @@ def analyse_upload_files(
         return UploadSet(table, reasons, chosen, results, str(store))
     result = None
     if traces:
-        result = analyze_ranks(*as_ranks(traces), names)
+        result = analyze_ranks(*as_ranks(traces), names, progress=progress)
     elif digests is not None:
         result = analyze_digests(digests, paths, names, "ranks", ", ".join(names), limits)
     if result is None:  # ranks the loader must number
@@ -301,23 +302,29 @@ def _read_one_by_one(
     their flows (which only the drill-down reads), for the analysis."""
     budget = Budget(limits)
     read, traces = [], []
-    counter = Counter("files read", len(paths), progress if len(paths) > 1 else None)
-    counter.start()
+    read_progress = ReadProgress(paths, progress) if progress is not None else None
+    if read_progress is not None:
+        read_progress.start()
     for i, (path, name) in enumerate(zip(paths, names, strict=True)):
-        trace = load_trace_file(path, display_name=name, budget=budget)
+        trace = load_trace_file(path, display_name=name, budget=budget, read_progress=read_progress)
         # built while the trace is loaded anyway; dropped if the question is asked
         read.append(identity_and_drilldown(trace, name=name, store=str(store), stem=f"file-{i}"))
         traces.append(trace.without_flows())
         del trace
-        counter.one_done()
     return read, traces
 
 
-def _one_file(trace: LoadedTrace | None, path: Path, name: str, limits: Limits) -> AnalysisResult:
+def _one_file(
+    trace: LoadedTrace | None,
+    path: Path,
+    name: str,
+    limits: Limits,
+    progress: ProgressCallback | None = None,
+) -> AnalysisResult:
     """One file of an upload analysed alone, from its loaded trace where it is kept."""
     if trace is None:
         return analyze_files([path], display_names=[name], **_budgets(limits))
-    return analyze_ranks(*as_ranks([trace]), [name])
+    return analyze_ranks(*as_ranks([trace]), [name], progress=progress)
 
 
 def _read_in_the_pool(

@@ -67,7 +67,7 @@ if cached is None or cached[0] != (key, mode):
     if cached is not None:  # replaced: its step folder goes with it
         release(cached[1])
     with st.spinner(f"Analysing {len(files)} trace file{'s' if len(files) > 1 else ''}…"):
-        bar = render.ProgressBar()  # many files: each read, then each rank analysed
+        bar = render.ProgressBar()  # the MB read, then each fact; many files: each rank file
         try:
             cached = (
                 (key, mode),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from contextlib import nullcontext
 from dataclasses import replace
 from typing import Any
@@ -31,6 +31,7 @@ from diagnostics.facts.sync_sites import sync_sites
 from diagnostics.facts.syncs import sync_per_step, sync_table
 from diagnostics.facts.trace_parts import TraceParts, trace_parts
 from diagnostics.process_limits import usable_cores
+from diagnostics.progress import Counter, ProgressCallback
 from diagnostics.sources import RankFacts, TraceFacts
 
 # Some GPU work always predates the profiling window (launched before it started); warn only
@@ -112,7 +113,9 @@ class _Inline:
         return done
 
 
-def _one_rank(events: pl.DataFrame, metadata: Any, rank: int) -> TraceFacts:
+def _one_rank(
+    events: pl.DataFrame, metadata: Any, rank: int, progress: ProgressCallback | None = None
+) -> TraceFacts:
     props, dist, version, meta_warnings, _ = _metadata(metadata)
     index = build_index(events)
     steps = find_steps(events, index)
@@ -136,6 +139,13 @@ def _one_rank(events: pl.DataFrame, metadata: Any, rank: int) -> TraceFacts:
         syncs_per_step = pool.submit(sync_per_step, events, index, steps)
         half_dtypes = pool.submit(half_dtype_ops, events)
         sites = pool.submit(sync_sites, events, index, steps)
+        facts = (comms, precision, operators, timeline, idle, breakdown, gpu_future)
+        facts += (kernels_future, parts_future, copies, memory_future, syncs, launches)
+        facts += (syncs_per_step, half_dtypes, sites)
+        counter = Counter("facts computed", len(facts), progress)
+        counter.start()
+        for _ in as_completed(facts):  # reported from this thread, whichever computed it
+            counter.one_done()
     warnings = list(meta_warnings) + list(steps.warnings)
     parts = parts_future.result()
     warnings.extend(_parts_warnings(parts, index))
@@ -212,17 +222,20 @@ def compute_rank_facts(events: pl.DataFrame, metadata: Any = None) -> RankFacts:
     )
 
 
-def compute_facts(events: pl.DataFrame, metadata: Any = None) -> TraceFacts:
+def compute_facts(
+    events: pl.DataFrame, metadata: Any = None, progress: ProgressCallback | None = None
+) -> TraceFacts:
     """Every derived fact of a trace's event table (diagnostics.trace.schema.EVENT_SCHEMA).
 
     ``metadata`` is the loader's TraceMetadata (device_properties, distributed_info,
     pytorch_version, warnings, rank are read; anything missing is taken as absent). The
     table should hold one rank; if it holds several, each is analysed on its own and the
-    lowest rank's facts are returned with ``ranks`` summarising all of them.
+    lowest rank's facts are returned with ``ranks`` summarising all of them. ``progress``
+    hears of each fact of a one-rank table as it is computed.
     """
     rank = _single_rank(events, metadata)
     if rank is not None:
-        return _one_rank(events, metadata, rank)
+        return _one_rank(events, metadata, rank, progress)
     ranks = events["rank"].unique().drop_nulls().sort().to_list()
     per_rank = [_one_rank(events.filter(pl.col("rank") == r), metadata, int(r)) for r in ranks]
     parts = [RankFacts.of(facts) for facts in per_rank]

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import polars as pl
 
 from diagnostics.errors import InputError
+from diagnostics.progress import ProgressCallback, ReadProgress
 from diagnostics.runs import RunFolder, RunFolderError
 from diagnostics.sources import RunData
 from diagnostics.trace.budget import (
@@ -33,7 +34,7 @@ from diagnostics.trace.decode import DEFAULT_CHUNK_BYTES, HelperWork, decode_tra
 from diagnostics.trace.metadata_fields import checked_device_properties, checked_distributed_info
 from diagnostics.trace.normalise import TableBuilder
 from diagnostics.trace.schema import LoadedTrace, TraceMetadata
-from diagnostics.trace.source import TRACE_SUFFIXES, iter_blocks, prefetch
+from diagnostics.trace.source import TRACE_SUFFIXES, BytesRead, iter_blocks, prefetch
 from diagnostics.trace.validate import check_times
 
 # "rank-3", "rank_3", "rank3" (HTA, torchrun layouts) or "worker3" (tb plugin samples)
@@ -156,6 +157,7 @@ def load_trace_file(
     budget: Budget | None = None,
     parallel_decode: bool = True,
     with_flows: bool = True,
+    read_progress: ReadProgress | None = None,
 ) -> LoadedTrace:
     """One Chrome-trace file -> its event table, metadata and flows.
 
@@ -167,6 +169,7 @@ def load_trace_file(
     the caller already runs one load per core (diagnostics.rank_pool). ``with_flows``:
     keep the flow events (ph s/f/t); only drill-downs read them, so the analysis leaves
     them out (a third of a modern trace's events: 130 MB of a 1 GB trace's table).
+    ``read_progress`` hears how far the file's read has got.
     """
     path = Path(path)
     display = display_name or str(path)
@@ -183,8 +186,12 @@ def load_trace_file(
             assert chunk.frame is not None
             builder.add(chunk.frame, chunk.flows)
 
+    read = BytesRead()
+    blocks = prefetch(iter_blocks(path, display=display, budget=budget, read=read))
+    if read_progress is not None:
+        blocks = read_progress.following(path, blocks, lambda: read.count)
     decoded = decode_trace(
-        prefetch(iter_blocks(path, display=display, budget=budget)),
+        blocks,
         display,
         chunk_bytes=chunk_bytes,
         sink=sink,
@@ -293,17 +300,22 @@ def load_trace_files(
     on_error: Callable[[InputError], None] | None = None,
     max_events: int = DEFAULT_MAX_EVENTS,
     with_flows: bool = True,
+    progress: ProgressCallback | None = None,
 ) -> tuple[tuple[LoadedTrace, ...], tuple[str, ...]]:
     """Loads each file and groups them by rank: (traces by rank, notes).
 
     All files draw on one budget of ``max_decompressed_bytes`` and ``max_events``. A file
     that cannot be read raises its InputError, or, with ``on_error``, is handed to it and
     left out; going over the budget always raises (leaving out one file would hide it).
+    ``progress`` hears how many MB of the files have been read.
     """
     if display_names is not None and len(display_names) != len(paths):
         raise ValueError("display_names must name every path")
     names = display_names or [str(p) for p in paths]
     budget = Budget(Limits(max_decompressed_bytes, max_events))
+    read_progress = ReadProgress(paths, progress) if progress is not None else None
+    if read_progress is not None:
+        read_progress.start()
     loaded = []
     for path, name in zip(paths, names, strict=True):
         try:
@@ -314,6 +326,7 @@ def load_trace_files(
                     chunk_bytes=chunk_bytes,
                     budget=budget,
                     with_flows=with_flows,
+                    read_progress=read_progress,
                 )
             )
         except InputError as exc:
@@ -409,11 +422,12 @@ def load(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     max_events: int = DEFAULT_MAX_EVENTS,
     with_flows: bool = True,
+    progress: ProgressCallback | None = None,
 ) -> LoadedInput:
     """A trace file, a folder of per-rank traces, or a run folder (with or without traces).
 
     The budgets hold for the input as a whole: every file of a folder draws on them.
-    ``with_flows``: see :func:`load_trace_file`.
+    ``with_flows``: see :func:`load_trace_file`; ``progress``: :func:`load_trace_files`.
     """
     path = Path(path)
     display = str(path)
@@ -426,6 +440,7 @@ def load(
             chunk_bytes=chunk_bytes,
             max_events=max_events,
             with_flows=with_flows,
+            progress=progress,
         )
         return LoadedInput(
             kind="trace",
@@ -463,6 +478,7 @@ def load(
         max_events=max_events,
         on_error=(lambda exc: skipped.append(f"trace left out: {exc}")) if run else None,
         with_flows=with_flows,
+        progress=progress,
     )
     if run is not None and RunFolder(path).world_size() <= 1:
         # a single-process run: every profiler window is rank 0's, whatever the names (a

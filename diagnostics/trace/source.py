@@ -36,6 +36,7 @@ __all__ = [
     "DEFAULT_MAX_DECOMPRESSED_BYTES",
     "ISAL",
     "ZLIB",
+    "BytesRead",
     "Inflater",
     "default_inflater",
     "iter_blocks",
@@ -81,6 +82,30 @@ def _isal_inflater() -> Inflater | None:
 ISAL = _isal_inflater()  # None where the isal package is not installed
 
 
+class BytesRead:
+    """How much of a file its reader has taken so far, as stored (compressed, for gzip):
+    set by the thread that reads, read by any other (a progress report)."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+class _Counted:
+    """A file handle that adds what each read returns to a BytesRead."""
+
+    __slots__ = ("_handle", "_read")
+
+    def __init__(self, handle: Any, read: BytesRead) -> None:
+        self._handle, self._read = handle, read
+
+    def read(self, size: int) -> bytes:
+        data = self._handle.read(size)
+        self._read.count += len(data)
+        return data
+
+
 def default_inflater() -> Inflater:
     """ISA-L where ``isal`` imports, stdlib zlib otherwise."""
     return ISAL or ZLIB
@@ -94,12 +119,13 @@ def iter_blocks(
     block_bytes: int = BLOCK_BYTES,
     budget: Budget | None = None,
     inflater: Inflater | None = None,
+    read: BytesRead | None = None,
 ) -> Iterator[bytes]:
     """Yields the file's (decompressed) content in blocks of at most ``block_bytes``.
 
     Every block is drawn from ``budget`` (shared by all files of one input); without one,
     this file alone may decompress to ``max_bytes``. ``inflater`` (gzip only) defaults to
-    :func:`default_inflater`.
+    :func:`default_inflater`. ``read`` counts the file's bytes as they are read.
     """
     path = Path(path)
     display = display or str(path)
@@ -119,10 +145,11 @@ def iter_blocks(
             handle.seek(0)
         except OSError as exc:
             raise InputError(display, f"cannot be read ({exc.strerror or exc})") from None
+        stream = handle if read is None else _Counted(handle, read)
         if head == GZIP_MAGIC:
-            yield from _gunzip(handle, display, budget, block_bytes, inflater or default_inflater())
+            yield from _gunzip(stream, display, budget, block_bytes, inflater or default_inflater())
         else:
-            yield from _plain(handle, display, budget, block_bytes)
+            yield from _plain(stream, display, budget, block_bytes)
 
 
 def _plain(handle, display: str, budget: Budget, block_bytes: int) -> Iterator[bytes]:

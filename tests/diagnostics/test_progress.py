@@ -1,5 +1,6 @@
-"""Progress of a long analysis: counted per rank file in the pool, printed on stderr by the
-CLI, passed from the bounded child to its parent, and reported by an upload read in one pass."""
+"""Progress of a long analysis: counted per rank file in the pool, per MB read and per fact
+computed for one large trace, printed on stderr by the CLI, passed from the bounded child to
+its parent, and reported by an upload read in one pass."""
 
 from __future__ import annotations
 
@@ -8,12 +9,24 @@ import json
 
 import pytest
 
+import diagnostics.analyze as analyze_module
 import diagnostics.progress as progress_module
 from diagnostics.__main__ import main
+from diagnostics.analyze import analyze
 from diagnostics.isolated import analyze_isolated
-from diagnostics.progress import ProgressFile, StderrProgress, WorkDone, read_progress
+from diagnostics.progress import (
+    MB,
+    ProgressFile,
+    ReadProgress,
+    StderrProgress,
+    WorkDone,
+    read_progress,
+)
 from diagnostics.upload_analysis import analyse_upload_files
-from tests.diagnostics.trace.helpers import write_rank_copies
+from tests.diagnostics.trace.helpers import SHARED_TRACES, write_rank_copies
+
+# a real trace of 51 MB of JSON, 2.9 MB as stored
+LARGE_REAL = SHARED_TRACES / "hta_v100_rank1_of_2_large.json.gz"
 
 
 @pytest.fixture(scope="module")
@@ -136,4 +149,100 @@ def test_an_upload_of_four_ranks_is_read_once_in_the_pool_and_reports_each_file(
     assert [d.label for d in result.drilldowns] == [f.name for f in files]
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         f"file-{i}.{part}" for i in range(4) for part in ("events", "flows")
+    ]
+
+
+def _file_of(path, size: int):
+    path.write_bytes(b"x" * size)
+    return path
+
+
+def _blocks(size: int, read: list[int], block: int = 256 * 1024):
+    """A reader's blocks of a ``size``-byte file, counting into ``read`` as it goes."""
+    while read[0] < size:
+        n = min(block, size - read[0])
+        read[0] += n
+        yield b"x" * n
+
+
+def test_a_read_reports_the_mb_of_its_files_read_until_all_of_them(tmp_path):
+    sizes = (3 * MB + MB // 2, MB)
+    paths = [_file_of(tmp_path / f"{i}.json", n) for i, n in enumerate(sizes)]
+    reports: list[WorkDone] = []
+    meter = ReadProgress(paths, reports.append)
+    meter.start()
+    for path, size in zip(paths, sizes, strict=True):
+        read = [0]
+        assert b"".join(meter.following(path, _blocks(size, read), lambda r=read: r[0])) == (
+            b"x" * size
+        )
+    assert {r.what for r in reports} == {"MB of 2 files read"}
+    assert {r.total for r in reports} == {5}  # 4.5 MB, rounded up
+    done = [r.done for r in reports]
+    assert done[0] == 0 and done[-1] == 5
+    assert done == sorted(done) and len(done) == len(set(done))  # each figure said once
+    assert 3 in done and 4 in done  # on the way, not only at the ends
+
+
+def test_a_file_given_up_half_read_counts_as_read_so_the_read_still_ends_at_its_total(
+    tmp_path,
+):
+    sizes = (2 * MB, 2 * MB)
+    paths = [_file_of(tmp_path / f"{i}.json", n) for i, n in enumerate(sizes)]
+    reports: list[WorkDone] = []
+    meter = ReadProgress(paths, reports.append)
+    read = [0]
+    first = meter.following(paths[0], _blocks(sizes[0], read), lambda: read[0])
+    next(first)
+    first.close()  # left out after its first block (unreadable, or over a budget)
+    read = [0]
+    list(meter.following(paths[1], _blocks(sizes[1], read), lambda: read[0]))
+    assert reports[-1].done == reports[-1].total == 4
+
+
+def test_one_large_trace_reports_its_read_then_each_fact(monkeypatch):
+    monkeypatch.setattr(analyze_module, "LONG_INPUT_BYTES", 0)  # as if it were one
+    reports: list[WorkDone] = []
+    result = analyze(LARGE_REAL, progress=reports.append)
+    assert result.findings is not None
+    read = [r for r in reports if r.what == "MB of the trace read"]
+    facts = [r for r in reports if r.what == "facts computed"]
+    assert reports == read + facts  # the read, then the facts
+    assert read[0].done == 0 and read[-1].done == read[-1].total == 3  # 2.9 MB as stored
+    assert [r.done for r in facts] == list(range(17))
+    assert {r.total for r in facts} == {16}
+
+
+def test_a_trace_under_the_long_input_size_reports_nothing_so_the_cli_stays_quiet(capsys):
+    assert LARGE_REAL.stat().st_size < progress_module.LONG_INPUT_BYTES
+    reports: list[WorkDone] = []
+    analyze(LARGE_REAL, progress=reports.append)
+    assert reports == []
+
+
+def test_the_cli_prints_a_large_traces_progress_on_stderr(monkeypatch, capsys):
+    monkeypatch.setattr(progress_module, "SHOWN_AFTER_S", 0.0)
+    monkeypatch.setattr(analyze_module, "LONG_INPUT_BYTES", 0)
+    assert main(["analyze", str(LARGE_REAL)]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["findings"] is not None
+    lines = captured.err.splitlines()
+    assert lines[0] == "0 of 3 MB of the trace read (0 %, 0 s)"
+    assert any(line.startswith("3 of 3 MB of the trace read (100 %, ") for line in lines)
+    assert lines[-1].startswith("16 of 16 facts computed (100 %, ")
+
+
+def test_a_single_file_upload_reports_its_read_then_each_fact(tmp_path):
+    reports: list[WorkDone] = []
+    upload = analyse_upload_files(
+        [LARGE_REAL],
+        display_names=[LARGE_REAL.name],
+        mode=None,
+        store=tmp_path,
+        progress=reports.append,
+    )
+    assert len(upload.results) == 1
+    assert [(r.what, r.done) for r in reports] == [
+        *(("MB of the trace read", n) for n in range(4)),
+        *(("facts computed", n) for n in range(17)),
     ]
