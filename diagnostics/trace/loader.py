@@ -186,10 +186,15 @@ def load_trace_file(
             assert chunk.frame is not None
             builder.add(chunk.frame, chunk.flows)
 
-    read = BytesRead()
-    blocks = prefetch(iter_blocks(path, display=display, budget=budget, read=read))
-    if read_progress is not None:
-        blocks = read_progress.following(path, blocks, lambda: read.count)
+    if read_progress is None:
+        blocks = prefetch(iter_blocks(path, display=display, budget=budget))
+    else:  # the file's bytes counted only when its read is followed
+        read = BytesRead()
+        blocks = read_progress.following(
+            path,
+            prefetch(iter_blocks(path, display=display, budget=budget, read=read)),
+            lambda: read.count,
+        )
     decoded = decode_trace(
         blocks,
         display,
