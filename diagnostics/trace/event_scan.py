@@ -43,6 +43,13 @@ def _frame(columns: list[tuple[object, object]]) -> pl.DataFrame:
     return pl.DataFrame([pl.Series(_ArrowColumn(capsules)) for capsules in columns])
 
 
+def release_spare_blocks() -> None:
+    """Gives back the column blocks the scanner keeps for reuse while a trace loads (up to
+    32 MiB, refilled as polars drops each chunk's raw columns)."""
+    if _event_scan is not None:
+        _event_scan.release_spare()
+
+
 def scanned_columns(
     text: bytes | bytearray | memoryview, clock: TsClock
 ) -> tuple[pl.DataFrame, pl.DataFrame | None, list[tuple[str, Any, Any, Any]]] | None:

@@ -31,6 +31,8 @@ from diagnostics.trace.budget import (
 )
 from diagnostics.trace.chunk_decode import DecodedChunk
 from diagnostics.trace.decode import DEFAULT_CHUNK_BYTES, HelperWork, decode_trace
+from diagnostics.trace.event_scan import release_spare_blocks
+from diagnostics.trace.freed_memory import give_freed_memory_back, keep_freed_memory
 from diagnostics.trace.metadata_fields import checked_device_properties, checked_distributed_info
 from diagnostics.trace.normalise import TableBuilder
 from diagnostics.trace.schema import LoadedTrace, TraceMetadata
@@ -195,6 +197,7 @@ def load_trace_file(
             prefetch(iter_blocks(path, display=display, budget=budget, read=read)),
             lambda: read.count,
         )
+    keep_freed_memory()  # the chunks' buffers reuse the same pages (freed_memory)
     decoded = decode_trace(
         blocks,
         display,
@@ -219,6 +222,9 @@ def load_trace_file(
     if total_rows == 0 and not decoded.skipped:
         raise InputError(display, "traceEvents is empty: there is nothing to analyse")
     table = builder.finish(rank)
+    # the raw chunks are gone: the scanner's spare blocks and the heap's free memory go too
+    release_spare_blocks()
+    give_freed_memory_back()
     skipped = decoded.skipped + table.skipped
     n_skipped = sum(skipped.values())
     if table.events.height == 0:

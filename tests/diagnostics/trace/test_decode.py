@@ -7,7 +7,7 @@ import json
 import pytest
 
 from diagnostics.errors import InputError
-from diagnostics.trace.decode import decode_trace
+from diagnostics.trace.decode import _Chunker, decode_trace
 from tests.diagnostics.trace.helpers import cpu_op, kernel, small_events, trace_doc
 
 
@@ -152,3 +152,20 @@ def test_an_escaped_control_character_in_a_name_is_text_not_binary():
 def test_byte_order_mark_is_accepted():
     decoded = decode_text(b"\xef\xbb\xbf" + json.dumps(small_events()).encode())
     assert decoded.frame.height == 6
+
+
+def test_the_buffer_fills_to_a_chunk_with_the_blocks_that_reach_it_and_no_more():
+    blocks = iter([bytes([65 + i]) * 300 for i in range(10)])
+    chunker = _Chunker("t.json", blocks, 1000, sink=lambda chunk: None)
+    chunker.buf = bytearray(b"[rest,")  # what the last cut left
+    assert chunker.fill(1000)
+    # 4 blocks take it past 1,000 bytes; the 6 after them are not read yet
+    assert bytes(chunker.buf) == b"[rest," + b"A" * 300 + b"B" * 300 + b"C" * 300 + b"D" * 300
+    assert chunker.total == 1200 and len(list(blocks)) == 6
+
+
+def test_the_buffer_holds_all_the_text_when_it_ends_before_a_chunk():
+    chunker = _Chunker("t.json", iter([b"[1,", b"", b"2]"]), 1000, sink=lambda chunk: None)
+    assert not chunker.fill(1000)
+    assert bytes(chunker.buf) == b"[1,2]" and chunker.eof
+    assert not chunker.more()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,10 +22,17 @@ from polars.testing import assert_frame_equal
 from diagnostics.errors import InputError
 from diagnostics.trace import decode as decode_module
 from diagnostics.trace import decode_helper
+from diagnostics.trace.chunk_decode import (
+    decode_chunk,
+    decode_payload,
+    encode_chunk,
+    with_rows_normalised,
+)
 from diagnostics.trace.decode import DecodedTrace, decode_trace
 from diagnostics.trace.helper_protocol import STRICT
 from diagnostics.trace.loader import load_trace_file
 from diagnostics.trace.normalise import TableBuilder
+from tests.diagnostics.trace.helpers import small_events
 
 SHARED = Path(__file__).resolve().parents[4] / "shared"
 REAL_TRACES = sorted((SHARED / "traces").glob("*.json.gz")) + sorted(
@@ -104,6 +112,37 @@ def kernels(n: int, start: int = 0) -> list[dict]:
         }
         for i in range(start, start + n)
     ]
+
+
+def test_a_chunk_comes_back_from_the_helper_as_it_left_raw_or_normalised():
+    # what the helper writes into its memory file and the loading process reads back: the
+    # frames whole (the columns null throughout left out and made again), counts and names
+    events = [*kernels(40), *small_events(), {"ph": "X", "name": "bad", "ts": 1.0}]
+    chunk = decode_chunk(json.dumps(events).encode(), None)
+    assert chunk is not None and chunk.frame is not None and chunk.flows is not None
+    assert chunk.frame["memory_bytes"].null_count() == chunk.frame.height  # one left out
+    back = decode_payload(encode_chunk(chunk))
+    assert_frame_equal(back.frame, chunk.frame)
+    assert_frame_equal(back.flows, chunk.flows)
+    assert (back.names, back.skipped, back.lossy) == (chunk.names, chunk.skipped, chunk.lossy)
+
+    normalised = with_rows_normalised(chunk, with_flows=True)
+    rows, back_rows = normalised.normalised, decode_payload(encode_chunk(normalised)).normalised
+    assert rows is not None and back_rows is not None
+    assert_frame_equal(back_rows.events, rows.events)
+    assert_frame_equal(back_rows.flows, rows.flows)
+    assert rows.skipped == {"complete event (ph X) without dur": 1}
+    assert (back_rows.skipped, back_rows.ignored) == (rows.skipped, rows.ignored)
+    assert (back_rows.rows, back_rows.flow_rows) == (rows.rows, rows.flow_rows)
+
+
+def test_a_chunk_of_no_rows_comes_back_with_its_columns():
+    chunk = decode_chunk(json.dumps(kernels(3)).encode(), None)
+    assert chunk is not None and chunk.frame is not None
+    empty = replace(chunk, frame=chunk.frame.clear(), flows=None)
+    back = decode_payload(encode_chunk(empty))
+    assert_frame_equal(back.frame, empty.frame)
+    assert back.flows is None
 
 
 @pytest.mark.skipif(not decode_helper.can_help(), reason="needs two cores and memfd (Linux)")

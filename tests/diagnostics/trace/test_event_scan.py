@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import resource
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -332,3 +333,53 @@ def test_the_decode_helper_scans_its_chunks_to_the_same_table(monkeypatch):
     assert helped.events.equals(plain.events)
     assert helped.flows.equals(plain.flows)
     assert helped.metadata == plain.metadata
+
+
+def _ops(n: int, start: int = 0) -> bytes:
+    return chunk(
+        [
+            {
+                "ph": "X",
+                "cat": "cpu_op",
+                "name": f"aten::op_{i % 7}",
+                "pid": 1,
+                "tid": 2,
+                "ts": 1000.0 + i,
+                "dur": 0.5,
+                "args": {"External id": i},
+            }
+            for i in range(start, start + n)
+        ]
+    )
+
+
+def test_a_dropped_chunks_column_blocks_serve_the_next_chunk():
+    # 20,000 rows: each number column is 160 KB, a mapped block of its own. Mapped anew for
+    # each chunk, its pages were faulted in again (1,400 faults a chunk); kept, they are not
+    event_scan._event_scan.release_spare()
+    faults = []
+    for start in range(4):
+        text = _ops(20_000, start)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        scanned = scanned_columns(text, TsClock.with_base(None))
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+        assert scanned is not None
+        frame = scanned[0]  # a reused block holds this chunk's values, not the last one's
+        assert frame["ts"].to_list() == [1000.0 + start + i for i in range(20_000)]
+        assert frame["external_id"].to_list() == list(range(start, start + 20_000))
+        del scanned, frame  # polars lets go of the chunk's columns: their blocks are kept
+    assert faults[0] > 1_000 and faults[-1] < 200, faults
+
+
+def test_the_spare_blocks_are_bounded_and_given_back_when_a_load_ends(tmp_path):
+    scanner = event_scan._event_scan
+    scanner.release_spare()
+    text = _ops(100_000)
+    chunks = [scanned_columns(text, TsClock.with_base(None)) for _ in range(20)]
+    del chunks  # 20 chunks' blocks (about 8 MB each) let go of at once
+    assert 16 << 20 < scanner.spare() <= 32 << 20
+    path = tmp_path / "trace.json"
+    path.write_bytes(b'{"traceEvents": ' + text + b"}")
+    loaded = _load(path, parallel_decode=False, chunk_bytes=1 << 20)
+    assert loaded.events.height == 100_000
+    assert scanner.spare() == 0
