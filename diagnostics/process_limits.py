@@ -43,11 +43,16 @@ def address_space_used() -> int:
         return 0
 
 
-def _prctl() -> Callable[..., int] | None:
+def libc_function(name: str) -> Callable[..., int] | None:
+    """The C library's function ``name`` (None where this C library has none)."""
     try:
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):  # not Linux
+        return getattr(ctypes.CDLL(None, use_errno=True), name)
+    except (OSError, AttributeError):  # not Linux, or not glibc
         return None
+
+
+def _prctl() -> Callable[..., int] | None:
+    return libc_function("prctl")
 
 
 def die_with_parent_preexec() -> Callable[[], None] | None:

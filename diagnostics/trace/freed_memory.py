@@ -14,23 +14,14 @@ which this does not touch. Where the C library is not glibc, nothing changes.
 
 from __future__ import annotations
 
-import ctypes
-from collections.abc import Callable
+from diagnostics.process_limits import libc_function
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
 MMAP_THRESHOLD_BYTES = 32 << 20  # glibc's ceiling for its own adjustment (64-bit)
 TRIM_THRESHOLD_BYTES = 2 * MMAP_THRESHOLD_BYTES  # as glibc keeps it when it adjusts
 
-
-def _libc_function(name: str) -> Callable[..., int] | None:
-    try:
-        return getattr(ctypes.CDLL(None), name)
-    except (OSError, AttributeError):
-        return None
-
-
-_mallopt = _libc_function("mallopt")
-_malloc_trim = _libc_function("malloc_trim")
+_mallopt = libc_function("mallopt")
+_malloc_trim = libc_function("malloc_trim")
 
 
 def keep_freed_memory() -> bool:
