@@ -106,9 +106,12 @@ class HostStepClock:
         self._run_queue = RunQueueWait()
 
     def begin(self) -> None:
-        self._waited_ns = self._run_queue.read()
-        self._aside_ns = 0
+        # the wait is read inside the clock's marks (after "begin", before "end"), so a
+        # preemption between a mark and a read can only shorten the wait, never make it
+        # longer than the step
         self._marks = {"begin": time.perf_counter()}
+        self._aside_ns = 0
+        self._waited_ns = self._run_queue.read()
 
     @contextlib.contextmanager
     def set_aside(self) -> Iterator[None]:
@@ -128,8 +131,8 @@ class HostStepClock:
 
     def finish(self) -> dict[str, float]:
         """Milliseconds per phase. Call after the step's results are on the host."""
-        self._marks["end"] = time.perf_counter()
         waited_ns = self._run_queue.read()
+        self._marks["end"] = time.perf_counter()
         m = self._marks
         # between "fetched" and "start" the loop may evaluate at an epoch boundary: that
         # time belongs to neither the data wait nor the step
