@@ -51,10 +51,6 @@ def libc_function(name: str) -> Callable[..., int] | None:
         return None
 
 
-def _prctl() -> Callable[..., int] | None:
-    return libc_function("prctl")
-
-
 def die_with_parent_preexec() -> Callable[[], None] | None:
     """A ``preexec_fn`` that makes the child SIGKILLed when its parent dies.
 
@@ -62,7 +58,7 @@ def die_with_parent_preexec() -> Callable[[], None] | None:
     may hold gigabytes. The library lookup happens here, in the parent: between fork and exec
     the function only calls prctl and getppid.
     """
-    prctl = _prctl()
+    prctl = libc_function("prctl")
     if prctl is None:
         return None
     parent = os.getpid()
@@ -72,7 +68,7 @@ def die_with_parent_preexec() -> Callable[[], None] | None:
 def die_with_parent(parent: int) -> None:
     """The same as :func:`die_with_parent_preexec`, from inside an already started process
     (a pool worker) whose parent had pid ``parent``."""
-    prctl = _prctl()
+    prctl = libc_function("prctl")
     if prctl is not None:
         _die_with(prctl, parent)
 

@@ -26,7 +26,7 @@ import polars as pl
 
 from diagnostics.trace.begin_end import PAIRED_PHASES
 from diagnostics.trace.columns import EVENT_DECODER, Event, TsClock, columns, null_column
-from diagnostics.trace.event_scan import scanned_columns
+from diagnostics.trace.event_scan import keep_spare_blocks, scanned_columns
 from diagnostics.trace.helper_protocol import (
     DECLINED,
     DECODED,
@@ -241,7 +241,9 @@ def main() -> None:
     from diagnostics.trace.freed_memory import keep_freed_memory
 
     die_with_parent(int(sys.argv[1]))
-    keep_freed_memory()  # for good: this process only decodes chunks
+    # for good: this process only decodes chunks
+    keep_freed_memory()
+    keep_spare_blocks()
     fds = [int(fd) for fd in sys.argv[2:]]
     texts, results = fds[:SLOTS], fds[SLOTS:]
     requests, replies = sys.stdin.fileno(), sys.stdout.fileno()

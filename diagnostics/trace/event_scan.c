@@ -50,8 +50,8 @@ typedef struct {
 #define MAPPED_BYTES ((Py_ssize_t)1 << 16)
 
 /* Mapped blocks that polars lets go of (a chunk's raw columns, once normalised) are kept
-   as spares for the next chunks' columns, up to SPARE_BYTES in all, until the load ends
-   (release_spare): a fresh mapping is pages the kernel faults in and zeroes one at a time,
+   as spares for the next chunks' columns, up to SPARE_BYTES in all, while a load keeps
+   them (keep_spare to release_spare, counted: loads may overlap): a fresh mapping is pages the kernel faults in and zeroes one at a time,
    and the scanner's were a fifth of the 1 GB load's page faults. Mapped sizes are powers of
    two (buf_grow doubles from 4096): one list per size, linked through the blocks' first
    bytes. polars frees columns from its own threads, hence the lock. */
@@ -61,6 +61,9 @@ typedef struct {
 static pthread_mutex_t spare_lock = PTHREAD_MUTEX_INITIALIZER;
 static void *spare_lists[SPARE_SIZES];
 static Py_ssize_t spare_bytes;
+/* loads under way that keep spares; with none, a freed block goes back to the system (an
+   event table dropped later, or a refused load's chunks freed with its exception) */
+static Py_ssize_t spare_keepers;
 
 /* the list of blocks of ``cap`` bytes, or -1 where none are kept */
 static int spare_list(Py_ssize_t cap) {
@@ -88,7 +91,7 @@ static int spare_keep(void *block, Py_ssize_t cap) {
     if (k < 0) return 0;
     int kept = 0;
     pthread_mutex_lock(&spare_lock);
-    if (spare_bytes + cap <= SPARE_BYTES) {
+    if (spare_keepers > 0 && spare_bytes + cap <= SPARE_BYTES) {
         *(void **)block = spare_lists[k];
         spare_lists[k] = block;
         spare_bytes += cap;
@@ -1266,13 +1269,24 @@ static PyObject *scan(PyObject *module, PyObject *arg) {
     return result;
 }
 
-/* The spare blocks back to the system; the bytes given back. */
+static PyObject *keep_spare(PyObject *module, PyObject *unused) {
+    (void)module;
+    (void)unused;
+    pthread_mutex_lock(&spare_lock);
+    spare_keepers++;
+    pthread_mutex_unlock(&spare_lock);
+    Py_RETURN_NONE;
+}
+
+/* One load keeps spares no more; with none left keeping them, the spare blocks go back to
+   the system. The bytes given back. */
 static PyObject *release_spare(PyObject *module, PyObject *unused) {
     (void)module;
     (void)unused;
     Py_ssize_t released = 0;
     pthread_mutex_lock(&spare_lock);
-    for (int k = 0; k < SPARE_SIZES; k++) {
+    if (spare_keepers > 0) spare_keepers--;
+    for (int k = 0; spare_keepers == 0 && k < SPARE_SIZES; k++) {
         while (spare_lists[k] != NULL) {
             void *block = spare_lists[k];
             spare_lists[k] = *(void **)block;
@@ -1280,7 +1294,7 @@ static PyObject *release_spare(PyObject *module, PyObject *unused) {
             released += (Py_ssize_t)1 << k;
         }
     }
-    spare_bytes = 0;
+    spare_bytes -= released;
     pthread_mutex_unlock(&spare_lock);
     return PyLong_FromSsize_t(released);
 }
@@ -1298,8 +1312,12 @@ static PyMethodDef METHODS[] = {
     {"scan", scan, METH_O,
      "scan(text) -> None (declined) or (event columns, flow columns or None, M-event "
      "spans): each column a pair of Arrow PyCapsules (schema, array), spans int64 pairs"},
+    {"keep_spare", keep_spare, METH_NOARGS,
+     "keep_spare() -> None: column blocks freed from now on are kept for reuse (up to 32 "
+     "MiB) until the matching release_spare()"},
     {"release_spare", release_spare, METH_NOARGS,
-     "release_spare() -> bytes of spare column blocks given back to the system"},
+     "release_spare() -> bytes of spare column blocks given back to the system (all of "
+     "them once no keep_spare() is left unmatched)"},
     {"spare", spare, METH_NOARGS, "spare() -> bytes of spare column blocks held"},
     {NULL, NULL, 0, NULL},
 };

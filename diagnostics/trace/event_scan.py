@@ -43,9 +43,15 @@ def _frame(columns: list[tuple[object, object]]) -> pl.DataFrame:
     return pl.DataFrame([pl.Series(_ArrowColumn(capsules)) for capsules in columns])
 
 
+def keep_spare_blocks() -> None:
+    """The scanner keeps the column blocks polars lets go of for the next chunks (up to 32
+    MiB), until the matching :func:`release_spare_blocks`."""
+    if _event_scan is not None:
+        _event_scan.keep_spare()
+
+
 def release_spare_blocks() -> None:
-    """Gives back the column blocks the scanner keeps for reuse while a trace loads (up to
-    32 MiB, refilled as polars drops each chunk's raw columns)."""
+    """Gives back the column blocks the scanner kept for reuse, once no load keeps them."""
     if _event_scan is not None:
         _event_scan.release_spare()
 

@@ -31,7 +31,7 @@ from diagnostics.trace.budget import (
 )
 from diagnostics.trace.chunk_decode import DecodedChunk
 from diagnostics.trace.decode import DEFAULT_CHUNK_BYTES, HelperWork, decode_trace
-from diagnostics.trace.event_scan import release_spare_blocks
+from diagnostics.trace.event_scan import keep_spare_blocks, release_spare_blocks
 from diagnostics.trace.freed_memory import give_freed_memory_back, keep_freed_memory
 from diagnostics.trace.metadata_fields import checked_device_properties, checked_distributed_info
 from diagnostics.trace.normalise import TableBuilder
@@ -148,6 +148,19 @@ def _metadata(
     }
 
 
+def _chosen_rank(rank: int | None, top: dict[str, Any], display: str) -> tuple[int, str]:
+    """The file's rank and where it came from (see :func:`load_trace_file`)."""
+    distributed = checked_distributed_info(display, top.get("distributedInfo"))
+    info_rank = distributed.get("rank") if distributed is not None else None
+    if rank is not None:
+        return rank, "given"
+    if isinstance(info_rank, int) and info_rank >= 0:
+        return info_rank, "distributedInfo"
+    if (named := rank_from_name(Path(display).name)) is not None:
+        return named, "file name"
+    return 0, "default"
+
+
 def load_trace_file(
     path: str | os.PathLike[str],
     *,
@@ -197,34 +210,29 @@ def load_trace_file(
             prefetch(iter_blocks(path, display=display, budget=budget, read=read)),
             lambda: read.count,
         )
-    keep_freed_memory()  # the chunks' buffers reuse the same pages (freed_memory)
-    decoded = decode_trace(
-        blocks,
-        display,
-        chunk_bytes=chunk_bytes,
-        sink=sink,
-        parallel=parallel_decode,
-        helper_work=HelperWork(normalise=True, with_flows=with_flows),
-    )
+    # the chunks' buffers and column blocks reuse the same pages (freed_memory, event_scan)
+    keep_freed_memory()
+    keep_spare_blocks()
+    try:
+        decoded = decode_trace(
+            blocks,
+            display,
+            chunk_bytes=chunk_bytes,
+            sink=sink,
+            parallel=parallel_decode,
+            helper_work=HelperWork(normalise=True, with_flows=with_flows),
+        )
+        rank, rank_source = _chosen_rank(rank, decoded.top, display)
+        total_rows = builder.rows
+        if total_rows == 0 and not decoded.skipped:
+            raise InputError(display, "traceEvents is empty: there is nothing to analyse")
+        table = builder.finish(rank)
+    finally:
+        # the raw chunks are gone, or the load failed: the scanner's spare blocks and the
+        # heap's free memory go either way (a served app loads on after a refused file)
+        release_spare_blocks()
+        give_freed_memory_back()
     notes: list[str] = []
-    distributed = checked_distributed_info(display, decoded.top.get("distributedInfo"))
-    info_rank = distributed.get("rank") if distributed is not None else None
-    if rank is not None:
-        rank_source = "given"
-    elif isinstance(info_rank, int) and info_rank >= 0:
-        rank, rank_source = info_rank, "distributedInfo"
-    elif (named := rank_from_name(Path(display).name)) is not None:
-        rank, rank_source = named, "file name"
-    else:
-        rank, rank_source = 0, "default"
-
-    total_rows = builder.rows
-    if total_rows == 0 and not decoded.skipped:
-        raise InputError(display, "traceEvents is empty: there is nothing to analyse")
-    table = builder.finish(rank)
-    # the raw chunks are gone: the scanner's spare blocks and the heap's free memory go too
-    release_spare_blocks()
-    give_freed_memory_back()
     skipped = decoded.skipped + table.skipped
     n_skipped = sum(skipped.values())
     if table.events.height == 0:

@@ -16,7 +16,9 @@ import msgspec
 import polars as pl
 import pytest
 
-from diagnostics.trace import decode, event_scan
+from diagnostics.errors import InputError
+from diagnostics.trace import decode, event_scan, loader
+from diagnostics.trace.budget import Budget, Limits
 from diagnostics.trace.chunk_decode import EVENTS_DECODER, RAW_LIST_DECODER
 from diagnostics.trace.columns import (
     _CPU_CATS,
@@ -353,10 +355,19 @@ def _ops(n: int, start: int = 0) -> bytes:
     )
 
 
-def test_a_dropped_chunks_column_blocks_serve_the_next_chunk():
+@pytest.fixture
+def spares_kept():
+    """Spare blocks kept as a load keeps them, given back after the test."""
+    scanner = event_scan._event_scan
+    assert scanner.spare() == 0
+    scanner.keep_spare()
+    yield scanner
+    scanner.release_spare()
+
+
+def test_a_dropped_chunks_column_blocks_serve_the_next_chunk(spares_kept):
     # 20,000 rows: each number column is 160 KB, a mapped block of its own. Mapped anew for
     # each chunk, its pages were faulted in again (1,400 faults a chunk); kept, they are not
-    event_scan._event_scan.release_spare()
     faults = []
     for start in range(4):
         text = _ops(20_000, start)
@@ -371,15 +382,57 @@ def test_a_dropped_chunks_column_blocks_serve_the_next_chunk():
     assert faults[0] > 1_000 and faults[-1] < 200, faults
 
 
-def test_the_spare_blocks_are_bounded_and_given_back_when_a_load_ends(tmp_path):
+def _scanned_and_dropped(chunks: int) -> None:
+    scanned = [scanned_columns(_ops(100_000), TsClock.with_base(None)) for _ in range(chunks)]
+    del scanned  # the chunks' blocks (about 8 MB each) let go of at once
+
+
+def test_the_spare_blocks_are_bounded(spares_kept):
+    _scanned_and_dropped(20)
+    assert 16 << 20 < spares_kept.spare() <= 32 << 20
+
+
+def test_blocks_freed_with_no_load_under_way_are_not_kept():
+    # an event table dropped after its load, say: nothing would ever reuse them
+    _scanned_and_dropped(3)
+    assert event_scan._event_scan.spare() == 0
+
+
+def test_spares_stay_until_the_last_overlapping_load_releases_them():
     scanner = event_scan._event_scan
-    scanner.release_spare()
-    text = _ops(100_000)
-    chunks = [scanned_columns(text, TsClock.with_base(None)) for _ in range(20)]
-    del chunks  # 20 chunks' blocks (about 8 MB each) let go of at once
-    assert 16 << 20 < scanner.spare() <= 32 << 20
+    scanner.keep_spare()
+    scanner.keep_spare()  # a second load, on another thread
+    _scanned_and_dropped(3)
+    held = scanner.spare()
+    assert held > 0
+    assert scanner.release_spare() == 0  # the first load ends: the second one reuses them
+    assert scanner.spare() == held
+    assert scanner.release_spare() == held
+    assert scanner.spare() == 0
+
+
+def test_the_spare_blocks_serve_a_load_and_are_given_back_when_it_ends(tmp_path, monkeypatch):
+    scanner = event_scan._event_scan
+    held_at_the_end: list[int] = []
+
+    def release() -> None:
+        held_at_the_end.append(scanner.spare())
+        event_scan.release_spare_blocks()
+
+    monkeypatch.setattr(loader, "release_spare_blocks", release)
     path = tmp_path / "trace.json"
-    path.write_bytes(b'{"traceEvents": ' + text + b"}")
+    path.write_bytes(b'{"traceEvents": ' + _ops(100_000) + b"}")
     loaded = _load(path, parallel_decode=False, chunk_bytes=1 << 20)
     assert loaded.events.height == 100_000
+    assert held_at_the_end[0] > 1 << 20  # the chunks' dropped blocks, kept while it ran
     assert scanner.spare() == 0
+
+
+def test_a_refused_load_gives_the_spare_blocks_back_too(tmp_path):
+    # refused past its event budget after a few chunks: a served app goes on to other files
+    path = tmp_path / "trace.json"
+    path.write_bytes(b'{"traceEvents": ' + _ops(100_000) + b"}")
+    budget = Budget(Limits(1 << 36, 60_000))
+    with pytest.raises(InputError, match="60,000 events"):
+        load_trace_file(path, budget=budget, parallel_decode=False, chunk_bytes=1 << 20)
+    assert event_scan._event_scan.spare() == 0

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from diagnostics.errors import InputError
 from diagnostics.trace import freed_memory, loader
 from tests.diagnostics.trace.helpers import small_events, trace_doc
 
@@ -78,3 +79,14 @@ def test_a_load_keeps_freed_memory_while_it_decodes_and_gives_it_back_after(monk
     path.write_text(json.dumps(trace_doc(small_events())))
     assert loader.load_trace_file(path).events.height == 4
     assert calls == ["keep", "decode", "give back"]
+
+
+def test_a_refused_load_gives_freed_memory_back_too(monkeypatch, tmp_path):
+    calls: list[str] = []
+    monkeypatch.setattr(loader, "keep_freed_memory", lambda: calls.append("keep"))
+    monkeypatch.setattr(loader, "give_freed_memory_back", lambda: calls.append("give back"))
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(trace_doc([])))
+    with pytest.raises(InputError, match="traceEvents is empty"):
+        loader.load_trace_file(path)
+    assert calls == ["keep", "give back"]
