@@ -14,6 +14,11 @@ innermost open operator is the latest-starting operator of depth c(t) that start
 before t (any later operator of that depth would have closed the earlier one's slot). Two
 as-of joins do it: one for c(t), one for the operator. A link is kept only if the operator
 really contains the call, so malformed nesting cannot produce a wrong link, only a missing one.
+
+The compiled pass (op_nesting.c) gives the same depths, parents and links in one walk per
+thread with a heap of open operators' ends, where the sweep's sorts and joins cost 0.7 s of
+the 1 GB trace's index; the sweep below is the reference, and runs where that module is not
+built or declines its input (nulls, rows out of time order).
 """
 
 from __future__ import annotations
@@ -23,7 +28,13 @@ from typing import Any
 
 import polars as pl
 
+from diagnostics.arrow_capsules import series
 from diagnostics.facts import selectors as sel
+
+try:
+    from diagnostics.facts import _op_nesting
+except ImportError:  # not built (no C compiler): the sweep and as-of joins below
+    _op_nesting = None
 
 
 @dataclass(frozen=True)
@@ -89,11 +100,39 @@ def runtime_calls(events: pl.DataFrame) -> pl.DataFrame:
 
 def operator_tree(events: pl.DataFrame) -> pl.DataFrame:
     """Operators with their nesting depth and parent (see the module docstring)."""
-    return _tree_and_sweep(events)[0]
+    ops = _operators(events)
+    nested = compiled_nesting(ops)
+    if nested is None:
+        return _tree_and_sweep(ops)[0]
+    return ops.with_columns(nested[0], nested[1])
 
 
-def _tree_and_sweep(events: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
-    ops = sel.select_where(
+_NESTING_KEYS = ("pid", "tid", "start_us", "end_us")
+
+
+def compiled_nesting(
+    ops: pl.DataFrame, calls: pl.DataFrame | None = None
+) -> tuple[pl.Series, pl.Series, pl.Series | None] | None:
+    """(depth, parent_id, and each call's op_id) from the compiled pass, exactly as the
+    sweep gives them; None where it is not built or declines (ops and calls: pid, tid,
+    start_us, end_us; op_id is the operator's row)."""
+    if _op_nesting is None:
+        return None
+    frames = (ops,) if calls is None else (ops, calls)
+    streams = [
+        frame.get_column(key).rechunk().__arrow_c_stream__()
+        for frame in frames
+        for key in _NESTING_KEYS
+    ]
+    nested = _op_nesting.nest(*streams)
+    if nested is None:
+        return None
+    depth, parent_id, call_op = nested
+    return series(depth), series(parent_id), None if call_op is None else series(call_op)
+
+
+def _operators(events: pl.DataFrame) -> pl.DataFrame:
+    return sel.select_where(
         events,
         sel.CPU_OP
         & sel.DURATION
@@ -109,6 +148,10 @@ def _tree_and_sweep(events: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
         # the rest of what record_shapes writes, for facts.flops
         *(c for c in _OP_ARGS if c in events.columns),
     ).with_row_index("op_id")
+
+
+def _tree_and_sweep(ops: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The operators with depth and parent by the sweep and an as-of join, and the sweep."""
     sweep = _sweep(ops)
     if ops.height == 0:
         empty = ops.with_columns(depth=pl.lit(0, pl.Int64), parent_id=pl.lit(None, pl.UInt32))
@@ -206,6 +249,15 @@ def innermost_operator(
     (calls: id_col, pid, tid, start_us, end_us). Calls outside every operator get null."""
     if calls.height == 0 or ops.height == 0:
         return calls.select(id_col).with_columns(op_id=pl.lit(None, pl.UInt32))
+    if sweep is None:
+        keyed = calls.select(id_col, *_NESTING_KEYS)
+        ordered = in_time_order(keyed, "start_us")  # each call's link is its own: any order
+        nested = compiled_nesting(ops, ordered)
+        if nested is not None:
+            linked = ordered.select(id_col).with_columns(nested[2])
+            if ordered is keyed:
+                return linked
+            return calls.select(id_col).join(linked, on=id_col, how="left")
     # The sweep is in time order within each thread, all an as-of join by thread needs.
     sweep = (_sweep(ops) if sweep is None else sweep).select("pid", "tid", "_t", "_open")
     open_at = (
@@ -244,9 +296,18 @@ def innermost_operator(
 
 
 def build_index(events: pl.DataFrame) -> TraceIndex:
-    ops, sweep = _tree_and_sweep(events)
+    ops = _operators(events)
     runtime = runtime_calls(events)
-    runtime = runtime.join(innermost_operator(runtime, ops, sweep=sweep), on="rt_id", how="left")
+    nested = compiled_nesting(ops, runtime) if ops.height else None
+    if nested is not None:
+        depth, parent_id, op_id = nested
+        ops = ops.with_columns(depth, parent_id)
+        runtime = runtime.with_columns(op_id)
+    else:
+        ops, sweep = _tree_and_sweep(ops)
+        runtime = runtime.join(
+            innermost_operator(runtime, ops, sweep=sweep), on="rt_id", how="left"
+        )
     # One launching call per correlation id; a runtime call wins over a driver call.
     launchers = (
         runtime.filter(pl.col("correlation").is_not_null())

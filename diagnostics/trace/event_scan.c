@@ -30,6 +30,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../arrow_c_data.h"
+
 #define MAX_DEPTH 64
 #define EXACT_FLOAT_LIMIT 9007199254740992.0 /* 2^53 */
 #define EXACT_INT_LIMIT ((int64_t)1 << 53)
@@ -1063,33 +1065,6 @@ static int scan_array(Scan *s) {
 /* https://arrow.apache.org/docs/format/CDataInterface.html: polars imports the columns
    without a copy and frees them through the release callbacks. */
 
-struct ArrowSchema {
-    const char *format;
-    const char *name;
-    const char *metadata;
-    int64_t flags;
-    int64_t n_children;
-    struct ArrowSchema **children;
-    struct ArrowSchema *dictionary;
-    void (*release)(struct ArrowSchema *);
-    void *private_data;
-};
-
-struct ArrowArray {
-    int64_t length;
-    int64_t null_count;
-    int64_t offset;
-    int64_t n_buffers;
-    int64_t n_children;
-    const void **buffers;
-    struct ArrowArray **children;
-    struct ArrowArray *dictionary;
-    void (*release)(struct ArrowArray *);
-    void *private_data;
-};
-
-#define ARROW_FLAG_NULLABLE 2
-
 static const char *const EVENT_NAMES[E_COLUMNS] = {
     "ph", "name", "cat", "ts", "dur", "pid", "tid", "device", "stream", "correlation",
     "external_id", "external_id_legacy", "bytes", "memory_bytes", "total_allocated",
@@ -1119,8 +1094,6 @@ typedef struct {
     const void *buffers[3];
 } ColumnParts;
 
-static void schema_release(struct ArrowSchema *schema) { schema->release = NULL; }
-
 static void array_release(struct ArrowArray *array) {
     ColumnParts *parts = array->private_data;
     if (parts != NULL) {
@@ -1129,20 +1102,6 @@ static void array_release(struct ArrowArray *array) {
     }
     array->private_data = NULL;
     array->release = NULL;
-}
-
-static void schema_capsule_free(PyObject *capsule) {
-    struct ArrowSchema *schema = PyCapsule_GetPointer(capsule, "arrow_schema");
-    if (schema == NULL) return;
-    if (schema->release != NULL) schema->release(schema);
-    free(schema);
-}
-
-static void array_capsule_free(PyObject *capsule) {
-    struct ArrowArray *array = PyCapsule_GetPointer(capsule, "arrow_array");
-    if (array == NULL) return;
-    if (array->release != NULL) array->release(array);
-    free(array);
 }
 
 /* One column (padded to n rows) as (schema capsule, array capsule); its buffers move into

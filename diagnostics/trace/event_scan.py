@@ -16,6 +16,7 @@ from typing import Any
 
 import polars as pl
 
+from diagnostics.arrow_capsules import series
 from diagnostics.trace.columns import EVENT_DECODER, TsClock
 
 try:
@@ -26,21 +27,8 @@ except ImportError:  # not built: the msgspec path reads every chunk
 BUILT = _event_scan is not None
 
 
-class _ArrowColumn:
-    """One column's (schema, array) capsules from the scanner, as polars takes them (the
-    Arrow PyCapsule interface): the column moves into a Series without a copy."""
-
-    __slots__ = ("capsules",)
-
-    def __init__(self, capsules: tuple[object, object]):
-        self.capsules = capsules
-
-    def __arrow_c_array__(self, requested_schema: object | None = None) -> tuple[object, object]:
-        return self.capsules
-
-
 def _frame(columns: list[tuple[object, object]]) -> pl.DataFrame:
-    return pl.DataFrame([pl.Series(_ArrowColumn(capsules)) for capsules in columns])
+    return pl.DataFrame([series(capsules) for capsules in columns])
 
 
 def keep_spare_blocks() -> None:
