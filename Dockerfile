@@ -17,7 +17,7 @@ RUN useradd --create-home --uid 10001 doctor \
     && chown -R doctor:doctor /data
 
 # The compiled modules (diagnostics/trace/event_scan.c: traces load 3-4x faster;
-# diagnostics/facts/op_nesting.c: operators nest 2x faster), built where a compiler is
+# diagnostics/facts/nesting/op_nesting.c: operators nest 2x faster), built where a compiler is
 # installed; the targets get the modules alone, not the compiler.
 FROM base AS scanner
 # hadolint ignore=DL3008
@@ -28,7 +28,7 @@ WORKDIR /build
 COPY pyproject.toml /build/
 COPY diagnostics/trace/event_scan.c /build/diagnostics/trace/
 COPY diagnostics/arrow_c_data.h /build/diagnostics/
-COPY diagnostics/facts/op_nesting.c /build/diagnostics/facts/
+COPY diagnostics/facts/nesting/op_nesting.c /build/diagnostics/facts/nesting/
 # declared in pyproject.toml ([[tool.setuptools.ext-modules]])
 RUN python -c "from setuptools import setup; setup()" --quiet build_ext --inplace
 
@@ -44,7 +44,7 @@ COPY app_ui /app/app_ui
 COPY .streamlit /app/.streamlit
 COPY diagnostics /app/diagnostics
 COPY --from=scanner /build/diagnostics/trace/ /app/diagnostics/trace/
-COPY --from=scanner /build/diagnostics/facts/ /app/diagnostics/facts/
+COPY --from=scanner /build/diagnostics/facts/nesting/ /app/diagnostics/facts/nesting/
 COPY trainer /app/trainer
 COPY probe /app/probe
 COPY scripts/serve.py /app/scripts/serve.py

@@ -45,14 +45,14 @@ if [ ! -x .venv/bin/pipeline-doctor ]; then
     --no-build-isolation -e .
 fi
 
-# the compiled modules (diagnostics/trace/event_scan.c, diagnostics/facts/op_nesting.c),
+# the compiled modules (diagnostics/trace/event_scan.c, diagnostics/facts/nesting/op_nesting.c),
 # built in place, again when a source changed; optional: without a C compiler the loader
 # reads every chunk with msgspec and the linking nests operators with polars
 scanner=(diagnostics/trace/_event_scan.*.so)
-nesting=(diagnostics/facts/_op_nesting.*.so)
+nesting=(diagnostics/facts/nesting/_op_nesting.*.so)
 if [ ! -f "${scanner[0]}" ] || [ diagnostics/trace/event_scan.c -nt "${scanner[0]}" ] \
   || [ pyproject.toml -nt "${scanner[0]}" ] || [ ! -f "${nesting[0]}" ] \
-  || [ diagnostics/facts/op_nesting.c -nt "${nesting[0]}" ] \
+  || [ diagnostics/facts/nesting/op_nesting.c -nt "${nesting[0]}" ] \
   || [ diagnostics/arrow_c_data.h -nt "${scanner[0]}" ]; then
   echo "setup: building the compiled modules" >&2
   # declared in pyproject.toml; setuptools still calls that table experimental, and says so

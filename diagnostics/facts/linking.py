@@ -15,7 +15,7 @@ before t (any later operator of that depth would have closed the earlier one's s
 as-of joins do it: one for c(t), one for the operator. A link is kept only if the operator
 really contains the call, so malformed nesting cannot produce a wrong link, only a missing one.
 
-The compiled pass (op_nesting.c) gives the same depths, parents and links in one walk per
+The compiled pass (diagnostics.facts.nesting) gives the same depths, parents and links in one walk per
 thread with a heap of open operators' ends, where the sweep's sorts and joins cost 0.7 s of
 the 1 GB trace's index; the sweep below is the reference, and runs where that module is not
 built or declines its input (nulls, rows out of time order).
@@ -28,13 +28,8 @@ from typing import Any
 
 import polars as pl
 
-from diagnostics.arrow_capsules import series
 from diagnostics.facts import selectors as sel
-
-try:
-    from diagnostics.facts import _op_nesting
-except ImportError:  # not built (no C compiler): the sweep and as-of joins below
-    _op_nesting = None
+from diagnostics.facts.nesting import NESTING_KEYS, compiled_nesting
 
 
 @dataclass(frozen=True)
@@ -96,39 +91,6 @@ def runtime_calls(events: pl.DataFrame) -> pl.DataFrame:
         pl.col("dur").alias("dur_us"),
         "correlation",
     ).with_row_index("rt_id")
-
-
-def operator_tree(events: pl.DataFrame) -> pl.DataFrame:
-    """Operators with their nesting depth and parent (see the module docstring)."""
-    ops = _operators(events)
-    nested = compiled_nesting(ops)
-    if nested is None:
-        return _tree_and_sweep(ops)[0]
-    return ops.with_columns(nested[0], nested[1])
-
-
-_NESTING_KEYS = ("pid", "tid", "start_us", "end_us")
-
-
-def compiled_nesting(
-    ops: pl.DataFrame, calls: pl.DataFrame | None = None
-) -> tuple[pl.Series, pl.Series, pl.Series | None] | None:
-    """(depth, parent_id, and each call's op_id) from the compiled pass, exactly as the
-    sweep gives them; None where it is not built or declines (ops and calls: pid, tid,
-    start_us, end_us; op_id is the operator's row)."""
-    if _op_nesting is None:
-        return None
-    frames = (ops,) if calls is None else (ops, calls)
-    streams = [
-        frame.get_column(key).rechunk().__arrow_c_stream__()
-        for frame in frames
-        for key in _NESTING_KEYS
-    ]
-    nested = _op_nesting.nest(*streams)
-    if nested is None:
-        return None
-    depth, parent_id, call_op = nested
-    return series(depth), series(parent_id), None if call_op is None else series(call_op)
 
 
 def _operators(events: pl.DataFrame) -> pl.DataFrame:
@@ -250,7 +212,7 @@ def innermost_operator(
     if calls.height == 0 or ops.height == 0:
         return calls.select(id_col).with_columns(op_id=pl.lit(None, pl.UInt32))
     if sweep is None:
-        keyed = calls.select(id_col, *_NESTING_KEYS)
+        keyed = calls.select(id_col, *NESTING_KEYS)
         ordered = in_time_order(keyed, "start_us")  # each call's link is its own: any order
         nested = compiled_nesting(ops, ordered)
         if nested is not None:

@@ -1,4 +1,4 @@
-"""The compiled nesting pass (diagnostics/facts/op_nesting.c) against the reference it
+"""The compiled nesting pass (diagnostics/facts/nesting/op_nesting.c) against the reference it
 replaces, the linking's sweep and as-of joins: the same depths, parents and links on every
 real trace, on random malformed nestings full of ties, and declined (the sweep runs) where
 it would not read its input exactly."""
@@ -11,13 +11,9 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal, assert_series_equal
 
-from diagnostics.facts import linking
-from diagnostics.facts.linking import (
-    build_index,
-    compiled_nesting,
-    innermost_operator,
-    operator_tree,
-)
+from diagnostics.facts import linking, nesting
+from diagnostics.facts.linking import build_index, innermost_operator
+from diagnostics.facts.nesting import compiled_nesting
 from tests.diagnostics.facts.operators_cases import nested_trace, tie_break_trace
 from tests.diagnostics.facts.trace_fixture import load_events, real_traces
 
@@ -26,7 +22,7 @@ TRACES = real_traces()
 
 def test_the_compiled_pass_is_built():
     # without it every index takes the sweep (right, but 2x slower at 1 GB): CI must build it
-    assert linking._op_nesting is not None
+    assert nesting.built()
 
 
 def _by_sweep(ops: pl.DataFrame, calls: pl.DataFrame) -> tuple[pl.DataFrame, pl.Series]:
@@ -94,7 +90,7 @@ def test_deep_and_wide_nesting_matches_the_sweep():
 def test_real_traces_index_as_the_sweep_does(path, monkeypatch):
     events, _ = load_events(path)
     compiled = build_index(events)
-    monkeypatch.setattr(linking, "_op_nesting", None)
+    monkeypatch.setattr(nesting, "_op_nesting", None)
     reference = build_index(events)
     for part in ("gpu", "runtime", "ops", "host"):
         assert_frame_equal(getattr(compiled, part), getattr(reference, part))
@@ -103,15 +99,10 @@ def test_real_traces_index_as_the_sweep_does(path, monkeypatch):
 @pytest.mark.parametrize("trace", [nested_trace, tie_break_trace])
 def test_the_hand_made_cases_index_alike_either_way(trace, monkeypatch):
     compiled = build_index(trace())
-    monkeypatch.setattr(linking, "_op_nesting", None)
+    monkeypatch.setattr(nesting, "_op_nesting", None)
     reference = build_index(trace())
     for part in ("gpu", "runtime", "ops", "host"):
         assert_frame_equal(getattr(compiled, part), getattr(reference, part))
-
-
-def test_operator_tree_alone_matches_the_index():
-    events = tie_break_trace()
-    assert_frame_equal(operator_tree(events), build_index(events).ops)
 
 
 def _ops(**columns) -> pl.DataFrame:
@@ -153,7 +144,7 @@ def test_a_column_in_several_chunks_is_declined_by_the_module():
     assert chunked.get_column("start_us").n_chunks() == 2
     streams = [chunked.get_column(c).__arrow_c_stream__() for c in ("pid", "tid", "start_us")]
     streams.append(chunked.get_column("end_us").rechunk().__arrow_c_stream__())
-    assert linking._op_nesting.nest(*streams) is None
+    assert nesting._op_nesting.nest(*streams) is None
     # the Python side hands it over in one chunk, and it is read
     nested = compiled_nesting(chunked)
     assert nested is not None
@@ -172,7 +163,7 @@ def test_calls_in_any_order_link_as_the_sweep_links_them(monkeypatch):
     with monkeypatch.context() as patched:  # linked by the compiled pass, in time order
         patched.setattr(linking, "_sweep", None)
         compiled = innermost_operator(calls, tree, id_col="alloc_id")
-    monkeypatch.setattr(linking, "_op_nesting", None)
+    monkeypatch.setattr(nesting, "_op_nesting", None)
     assert_frame_equal(compiled, innermost_operator(calls, tree, id_col="alloc_id"))
     assert compiled.get_column("op_id").to_list() == [2, 0, None]
 

@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../arrow_c_data.h"
+#include "../../arrow_c_data.h"
 
 #define NONE UINT32_MAX
 
