@@ -20,10 +20,10 @@ from diagnostics.isolated import (
     analyze_files_isolated,
 )
 from diagnostics.trace.budget import Limits
+from tests.diagnostics.memory_limit import LARGE, TOO_LITTLE_MIB, TOO_LITTLE_SHOWN
 from tests.diagnostics.trace.helpers import SHARED_TRACES
 
 RESNET = SHARED_TRACES / "kineto_resnet50_num_workers_0.pt.trace.json.gz"
-LARGE = SHARED_TRACES / "hta_v100_rank1_of_2_large.json.gz"
 MIB = 1 << 20
 
 
@@ -76,14 +76,16 @@ def test_an_event_bomb_is_refused_by_the_child_naming_the_event_limit(tmp_path):
 
 
 def test_over_the_address_space_limit_the_child_is_stopped_with_one_line():
-    # 600 MiB of address space is below what polars' pool reserves while reading the
-    # 216k-event trace: polars aborts the child (SIGABRT), as it would the server
+    # too little address space to read the 216k-event trace: the child fails (a MemoryError,
+    # or polars aborts it with SIGABRT, as it would the server)
     with pytest.raises(AnalysisStopped) as caught:
         analyze_files_isolated(
-            [LARGE], display_names=["large.json.gz"], child=ChildLimits(memory_bytes=600 * MIB)
+            [LARGE],
+            display_names=["large.json.gz"],
+            child=ChildLimits(memory_bytes=TOO_LITTLE_MIB * MIB),
         )
     message = str(caught.value)
-    assert message.startswith("large.json.gz: the analysis needed more than 600.0 MiB")
+    assert message.startswith(f"large.json.gz: the analysis needed more than {TOO_LITTLE_SHOWN}")
     assert "PIPELINE_DOCTOR_ANALYSIS_MEMORY_MB" in message and "\n" not in message
     # and this process carries on: the next analysis works
     assert analyze_files_isolated([RESNET]).summary["steps"] == 6
@@ -124,10 +126,12 @@ def test_child_limits_from_the_environment():
 def test_cli_with_a_memory_limit_is_exit_2_naming_the_limit(capsys):
     from diagnostics.__main__ import main
 
-    assert main(["analyze", str(LARGE), "--max-memory-mb", "600"]) == 2
+    assert main(["analyze", str(LARGE), "--max-memory-mb", str(TOO_LITTLE_MIB)]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err.startswith(f"error: {LARGE}: the analysis needed more than 600.0 MiB")
+    assert captured.err.startswith(
+        f"error: {LARGE}: the analysis needed more than {TOO_LITTLE_SHOWN}"
+    )
     assert captured.err.count("\n") == 1
 
 

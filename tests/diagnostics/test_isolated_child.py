@@ -5,8 +5,11 @@ an address-space limit."""
 
 from __future__ import annotations
 
+import errno
+import io
 import json
 import os
+import pickle
 import resource
 import signal
 import subprocess
@@ -15,6 +18,8 @@ import threading
 import time
 from pathlib import Path
 
+import polars as pl
+import polars._utils.serde as polars_serde
 import pytest
 
 import diagnostics.isolated as isolated
@@ -25,9 +30,9 @@ from diagnostics.isolated import (
     analyze_isolated,
 )
 from diagnostics.process_limits import KeptOutput
+from tests.diagnostics.memory_limit import LARGE, TOO_LITTLE_MIB, TOO_LITTLE_SHOWN
 from tests.diagnostics.trace.helpers import SHARED_TRACES
 
-LARGE = SHARED_TRACES / "hta_v100_rank1_of_2_large.json.gz"
 SMALL = SHARED_TRACES / "hta_a100_alexnet_with_syncs.json.gz"
 REPO = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
@@ -58,9 +63,11 @@ def test_under_a_small_memory_limit_the_child_aborts_without_a_jemalloc_stall(mo
     monkeypatch.setattr(isolated, "_run_child", run_child)
     for _ in range(3):
         started = time.monotonic()
-        with pytest.raises(AnalysisStopped, match="needed more than 600.0 MiB of memory"):
+        with pytest.raises(AnalysisStopped, match=f"needed more than {TOO_LITTLE_SHOWN} of memory"):
             analyze_files_isolated(
-                [LARGE], display_names=["large"], child=ChildLimits(600 * MIB, timeout_s=60)
+                [LARGE],
+                display_names=["large"],
+                child=ChildLimits(TOO_LITTLE_MIB * MIB, timeout_s=60),
             )
         assert time.monotonic() - started < 50
     assert len(said) == 3
@@ -246,14 +253,14 @@ def _limited(address_space: int):
 
 @pytest.mark.parametrize("command", ["analyze", "report"])
 def test_cli_under_an_address_space_limit_is_exit_2_naming_it(tmp_path, command):
-    # as `prlimit --as=600M python -m diagnostics ...`: in process, polars aborted the whole
+    # as `prlimit --as=450M python -m diagnostics ...`: in process, polars aborted the whole
     # CLI (SIGABRT, rc 134, a Rust message and no line of ours)
     extra = ["--format", "md", "-o", str(tmp_path / "r.md")] if command == "report" else []
     done = subprocess.run(
         [sys.executable, "-m", "diagnostics", command, str(LARGE), *extra],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
-        preexec_fn=_limited(600 * MIB),
+        preexec_fn=_limited(TOO_LITTLE_MIB * MIB),
         capture_output=True,
         text=True,
         timeout=300,
@@ -261,7 +268,7 @@ def test_cli_under_an_address_space_limit_is_exit_2_naming_it(tmp_path, command)
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stdout == ""
     assert done.stderr == (
-        f"error: {LARGE}: the analysis needed more than 600.0 MiB of memory, the limit "
+        f"error: {LARGE}: the analysis needed more than {TOO_LITTLE_SHOWN} of memory, the limit "
         "(the address-space limit this command runs under: raise ulimit -v or prlimit --as); "
         "it was stopped and nothing else was affected\n"
     )
@@ -283,3 +290,49 @@ def test_cli_under_a_roomy_address_space_limit_gives_the_in_process_answer():
     assert limited.returncode == free.returncode == 0, limited.stderr
     # parsed: the order of "idle_by_kind" keys varies from run to run (a polars group_by)
     assert json.loads(limited.stdout) == json.loads(free.stdout)
+
+
+class _FullBuffer(io.BytesIO):
+    """polars' serialization buffer with no memory left for what is written to it."""
+
+    def write(self, data):
+        raise MemoryError
+
+
+class _Raises:
+    def __init__(self, error: Exception):
+        self.error = error
+
+    def __reduce__(self):
+        raise self.error
+
+
+def test_a_frame_that_could_not_be_pickled_for_want_of_memory_is_the_memory_limit(
+    tmp_path, monkeypatch
+):
+    # polars serializes a frame into a BytesIO of its own and turns the MemoryError of a
+    # failed write into an OSError with no errno (as a child at its limit saw it)
+    monkeypatch.setattr(polars_serde, "BytesIO", _FullBuffer)
+    out = tmp_path / "result.pickle"
+    with pytest.raises(MemoryError):
+        isolated._write_result({"table": pl.DataFrame({"a": range(1000)})}, out)
+    assert not out.exists()
+    # or, its buffer closed by then, the closed buffer's ValueError
+    with pytest.raises(MemoryError):
+        isolated._write_result(_Raises(ValueError("I/O operation on closed file.")), out)
+    assert not out.exists()
+
+
+def test_other_failures_to_pickle_the_result_stay_what_they_are(tmp_path):
+    out = tmp_path / "result.pickle"
+    full_disk = OSError(errno.ENOSPC, "No space left on device")
+    with pytest.raises(OSError, match="No space left") as caught:
+        isolated._write_result(_Raises(full_disk), out)
+    assert not isinstance(caught.value, MemoryError)
+    with pytest.raises(ValueError, match="not a number"):
+        isolated._write_result(_Raises(ValueError("not a number")), out)
+    with pytest.raises(TypeError):
+        isolated._write_result(_Raises(TypeError("cannot pickle 'generator' object")), out)
+    assert not out.exists()
+    isolated._write_result({"table": pl.DataFrame({"a": [1, 2]})}, out)
+    assert pickle.loads(out.read_bytes())["table"]["a"].to_list() == [1, 2]
