@@ -191,8 +191,9 @@ class _Ending:
         os._exit = _REAL_EXIT
         self.watch.stop()
         # a script that prints ends on the dead wrapper's pipe (BrokenPipeError) before the
-        # watch's next look: the wrapper is asked for again here, however the script ended
-        orphaned = self.watch.gone or not self.watch.wrapper_alive()
+        # watch's next look, even before the wrapper has left: asked again here, however the
+        # script ended
+        orphaned = self.watch.wrapper_gone()
         if orphaned:
             self._wrapper_gone()
         self.integrations.uninstall()

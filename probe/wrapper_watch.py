@@ -13,6 +13,13 @@ When it is gone the watch sends this process SIGTERM, which unwinds the script a
 does and keeps every record; the end is then the run's, written by rank 0
 (:func:`orphan_outcome`), since no wrapper is left to write it.
 
+A script that prints learns first: its next line meets the dead wrapper's pipe
+(BrokenPipeError) and the script ends at once. A dying process closes its files before its
+children are handed on, so for a moment the wrapper's id is still this process's parent
+(measured: in 1 of 100 SIGKILLs, for 0.6 ms; a CI run's script ended in that moment, wrote no
+end, and its run read "dead"). A pipe to the wrapper with no reader left is that moment:
+:meth:`WrapperWatch.wrapper_gone` then waits for the handing on.
+
 Until that end is written, rank 0 also keeps the run's heartbeat (:class:`OrphanHeartbeat`):
 the wrapper's stopped with it, and a script that unwinds slowly (a checkpoint saved on the
 way out, a profiler trace exported on a loaded host) would otherwise read "dead" on the
@@ -25,7 +32,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +49,10 @@ _ANCESTORS_CHECKED = 2
 # how long rank 0 keeps an orphaned run's heartbeat while its script unwinds: the wrapper
 # itself gives a stopping script 20 s (probe.cli.STOP_GRACE_S); a loaded host, three times
 ORPHAN_HEARTBEAT_S = 60.0
+# how long the script's end waits, its pipe to the wrapper broken, for the wrapper's id to
+# leave its ancestors: the moment measured is under a millisecond, a loaded host's longer
+PIPE_SETTLE_S = 5.0
+_STANDARD_STREAMS = (1, 2)
 
 
 def _parent_of(pid: int) -> int | None:
@@ -52,6 +65,19 @@ def _parent_of(pid: int) -> int | None:
         return None
     fields = text[text.rfind(")") + 2 :].split()
     return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+
+
+def _pipe_without_reader(fd: int) -> bool:
+    """Whether ``fd`` is a pipe whose reading end every process has closed (poll's POLLERR
+    on a pipe's writing end)."""
+    try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return False
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError):
+        return False
 
 
 class WrapperWatch:
@@ -83,6 +109,24 @@ class WrapperWatch:
                 return False
             pid = parent
         return pid == self.wrapper_pid
+
+    def wrapper_gone(self, settle_s: float = PIPE_SETTLE_S) -> bool:
+        """At the script's end: whether the wrapper has gone. Where it still looks alive
+        but nothing reads this process's stdout or stderr any more, it is dying (the wrapper
+        reads both to their end): the answer waits up to ``settle_s`` for it to leave this
+        process's ancestors, and says no where it stays (it will write the end itself)."""
+        if self.wrapper_pid is None:
+            return False
+        if self.gone or not self.wrapper_alive():
+            return True
+        if not any(_pipe_without_reader(fd) for fd in _STANDARD_STREAMS):
+            return False
+        deadline = time.monotonic() + settle_s
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+            if not self.wrapper_alive():
+                return True
+        return False
 
     def start(self) -> None:
         if self.wrapper_pid is None or not os.path.isdir("/proc/self"):

@@ -197,6 +197,69 @@ def test_a_killed_wrapper_stops_the_script_and_the_run_ends_failed_with_its_reco
     assert (folder / "steps.parquet").exists()  # the end the wrapper would have written
 
 
+# The wrapper, its supervision replaced: it reads three of the script's lines, closes its
+# end of the script's stdout, and goes HOLD_S later writing nothing, as a SIGKILLed process
+# closes its files before its children are handed on (that moment is under a millisecond
+# when it is really killed: held open here, so the test does not depend on winning a race).
+_WRAPPER_DYING_SLOWLY = """
+import os, subprocess, sys, time
+import probe.cli
+from probe.wrapper_watch import WRAPPER_PID_ENV
+
+def supervise(writer, command, world, max_runtime_s=None):
+    env = {**os.environ, WRAPPER_PID_ENV: str(os.getpid()), "PYTHONUNBUFFERED": "1"}
+    script = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    for _ in range(3):
+        script.stdout.readline()
+    script.stdout.close()
+    print(writer.path, flush=True)
+    time.sleep(float(os.environ["HOLD_S"]))
+    os._exit(137)
+
+probe.cli._supervise = supervise
+sys.exit(probe.cli.main(sys.argv[1:]))
+"""
+
+
+def test_a_script_whose_print_meets_the_dying_wrappers_closed_pipe_writes_the_runs_end(
+    tmp_path,
+):
+    """The script's next print fails on the closed pipe while the wrapper is still its
+    parent: its end waits for the wrapper to go, then writes the run's end (before, it took
+    the wrapper for alive, wrote only its own rank's, and the run read "dead")."""
+    runs = tmp_path / "runs"
+    hold_s = 1.5
+    arguments = ["profile", "--runs-dir", str(runs), "--no-trace", str(SLOW_LOADER)]
+    arguments += ["--steps", "500", "--sleep-ms", "0", "--linger-s", "0.05"]
+    wrapper = subprocess.Popen(
+        [sys.executable, "-c", _WRAPPER_DYING_SLOWLY, *arguments],
+        env={**child_env(), "HOLD_S": str(hold_s)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        stdout, stderr = wrapper.communicate(timeout=240)
+    finally:
+        if wrapper.poll() is None:
+            wrapper.kill()
+    assert wrapper.returncode == 137, stderr[-2000:]
+    run = RunFolder(stdout.strip().splitlines()[-1])
+    deadline = time.monotonic() + 60
+    while run.status().status == "running" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    status = run.status()
+    assert status.status == "failed", status
+    steps = run.steps()["step"].to_list()
+    assert len(steps) >= 3 and steps == list(range(1, len(steps) + 1))
+    assert status.step == steps[-1]
+    assert status.reason == (
+        f"the pipeline-doctor wrapper (pid {wrapper.pid}) died (killed?): the script ended "
+        f"failed after step {steps[-1]} (BrokenPipeError: [Errno 32] Broken pipe)"
+    )
+    assert status.pid == run.rank_statuses()[0]["pid"]  # written by the script's process
+
+
 def test_a_killed_wrappers_run_stays_alive_while_its_script_unwinds_slowly(tmp_path):
     """The wrapper's heartbeat dies with it: the script's process keeps it until its end is
     written, so a slow unwinding (a checkpoint saved on the way out) never reads dead."""
