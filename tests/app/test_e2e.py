@@ -29,11 +29,12 @@ RUN_TIMEOUT_MS = 180_000
 
 
 def wait_idle(page) -> None:
-    """Streamlit shows a running indicator while the script runs; wait until it is gone."""
-    page.wait_for_selector('[data-testid="stApp"]', state="attached")
+    """Waits until the page's script run has finished. Streamlit's running indicator is no
+    sign of it: it never showed on these pages, and Streamlit draws it only after 500 ms of
+    a run; the app's root element carries the run's state (notRunning once it has ended)."""
     page.wait_for_function(
-        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')"
-        " || document.querySelector('[data-testid=\"stStatusWidget\"]').innerText.trim() === ''",
+        "() => document.querySelector('[data-testid=\"stApp\"]')"
+        "?.getAttribute('data-test-script-state') === 'notRunning'",
         timeout=60_000,
     )
 

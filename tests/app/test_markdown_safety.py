@@ -29,6 +29,7 @@ from app_ui.safe_text import shown
 from diagnostics.runs import HEARTBEAT_INTERVAL_S, RunWriter
 from tests.app.conftest import REPO_ROOT, TrainedRuns, _free_port
 from tests.app.markup import active_markup
+from tests.app.test_e2e import wait_idle
 from tests.app.test_pages import TIMEOUT_S, open_page
 
 EVIL = "evil.example"
@@ -249,14 +250,6 @@ def hostile_server(hostile_runs, tmp_path_factory) -> Iterator[str]:
         process.wait(timeout=30)
 
 
-def _wait_idle(page) -> None:
-    page.wait_for_function(
-        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')"
-        " || document.querySelector('[data-testid=\"stStatusWidget\"]').innerText.trim() === ''",
-        timeout=60_000,
-    )
-
-
 def _sign_in(page, url: str) -> None:
     page.goto(url)
     page.get_by_label("Access token").fill(TOKEN)
@@ -265,7 +258,7 @@ def _sign_in(page, url: str) -> None:
         page.get_by_role("heading", name="Pipeline Doctor", level=1)
     ).first.wait_for()
     page.wait_for_function("() => !document.querySelector('input[type=password]')")
-    _wait_idle(page)
+    wait_idle(page)
 
 
 @pytest.mark.browser
@@ -297,7 +290,7 @@ def test_in_chromium_nothing_links_to_or_loads_from_the_attackers_host(
         for path, marker in visits:
             _sign_in(page, f"{hostile_server}/{path}")
             page.get_by_text(marker).first.wait_for()
-            _wait_idle(page)
+            wait_idle(page)
             page.wait_for_timeout(1500)  # give any image the page asks for time to be requested
             if "Run_detail?run=run-" in path:  # read as written, in the page's own text
                 words = page.locator('[data-testid="stMain"]').inner_text().replace("\u2060", "")
